@@ -1,0 +1,61 @@
+"""Comet storage: an embedded, multi-process, segmented log with a C core.
+
+    from storage_c import Log, Config
+
+    with Log("./data", Config(shards=8)) as log:
+        shard, entry = log.append("events", b'{"level": "info"}')
+        batch = log.read("events", shard, entry)
+"""
+
+from .config import Config, Durability
+from .errors import (
+    BatchTooLarge,
+    Closed,
+    CometError,
+    CorruptionError,
+    DecompressionError,
+    EntryTooLarge,
+    FormatVersionError,
+    InvalidArgument,
+    NoFreeSlot,
+    ProcessCountMismatch,
+    ShardCountMismatch,
+    ShardRangeError,
+    SlotAlreadyHeld,
+    StorageFull,
+    StorageIOError,
+    StreamNameError,
+    StreamNotFound,
+)
+from .log import Log
+from .records import BatchResult, Entry, Problem, ReadBatch, ShardStats, StreamStats, VerifyReport
+
+__all__ = [
+    "BatchResult",
+    "BatchTooLarge",
+    "Closed",
+    "CometError",
+    "Config",
+    "CorruptionError",
+    "DecompressionError",
+    "Durability",
+    "Entry",
+    "EntryTooLarge",
+    "FormatVersionError",
+    "InvalidArgument",
+    "Log",
+    "NoFreeSlot",
+    "Problem",
+    "ProcessCountMismatch",
+    "ReadBatch",
+    "ShardCountMismatch",
+    "ShardRangeError",
+    "ShardStats",
+    "SlotAlreadyHeld",
+    "StorageFull",
+    "StorageIOError",
+    "StreamNameError",
+    "StreamNotFound",
+    "StreamStats",
+    "VerifyReport",
+]

@@ -1,0 +1,49 @@
+"""cffi build script: compiles the C core into ``storage_c._comet`` (API mode).
+
+The declarations come from ``include/comet.h`` itself, with the preprocessor
+lines turned into what cffi understands, so the header stays the one source of
+truth for the interface.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from cffi import FFI
+
+HERE = Path(__file__).resolve().parent
+HEADER = HERE / "include" / "comet.h"
+SOURCES = sorted(str(p.relative_to(HERE.parent)) for p in (HERE / "src").glob("*.c"))
+CFLAGS = ["-std=c11", "-D_GNU_SOURCE", "-O2", "-Wall", "-Wextra", "-Werror", "-fvisibility=hidden"]
+
+
+def cdef_from_header(text: str) -> str:
+    """Keeps declarations; turns each ``#define COMET_X`` into ``#define COMET_X ...``."""
+    text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
+    text = re.sub(r'#ifdef __cplusplus.*?#endif', "", text, flags=re.S)
+    lines = []
+    for line in text.splitlines():
+        stripped = line.strip()
+        if stripped.startswith("#"):
+            match = re.match(r"#define\s+(COMET_\w+)\s+\S", stripped)
+            if match and match.group(1) != "COMET_H":
+                lines.append(f"#define {match.group(1)} ...")
+            continue
+        lines.append(re.sub(r"\[COMET_\w+\]", "[...]", line))
+    return "\n".join(lines)
+
+
+ffibuilder = FFI()
+ffibuilder.cdef(cdef_from_header(HEADER.read_text()))
+ffibuilder.set_source(
+    "storage_c._comet",
+    '#include "comet.h"',
+    sources=SOURCES,
+    include_dirs=[str(HERE / "include"), str(HERE / "src")],
+    extra_compile_args=CFLAGS,
+    libraries=["zstd", "pthread"],
+)
+
+if __name__ == "__main__":
+    ffibuilder.compile(verbose=True)

@@ -1,0 +1,80 @@
+"""Configuration of a data directory, with the defaults of the specification."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from ._comet import ffi, lib
+
+Durability = Literal["none", "interval", "always"]
+
+DURABILITY_CODES: dict[str | None, int] = {
+    None: lib.COMET_DURABILITY_DEFAULT,
+    "none": lib.COMET_DURABILITY_NONE,
+    "interval": lib.COMET_DURABILITY_INTERVAL,
+    "always": lib.COMET_DURABILITY_ALWAYS,
+}
+
+MiB = 1 << 20
+
+
+@dataclass(frozen=True)
+class Config:
+    """How a process uses a data directory.
+
+    Shard counts and formats live on disk; everything here is per process and
+    may change between runs (except that every process sharing the directory
+    must agree on ``process_count``).
+    """
+
+    shards: int = 16
+    """Shard count given to streams this process creates."""
+    segment_bytes: int = 64 * MiB
+    """Segments rotate when full; each is preallocated at this size."""
+    max_entry_bytes: int = 16 * MiB
+    index_interval_bytes: int = 4096
+    durability: Durability = "interval"
+    fsync_interval_ms: int = 1000
+    process_count: int = 1
+    """Processes sharing the directory; slot p owns shards with shard % process_count == p."""
+    compression_threshold: int = 4096
+    """Entries at or above this size are zstd-compressed when that makes them smaller (0: never)."""
+    compression_level: int = 3
+    create: bool = True
+    """Create the data directory if it does not exist."""
+    auto_create_streams: bool = True
+    background_flush: bool = True
+    """Run the flusher thread (tools that only read turn it off)."""
+
+    def __post_init__(self) -> None:
+        if self.durability not in ("none", "interval", "always"):
+            raise ValueError(f"durability must be 'none', 'interval' or 'always', not {self.durability!r}")
+        if self.compression_threshold < 0:
+            raise ValueError("compression_threshold must be >= 0")
+
+    def to_c(self) -> object:
+        """A ``comet_config *`` for comet_open (validated again in C)."""
+        cfg = ffi.new("comet_config *")
+        lib.comet_config_default(cfg)
+        fields = {
+            "segment_bytes": self.segment_bytes,
+            "max_entry_bytes": self.max_entry_bytes,
+            "index_interval_bytes": self.index_interval_bytes,
+            "default_shards": self.shards,
+            "fsync_interval_ms": self.fsync_interval_ms,
+            "process_count": self.process_count,
+        }
+        for name, value in fields.items():
+            try:
+                setattr(cfg, name, value)
+            except (OverflowError, TypeError):
+                raise ValueError(f"{name}={value!r} is out of range") from None
+        cfg.durability = DURABILITY_CODES[self.durability]
+        flags = 0
+        if self.create:
+            flags |= lib.COMET_OPEN_CREATE
+        if not self.background_flush:
+            flags |= lib.COMET_OPEN_NO_FLUSHER
+        cfg.flags = flags
+        return cfg

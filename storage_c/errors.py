@@ -1,0 +1,126 @@
+"""Exceptions raised by the storage API, one per stable C error code.
+
+Each carries ``code`` (the C code) and a message naming what was wrong: the
+stream, the shard, the limit, the file.
+"""
+
+from __future__ import annotations
+
+from typing import NoReturn
+
+from ._comet import ffi, lib
+
+
+class CometError(Exception):
+    """Base of every storage error."""
+
+    code: int = 0
+
+    def __init__(self, message: str, code: int | None = None) -> None:
+        super().__init__(message)
+        if code is not None:
+            self.code = code
+
+
+class InvalidArgument(CometError, ValueError):
+    code = lib.COMET_E_INVALID
+
+
+class StreamNameError(CometError, ValueError):
+    code = lib.COMET_E_STREAM_NAME
+
+
+class ShardRangeError(CometError, IndexError):
+    code = lib.COMET_E_SHARD_RANGE
+
+
+class EntryTooLarge(CometError, ValueError):
+    code = lib.COMET_E_ENTRY_TOO_LARGE
+
+
+class ShardCountMismatch(CometError):
+    code = lib.COMET_E_SHARD_COUNT
+
+
+class FormatVersionError(CometError):
+    code = lib.COMET_E_FORMAT_VERSION
+
+
+class CorruptionError(CometError):
+    code = lib.COMET_E_CORRUPT
+
+
+class StorageFull(CometError, OSError):
+    code = lib.COMET_E_STORAGE_FULL
+
+
+class StorageIOError(CometError, OSError):
+    code = lib.COMET_E_IO
+
+
+class NoFreeSlot(CometError):
+    code = lib.COMET_E_NO_SLOT
+
+
+class StreamNotFound(CometError, KeyError):
+    code = lib.COMET_E_NO_STREAM
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+class Closed(CometError):
+    code = lib.COMET_E_CLOSED
+
+
+class ProcessCountMismatch(CometError):
+    code = lib.COMET_E_PROCESS_COUNT
+
+
+class BatchTooLarge(CometError, ValueError):
+    code = lib.COMET_E_BATCH_TOO_LARGE
+
+
+class DecompressionError(CometError):
+    code = lib.COMET_E_DECOMPRESS
+
+
+class SlotAlreadyHeld(CometError):
+    code = lib.COMET_E_SLOT_HELD
+
+
+_BY_CODE: dict[int, type[CometError]] = {
+    cls.code: cls
+    for cls in (
+        InvalidArgument,
+        StreamNameError,
+        ShardRangeError,
+        EntryTooLarge,
+        ShardCountMismatch,
+        FormatVersionError,
+        CorruptionError,
+        StorageFull,
+        StorageIOError,
+        NoFreeSlot,
+        StreamNotFound,
+        Closed,
+        ProcessCountMismatch,
+        BatchTooLarge,
+        DecompressionError,
+        SlotAlreadyHeld,
+    )
+}
+_BY_CODE[lib.COMET_E_NOMEM] = CometError
+_BY_CODE[lib.COMET_E_BAD_FRAMING] = InvalidArgument
+
+
+def error_for(code: int) -> CometError:
+    """The exception for a negative C return code, with the thread's detail."""
+    detail = ffi.string(lib.comet_last_error()).decode("utf-8", "replace")
+    summary = ffi.string(lib.comet_strerror(code)).decode()
+    cls = _BY_CODE.get(code, CometError)
+    return cls(detail or summary, code)
+
+
+def raise_for(code: int) -> NoReturn:
+    raise error_for(code)

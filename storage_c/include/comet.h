@@ -1,0 +1,252 @@
+/*
+ * comet.h - public interface of the Comet storage core.
+ *
+ * A data directory holds streams; a stream has a fixed number of shards; a
+ * shard is an append-only log of CRC-checked entries numbered densely from 0.
+ * Any number of processes may open the same data directory: appends to a
+ * shard are serialised by a process-shared robust mutex kept in the shard's
+ * mmap'd state file, and readers never take a lock (they read up to the
+ * committed entry published in that state).
+ *
+ * Conventions:
+ *   - Functions that can fail return an int (or int64_t) that is negative on
+ *     error: one of the COMET_E_* codes below. Those numbers are stable.
+ *   - After a failure, comet_last_error() returns a human-readable sentence
+ *     for the calling thread ("stream name 'a/b' contains '/'").
+ *   - Every handle is safe to use from many threads at once.  Handles must
+ *     not be used across fork(): open the data directory in the child.
+ *
+ * The on-disk format is described byte by byte in storage_c/FORMAT.md.
+ */
+#ifndef COMET_H
+#define COMET_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define COMET_API_VERSION 1
+
+/* Stable error codes. 0 is success; every error is negative. */
+enum {
+    COMET_OK = 0,
+    COMET_E_INVALID = -1,            /* bad argument (null pointer, bad config) */
+    COMET_E_STREAM_NAME = -2,        /* stream name outside ^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$ */
+    COMET_E_SHARD_RANGE = -3,        /* shard id >= the stream's shard count */
+    COMET_E_ENTRY_TOO_LARGE = -4,    /* one entry above max_entry_bytes */
+    COMET_E_SHARD_COUNT = -5,        /* reopened with another shard count */
+    COMET_E_FORMAT_VERSION = -6,     /* a file written by an unknown format version */
+    COMET_E_CORRUPT = -7,            /* damaged data that could not be repaired */
+    COMET_E_STORAGE_FULL = -8,       /* no space (ENOSPC, EDQUOT, EFBIG) */
+    COMET_E_IO = -9,                 /* any other operating-system error */
+    COMET_E_NO_SLOT = -10,           /* every process slot is held */
+    COMET_E_NO_STREAM = -11,         /* stream does not exist and creation was not asked */
+    COMET_E_CLOSED = -12,            /* handle already closed */
+    COMET_E_PROCESS_COUNT = -13,     /* running processes use another process_count */
+    COMET_E_NOMEM = -14,             /* out of memory */
+    COMET_E_BUFFER_TOO_SMALL = -15,  /* read buffer cannot hold the next entry */
+    COMET_E_BATCH_TOO_LARGE = -16,   /* batch above COMET_MAX_BATCH_BYTES or entries */
+    COMET_E_WANTS_COMPRESSION = -17, /* an entry is above raw_limit: compress it and retry */
+    COMET_E_BAD_FRAMING = -18,       /* a framed batch buffer is malformed */
+    COMET_E_DECOMPRESS = -19,        /* a compressed entry failed to decompress */
+    COMET_E_SLOT_HELD = -20,         /* this handle already holds a slot */
+};
+#define COMET_ERROR_COUNT 21
+
+/* Durability, per data directory (config) and overridable per append. */
+enum {
+    COMET_DURABILITY_DEFAULT = -1, /* use the data directory's setting */
+    COMET_DURABILITY_NONE = 0,     /* page cache; background flush */
+    COMET_DURABILITY_INTERVAL = 1, /* page cache; fsync at most fsync_interval_ms later */
+    COMET_DURABILITY_ALWAYS = 2,   /* returns after fdatasync (group commit) */
+};
+
+/* Per-entry flags, as given to appends and returned by reads. */
+#define COMET_ENTRY_COMPRESSED 0x1u /* payload is one zstd frame */
+
+/* Limits. */
+#define COMET_MAX_ENTRY_BYTES_LIMIT 0x0FFFFFFFu     /* 256 MiB - 1: 28-bit length field */
+#define COMET_MAX_BATCH_BYTES ((uint64_t)1 << 31)   /* one append, headers included */
+#define COMET_MAX_SHARDS 65536u
+#define COMET_MAX_PROCESSES 1024u
+#define COMET_STREAM_NAME_MAX 64
+
+/* Open flags. */
+#define COMET_OPEN_CREATE 0x1u        /* create the data directory if missing */
+#define COMET_OPEN_NO_FLUSHER 0x2u    /* no background flush thread (tools, tests) */
+
+typedef struct comet_config {
+    uint64_t segment_bytes;        /* rotate when full; default 64 MiB */
+    uint32_t max_entry_bytes;      /* default 16 MiB */
+    uint32_t index_interval_bytes; /* one sparse index record per this much data; default 4 KiB */
+    uint32_t default_shards;       /* shard count of new streams; default 16 */
+    int32_t durability;            /* COMET_DURABILITY_*; default INTERVAL */
+    uint32_t fsync_interval_ms;    /* default 1000 */
+    uint32_t process_count;        /* processes sharing the directory; default 1 */
+    uint32_t flags;                /* COMET_OPEN_* */
+} comet_config;
+
+typedef struct comet_db comet_db;
+typedef struct comet_stream comet_stream;
+typedef struct comet_shard comet_shard;
+
+/* Per-shard statistics, read from the shard's shared state (any process). */
+typedef struct comet_shard_stats {
+    uint64_t first_entry;         /* oldest entry still stored */
+    uint64_t next_entry;          /* committed count: entries [first, next) exist */
+    uint64_t durable_entry;       /* entries below this are fsynced */
+    uint64_t segments;
+    uint64_t disk_bytes;          /* allocated size of segment and index files */
+    uint64_t active_bytes;        /* bytes in use in the active segment */
+    int64_t oldest_timestamp;     /* ns; 0 when empty */
+    int64_t newest_timestamp;     /* ns; 0 when empty */
+    uint64_t appends;             /* append calls */
+    uint64_t appended_entries;
+    uint64_t appended_raw_bytes;  /* payload bytes given by callers, before compression */
+    uint64_t appended_stored_bytes; /* bytes written to segments, headers included */
+    uint64_t compressed_entries;
+    uint64_t append_latency_sum_ns;
+    uint64_t append_latency_count;
+    uint64_t append_latency_max_ns;
+    uint64_t rotations;
+    uint64_t syncs;
+    uint64_t lock_owner_died;     /* times a locker found the previous holder dead */
+    uint64_t recoveries;          /* tail scans that had something to repair */
+    uint64_t truncated_bytes;     /* garbage cut from tails on recovery */
+    uint64_t truncated_entries;   /* whole entries cut (torn batches, damaged tail) */
+    uint64_t orphaned_segments;   /* segments beyond a cut, set aside as *.orphan */
+    uint64_t state_rebuilds;
+    uint64_t index_rebuilds;
+    uint64_t crc_failures;        /* damaged entries met by readers */
+    uint64_t skipped_entries;     /* entries readers could not return */
+    uint64_t storage_full_errors;
+    uint64_t retention_deleted_segments;
+    uint64_t retention_deleted_bytes;
+    uint64_t retention_lost_entries;
+} comet_shard_stats;
+
+/* Batch read into caller-provided buffers. */
+#define COMET_READ_DURABLE_ONLY 0x1u
+
+typedef struct comet_read_request {
+    uint64_t from_entry;
+    uint32_t max_entries;   /* capacity of entries/timestamps/flags; offsets holds max_entries + 1 */
+    uint32_t flags;         /* COMET_READ_* */
+    uint64_t max_bytes;     /* stop before payloads exceed this (at least one entry is returned) */
+    uint8_t *data;          /* payloads, back to back, decompressed */
+    uint64_t data_capacity; /* at most 2 GiB - 1: offsets are int32 (Arrow binary layout) */
+    int32_t *offsets;       /* payload i is data[offsets[i] .. offsets[i+1]) */
+    int64_t *entries;       /* entry numbers (may have gaps where damaged entries were skipped) */
+    int64_t *timestamps;    /* unix ns */
+} comet_read_request;
+
+typedef struct comet_read_result {
+    uint32_t count;         /* entries returned */
+    uint32_t compressed;    /* how many of them were decompressed */
+    uint64_t next_entry;    /* where the next read should start */
+    uint64_t skipped;       /* entries skipped (damaged, or deleted by retention) */
+    uint64_t data_bytes;    /* bytes used in data */
+    uint64_t needed_bytes;  /* with COMET_E_BUFFER_TOO_SMALL: size of the next payload */
+    uint64_t limit_entry;   /* committed (or durable) entry the read was bounded by */
+} comet_read_result;
+
+#define COMET_VERIFY_MAX_PROBLEMS 16
+
+typedef struct comet_verify_problem {
+    uint64_t segment_base;  /* segment file's first entry */
+    uint64_t offset;        /* byte offset in the segment */
+    uint64_t entry;         /* entry number expected there */
+    int32_t code;           /* COMET_E_CORRUPT and friends */
+    uint32_t reserved;
+} comet_verify_problem;
+
+typedef struct comet_verify_report {
+    uint64_t segments;
+    uint64_t entries;        /* good entries */
+    uint64_t bytes;          /* good entry bytes, headers included */
+    uint64_t bad_entries;    /* entries lost to damage */
+    uint64_t index_problems; /* index files missing or inconsistent */
+    uint32_t problem_count;  /* problems listed below (at most COMET_VERIFY_MAX_PROBLEMS) */
+    uint32_t reserved;
+    comet_verify_problem problems[COMET_VERIFY_MAX_PROBLEMS];
+} comet_verify_report;
+
+/* Errors. */
+const char *comet_strerror(int code);
+const char *comet_last_error(void);
+
+/* Configuration and data directory. */
+void comet_config_default(comet_config *cfg);
+int comet_open(const char *path, const comet_config *cfg, comet_db **out);
+int comet_close(comet_db *db);
+int comet_sync_all(comet_db *db);
+
+/* Process slots: claim the lowest free slot (slot < 0) or a given one.
+ * Returns the slot id. The kernel releases it when the process dies. */
+int comet_claim_slot(comet_db *db, int slot);
+int comet_release_slot(comet_db *db);
+int comet_slot(const comet_db *db);          /* -1 when none is held */
+uint32_t comet_process_count(const comet_db *db);
+
+/* Streams. Names are given with their length, so an embedded NUL is refused
+ * rather than silently cutting the name.  shards = 0 takes the recorded count (or the default for a new
+ * stream); create = 0 fails with COMET_E_NO_STREAM if it does not exist.
+ * The handle belongs to the db and stays valid until comet_close. */
+int comet_stream_open(comet_db *db, const char *name, size_t name_len, uint32_t shards,
+                      int create, comet_stream **out);
+int comet_validate_stream_name(const char *name, size_t name_len);
+uint32_t comet_stream_shards(const comet_stream *s);
+const char *comet_stream_name(const comet_stream *s);
+/* Stream names, each followed by '\n'. Returns the bytes needed (may exceed cap). */
+int64_t comet_list_streams(comet_db *db, char *buf, size_t cap);
+
+/* Shard routing: owner slot of a shard, and the shard of a partition key. */
+uint32_t comet_shard_owner(const comet_stream *s, uint32_t shard);
+uint32_t comet_shard_for_key(const comet_stream *s, const void *key, size_t len);
+
+/* Appends. Each returns the first entry number of the batch, or an error.
+ * A batch is atomic: all its entries become visible together, contiguous and
+ * in order, or none does. */
+int64_t comet_append(comet_stream *s, uint32_t shard, const void *payload, uint32_t len,
+                     uint32_t flags, int durability);
+int64_t comet_append_batch(comet_stream *s, uint32_t shard, const void *buf,
+                           const uint32_t *lens, const uint8_t *flags, uint32_t count,
+                           int durability);
+/* One entry per delimited record; empty records are skipped when skip_empty.
+ * Records longer than raw_limit (0 = no limit) make the call fail with
+ * COMET_E_WANTS_COMPRESSION before anything is written. */
+int64_t comet_append_delimited(comet_stream *s, uint32_t shard, const void *buf, size_t len,
+                               uint8_t delimiter, int skip_empty, uint32_t raw_limit,
+                               int durability, uint32_t *count_out);
+/* A list of byte strings framed by Python's marshal (version 2): '[' or '(',
+ * u32 count, then per item 's' + u32 length + bytes. raw_limit as above. */
+int64_t comet_append_marshal(comet_stream *s, uint32_t shard, const void *buf, size_t len,
+                             uint32_t raw_limit, int durability, uint32_t *count_out);
+
+/* The fast path for one entry: a shard handle (opened once, owned by the
+ * stream), default durability, no flags.  Same result as comet_append. */
+int comet_shard_open(comet_stream *s, uint32_t shard, comet_shard **out);
+int64_t comet_append_to(comet_shard *sh, const char *payload, uint32_t len);
+
+/* Reads (lock-free, any process). */
+int comet_read(comet_stream *s, uint32_t shard, const comet_read_request *req,
+               comet_read_result *res);
+/* First entry whose timestamp is >= ts (next_entry when none). */
+int64_t comet_find_time(comet_stream *s, uint32_t shard, int64_t ts);
+
+/* Durability and inspection. */
+int comet_sync(comet_stream *s, int shard); /* shard < 0: every shard */
+int comet_shard_stats_get(comet_stream *s, uint32_t shard, comet_shard_stats *out);
+int comet_verify_shard(comet_stream *s, uint32_t shard, comet_verify_report *out);
+
+/* CRC32C, exposed for tests and tools. impl: 0 = best, 1 = portable, 2 = hardware. */
+uint32_t comet_crc32c(uint32_t crc, const void *data, size_t len, int impl);
+int comet_crc32c_hw_available(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* COMET_H */

@@ -1,0 +1,477 @@
+"""The Python API of the storage core: a thin, typed layer over the C library.
+
+Every append crosses into C once, whatever the batch size: a list of payloads
+travels as one ``marshal`` buffer, an NDJSON body as one buffer plus its
+delimiter.  Compression happens here, with ``zstandard`` (which releases the
+GIL), before C takes any lock; C decompresses on the read path.
+"""
+
+from __future__ import annotations
+
+import itertools
+import marshal
+import os
+import threading
+import weakref
+from array import array
+from typing import Iterable, Iterator, Sequence
+
+import zstandard
+
+from ._comet import ffi, lib
+from .config import DURABILITY_CODES, Config
+from .errors import Closed, ShardRangeError, error_for, raise_for
+from .records import (
+    BatchResult,
+    Problem,
+    ReadBatch,
+    ShardStats,
+    StreamStats,
+    VerifyReport,
+)
+
+_append_to = lib.comet_append_to
+_WANTS_COMPRESSION = lib.COMET_E_WANTS_COMPRESSION
+_BUFFER_TOO_SMALL = lib.COMET_E_BUFFER_TOO_SMALL
+_BAD_FRAMING = lib.COMET_E_BAD_FRAMING
+_COMPRESSED = lib.COMET_ENTRY_COMPRESSED
+_STAT_FIELDS = tuple(f for f in ShardStats.__dataclass_fields__ if f != "shard")
+
+DEFAULT_READ_BYTES = 4 << 20
+MAX_SCRATCH_BYTES = 64 << 20  # larger entries grow the buffer on demand
+
+
+class _Stream:
+    """A stream opened in this process: its C handle, shard handles, and the
+    rotation over this process's own shards for unkeyed writes."""
+
+    __slots__ = ("name", "ptr", "shards", "handles", "rotation")
+
+    def __init__(self, name: str, ptr: object, shards: int, owned: Sequence[int]) -> None:
+        self.name = name
+        self.ptr = ptr
+        self.shards = shards
+        self.handles: dict[int, object] = {}  # shard -> comet_shard *, opened on first append
+        self.rotation = itertools.cycle(owned or range(shards))
+
+    def pick(self, key: str | bytes | None) -> int:
+        if key is None:
+            return next(self.rotation)
+        if isinstance(key, str):
+            key = key.encode()
+        return lib.comet_shard_for_key(self.ptr, key, len(key))
+
+    def reset_rotation(self, owned: Sequence[int]) -> None:
+        self.rotation = itertools.cycle(owned or range(self.shards))
+
+    def handle(self, shard: int) -> object:
+        out = ffi.new("comet_shard **")
+        try:
+            rc = lib.comet_shard_open(self.ptr, shard, out)
+        except OverflowError:
+            rc = lib.COMET_E_SHARD_RANGE
+        if rc < 0:
+            if rc == lib.COMET_E_SHARD_RANGE:
+                raise ShardRangeError(f"shard {shard} is out of range: stream {self.name!r} has "
+                                      f"{self.shards} shards")
+            raise_for(rc)
+        self.handles[shard] = out[0]
+        return out[0]
+
+
+class _Scratch(threading.local):
+    """Per-thread read buffers, reused across reads and grown on demand."""
+
+    def __init__(self) -> None:
+        self.capacity = 0
+        self.max_entries = 0
+        self.req = ffi.new("comet_read_request *")
+        self.res = ffi.new("comet_read_result *")
+        self.data = bytearray()
+        self.offsets = array("i")
+        self.entries = array("q")
+        self.timestamps = array("q")
+
+    def ensure(self, data_bytes: int, max_entries: int) -> None:
+        req = self.req
+        if data_bytes > self.capacity:
+            self.data = bytearray(data_bytes)
+            self.capacity = data_bytes
+            self._data_ptr = ffi.from_buffer(self.data)
+            req.data = ffi.cast("uint8_t *", self._data_ptr)
+            req.data_capacity = data_bytes
+        if max_entries > self.max_entries:
+            self.offsets = array("i", bytes(4 * (max_entries + 1)))
+            self.entries = array("q", bytes(8 * max_entries))
+            self.timestamps = array("q", bytes(8 * max_entries))
+            self._keep = (ffi.from_buffer(self.offsets), ffi.from_buffer(self.entries),
+                          ffi.from_buffer(self.timestamps))
+            req.offsets = ffi.cast("int32_t *", self._keep[0])
+            req.entries = ffi.cast("int64_t *", self._keep[1])
+            req.timestamps = ffi.cast("int64_t *", self._keep[2])
+            self.max_entries = max_entries
+
+
+class _Codec(threading.local):
+    """Per-thread zstd compressor (instances must not be shared by threads)."""
+
+    def __init__(self, level: int) -> None:
+        self.compressor = zstandard.ZstdCompressor(level=level, write_content_size=True)
+
+
+def _as_bytes(payload: object) -> bytes:
+    if isinstance(payload, bytes):
+        return payload
+    if isinstance(payload, (bytearray, memoryview)):
+        return bytes(payload)
+    raise TypeError(f"payloads are bytes-like, not {type(payload).__name__}")
+
+
+class Log:
+    """A data directory: streams of shards of entries.
+
+    >>> with Log("/var/lib/comet") as log:
+    ...     shard, entry = log.append("events", b'{"a": 1}')
+    ...     batch = log.read("events", shard, entry)
+
+    Safe to share between threads.  Open it after fork(), never before.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], config: Config | None = None, *,
+                 claim_slot: bool | int = False) -> None:
+        self.path = os.fspath(path)
+        self.config = config or Config()
+        out = ffi.new("comet_db **")
+        rc = lib.comet_open(os.fsencode(self.path), self.config.to_c(), out)
+        if rc < 0:
+            raise_for(rc)
+        self._db = out[0]
+        self._streams: dict[str, _Stream] = {}
+        self._lock = threading.Lock()
+        self._threshold = self.config.compression_threshold or (1 << 62)
+        self._raw_limit = self.config.compression_threshold - 1 if self.config.compression_threshold else 0
+        self._codec = _Codec(self.config.compression_level)
+        self._scratch = _Scratch()
+        self._finalizer = weakref.finalize(self, lib.comet_close, self._db)
+        if claim_slot is not False:
+            self.claim_slot(None if claim_slot is True else int(claim_slot))
+
+    # ---- lifecycle -------------------------------------------------------------
+
+    def close(self) -> None:
+        """Flushes what this process wrote and releases everything (idempotent)."""
+        with self._lock:
+            self._streams.clear()
+            self._finalizer()
+
+    @property
+    def closed(self) -> bool:
+        return not self._finalizer.alive
+
+    def __enter__(self) -> Log:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _check_open(self) -> None:
+        if not self._finalizer.alive:
+            raise Closed(f"data directory {self.path} is closed")
+
+    # ---- slots and streams -------------------------------------------------------
+
+    def claim_slot(self, slot: int | None = None) -> int:
+        """Claims the lowest free process slot (or the given one) until close or death."""
+        self._check_open()
+        rc = lib.comet_claim_slot(self._db, -1 if slot is None else slot)
+        if rc < 0:
+            raise_for(rc)
+        for stream in self._streams.values():
+            stream.reset_rotation(self.owned_shards(stream.name))
+        return rc
+
+    @property
+    def slot(self) -> int | None:
+        if self.closed:
+            return None
+        slot = lib.comet_slot(self._db)
+        return None if slot < 0 else slot
+
+    @property
+    def process_count(self) -> int:
+        return self.config.process_count
+
+    def _open_stream(self, name: str, shards: int = 0, create: bool | None = None) -> _Stream:
+        self._check_open()
+        if not isinstance(name, str):
+            raise TypeError(f"stream names are str, not {type(name).__name__}")
+        if create is None:
+            create = self.config.auto_create_streams
+        raw = name.encode("utf-8", "surrogateescape")
+        out = ffi.new("comet_stream **")
+        rc = lib.comet_stream_open(self._db, raw, len(raw), shards or 0, 1 if create else 0, out)
+        if rc < 0:
+            raise_for(rc)
+        with self._lock:
+            stream = self._streams.get(name)
+            if stream is None:
+                count = lib.comet_stream_shards(out[0])
+                stream = _Stream(name, out[0], count, self._owned(out[0], count))
+                self._streams[name] = stream
+        return stream
+
+    def create_stream(self, name: str, shards: int | None = None) -> int:
+        """Creates a stream (or checks an existing one's shard count); returns its shard count."""
+        return self._open_stream(name, shards or self.config.shards, create=True).shards
+
+    def shard_count(self, stream: str) -> int:
+        """Shard count of an existing stream (StreamNotFound otherwise)."""
+        s = self._streams.get(stream) or self._open_stream(stream, create=False)
+        return s.shards
+
+    def streams(self) -> list[str]:
+        """Names of the streams in the data directory, sorted."""
+        self._check_open()
+        need = lib.comet_list_streams(self._db, ffi.NULL, 0)
+        if need < 0:
+            raise_for(need)
+        buf = ffi.new("char[]", need + 1)
+        got = lib.comet_list_streams(self._db, buf, need + 1)
+        if got < 0:
+            raise_for(got)
+        text = ffi.unpack(buf, min(got, need)).decode()
+        return sorted(n for n in text.split("\n") if n)
+
+    def _owned(self, ptr: object, count: int) -> list[int]:
+        slot = lib.comet_slot(self._db)
+        if slot < 0:
+            return list(range(count))
+        return [s for s in range(count) if lib.comet_shard_owner(ptr, s) == slot]
+
+    def owned_shards(self, stream: str) -> list[int]:
+        """Shards this process owns (all of them when it holds no slot)."""
+        s = self._streams.get(stream) or self._open_stream(stream)
+        return self._owned(s.ptr, s.shards)
+
+    def shard_for_key(self, stream: str, key: str | bytes) -> int:
+        s = self._streams.get(stream) or self._open_stream(stream)
+        return s.pick(key)
+
+    # ---- appends -----------------------------------------------------------------
+
+    def append(self, stream: str, payload: bytes, *, shard: int | None = None,
+               key: str | bytes | None = None, durability: str | None = None) -> tuple[int, int]:
+        """Appends one entry; returns its id as ``(shard, entry)``.
+
+        Without ``shard`` or ``key`` the entry goes to this process's own
+        shards in turn; with ``key`` to ``hash(key) % shards``.
+        """
+        s = self._streams.get(stream) or self._open_stream(stream)
+        if shard is None:
+            shard = next(s.rotation) if key is None else s.pick(key)
+        # The common case - a small bytes entry, default durability - makes one
+        # three-argument C call through a cached shard handle.
+        if type(payload) is bytes and durability is None and len(payload) < self._threshold:
+            h = s.handles.get(shard) or s.handle(shard)
+            rc = _append_to(h, payload, len(payload))
+        else:
+            rc = self._append_slow(s, shard, payload, durability)
+        if rc < 0:
+            raise_for(rc)
+        return shard, rc
+
+    def _append_slow(self, s: _Stream, shard: int, payload: object,
+                     durability: str | None) -> int:
+        payload = _as_bytes(payload)
+        flags = 0
+        if len(payload) >= self._threshold:
+            payload, flags = self._compress(payload)
+        try:
+            return lib.comet_append(s.ptr, shard, payload, len(payload), flags,
+                                    DURABILITY_CODES[durability])
+        except OverflowError:
+            raise ShardRangeError(f"shard {shard} is out of range: stream {s.name!r} has "
+                                  f"{s.shards} shards") from None
+
+    def append_batch(self, stream: str, payloads: Iterable[bytes], *, shard: int | None = None,
+                     key: str | bytes | None = None, durability: str | None = None) -> BatchResult:
+        """Appends entries atomically, contiguous and in order, in one shard."""
+        s = self._streams.get(stream) or self._open_stream(stream)
+        if shard is None:
+            shard = s.pick(key)
+        if type(payloads) is not list and type(payloads) is not tuple:
+            payloads = list(payloads)
+        try:
+            framed = marshal.dumps(payloads, 2)
+        except ValueError:
+            raise TypeError("append_batch takes bytes-like payloads") from None
+        try:
+            rc = lib.comet_append_marshal(s.ptr, shard, framed, len(framed), self._raw_limit,
+                                          DURABILITY_CODES[durability], ffi.NULL)
+        except OverflowError:
+            raise ShardRangeError(f"shard {shard} is out of range: stream {stream!r} has "
+                                  f"{s.shards} shards") from None
+        if rc == _WANTS_COMPRESSION:
+            return self._append_compressed(s, shard, payloads, durability)
+        if rc < 0:
+            if rc == _BAD_FRAMING:
+                raise TypeError("append_batch takes bytes-like payloads: " +
+                                str(error_for(rc)))
+            raise_for(rc)
+        return BatchResult(shard, rc, len(payloads))
+
+    def append_delimited(self, stream: str, buffer: bytes, delimiter: bytes = b"\n", *,
+                         shard: int | None = None, key: str | bytes | None = None,
+                         skip_empty: bool = True, durability: str | None = None) -> BatchResult:
+        """One entry per delimited record of ``buffer`` (NDJSON: one per line)."""
+        if len(delimiter) != 1:
+            raise ValueError("the delimiter is a single byte")
+        s = self._streams.get(stream) or self._open_stream(stream)
+        if shard is None:
+            shard = s.pick(key)
+        if type(buffer) is not bytes:
+            buffer = _as_bytes(buffer)
+        count = ffi.new("uint32_t *")
+        try:
+            rc = lib.comet_append_delimited(s.ptr, shard, buffer, len(buffer), delimiter[0],
+                                            1 if skip_empty else 0, self._raw_limit,
+                                            DURABILITY_CODES[durability], count)
+        except OverflowError:
+            raise ShardRangeError(f"shard {shard} is out of range: stream {stream!r} has "
+                                  f"{s.shards} shards") from None
+        if rc == _WANTS_COMPRESSION:
+            parts = buffer.split(delimiter)
+            if parts and parts[-1] == b"":
+                parts.pop()  # a trailing delimiter ends the last record
+            if skip_empty:
+                parts = [p for p in parts if p]
+            return self._append_compressed(s, shard, parts, durability)
+        if rc < 0:
+            raise_for(rc)
+        return BatchResult(shard, rc, count[0])
+
+    def _compress(self, payload: bytes) -> tuple[bytes, int]:
+        packed = self._codec.compressor.compress(payload)
+        if len(packed) < len(payload):
+            return packed, _COMPRESSED
+        return payload, 0
+
+    def _append_compressed(self, s: _Stream, shard: int, payloads: Sequence[bytes],
+                           durability: str | None) -> BatchResult:
+        threshold = self._threshold
+        items: list[bytes] = []
+        flags = bytearray(len(payloads))
+        for i, p in enumerate(payloads):
+            p = _as_bytes(p)
+            if len(p) >= threshold:
+                p, flags[i] = self._compress(p)
+            items.append(p)
+        lens = array("I", map(len, items))
+        data = b"".join(items)
+        rc = lib.comet_append_batch(s.ptr, shard, data, ffi.from_buffer("uint32_t[]", lens),
+                                    ffi.from_buffer("uint8_t[]", flags), len(items),
+                                    DURABILITY_CODES[durability])
+        if rc < 0:
+            raise_for(rc)
+        return BatchResult(shard, rc, len(items))
+
+    # ---- reads ---------------------------------------------------------------------
+
+    def read(self, stream: str, shard: int, from_entry: int = 0, max_entries: int = 1000,
+             max_bytes: int = DEFAULT_READ_BYTES, *, durable_only: bool = False) -> ReadBatch:
+        """Up to ``max_entries`` entries of one shard from ``from_entry``, lock-free.
+
+        Payloads come back decompressed.  At least one entry is returned when
+        one exists, even if it is larger than ``max_bytes``.
+        """
+        s = self._streams.get(stream) or self._open_stream(stream, create=False)
+        if max_entries <= 0:
+            raise ValueError("max_entries must be positive")
+        if from_entry < 0:
+            raise ValueError("from_entry must be >= 0")
+        scratch = self._scratch
+        scratch.ensure(min(max(max_bytes, 1 << 16), MAX_SCRATCH_BYTES), max_entries)
+        req, res = scratch.req, scratch.res
+        req.from_entry = from_entry
+        req.max_entries = max_entries
+        req.max_bytes = max_bytes
+        req.flags = lib.COMET_READ_DURABLE_ONLY if durable_only else 0
+        while True:
+            try:
+                rc = lib.comet_read(s.ptr, shard, req, res)
+            except OverflowError:
+                raise ShardRangeError(f"shard {shard} is out of range: stream {stream!r} has "
+                                      f"{s.shards} shards") from None
+            if rc != _BUFFER_TOO_SMALL:
+                break
+            scratch.ensure(res.needed_bytes, max_entries)
+        if rc < 0:
+            raise_for(rc)
+        n = res.count
+        return ReadBatch(stream, shard, bytes(memoryview(scratch.data)[:res.data_bytes]),
+                         scratch.offsets[: n + 1], scratch.entries[:n], scratch.timestamps[:n],
+                         res.next_entry, res.skipped)
+
+    def iter_entries(self, stream: str, shard: int, from_entry: int = 0,
+                     batch: int = 1000) -> Iterator[ReadBatch]:
+        """Batches from ``from_entry`` up to the committed end at the time of each read."""
+        while True:
+            got = self.read(stream, shard, from_entry, batch)
+            if not len(got) and got.next_entry == from_entry:
+                return
+            yield got
+            from_entry = got.next_entry
+
+    def find_time(self, stream: str, shard: int, timestamp_ns: int) -> int:
+        """First entry whose timestamp is at or after ``timestamp_ns``."""
+        s = self._streams.get(stream) or self._open_stream(stream, create=False)
+        rc = lib.comet_find_time(s.ptr, shard, timestamp_ns)
+        if rc < 0:
+            raise_for(rc)
+        return rc
+
+    # ---- durability and inspection -------------------------------------------------
+
+    def sync(self, stream: str | None = None, shard: int | None = None) -> None:
+        """fdatasync what is committed (one stream, one shard, or everything open)."""
+        self._check_open()
+        if stream is None:
+            rc = lib.comet_sync_all(self._db)
+        else:
+            s = self._streams.get(stream) or self._open_stream(stream, create=False)
+            rc = lib.comet_sync(s.ptr, -1 if shard is None else shard)
+        if rc < 0:
+            raise_for(rc)
+
+    def shard_stats(self, stream: str, shard: int) -> ShardStats:
+        s = self._streams.get(stream) or self._open_stream(stream, create=False)
+        out = ffi.new("comet_shard_stats *")
+        rc = lib.comet_shard_stats_get(s.ptr, shard, out)
+        if rc < 0:
+            raise_for(rc)
+        return ShardStats(shard, *(getattr(out, f) for f in _STAT_FIELDS))
+
+    def stats(self, stream: str) -> StreamStats:
+        """Statistics of every shard of a stream, from the shared state."""
+        count = self.shard_count(stream)
+        return StreamStats(stream, [self.shard_stats(stream, i) for i in range(count)])
+
+    def verify(self, stream: str | None = None) -> VerifyReport:
+        """Checks every entry's checksum and number; read-only apart from recovery."""
+        report = VerifyReport()
+        out = ffi.new("comet_verify_report *")
+        for name in [stream] if stream else self.streams():
+            s = self._streams.get(name) or self._open_stream(name, create=False)
+            for shard in range(s.shards):
+                rc = lib.comet_verify_shard(s.ptr, shard, out)
+                if rc < 0:
+                    raise_for(rc)
+                report.segments += out.segments
+                report.entries += out.entries
+                report.bytes += out.bytes
+                report.bad_entries += out.bad_entries
+                report.index_problems += out.index_problems
+                for i in range(out.problem_count):
+                    p = out.problems[i]
+                    report.problems.append(Problem(name, shard, p.segment_base, p.offset, p.entry))
+        return report

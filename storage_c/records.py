@@ -1,0 +1,177 @@
+"""Plain result types of the storage API."""
+
+from __future__ import annotations
+
+from array import array
+from dataclasses import dataclass, field
+from typing import Iterator, NamedTuple
+
+
+class BatchResult(NamedTuple):
+    """Where an append put its entries: ids ``shard-first`` .. ``shard-(first+count-1)``."""
+
+    shard: int
+    first: int
+    count: int
+
+    @property
+    def last(self) -> int:
+        return self.first + self.count - 1
+
+
+class Entry(NamedTuple):
+    shard: int
+    entry: int
+    timestamp: int
+    """Unix nanoseconds."""
+    payload: bytes
+
+    @property
+    def id(self) -> str:
+        """The message id's text form, ``"<shard>-<entry>"``."""
+        return f"{self.shard}-{self.entry}"
+
+
+class ReadBatch:
+    """Entries of one shard from one read, kept columnar.
+
+    ``data`` holds the payloads back to back and ``offsets`` (int32, count + 1,
+    Arrow's binary layout) delimits them; ``payloads`` slices them into bytes
+    objects on first use.  ``next_entry`` is where the following read starts;
+    ``skipped`` counts entries that could not be returned (damaged, or deleted
+    by retention) - they are never skipped silently.
+    """
+
+    __slots__ = ("stream", "shard", "data", "offsets", "entries", "timestamps", "next_entry",
+                 "skipped", "_payloads")
+
+    def __init__(self, stream: str, shard: int, data: bytes, offsets: array, entries: array,
+                 timestamps: array, next_entry: int, skipped: int) -> None:
+        self.stream = stream
+        self.shard = shard
+        self.data = data
+        self.offsets = offsets
+        self.entries = entries
+        self.timestamps = timestamps
+        self.next_entry = next_entry
+        self.skipped = skipped
+        self._payloads: list[bytes] | None = None
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    @property
+    def payloads(self) -> list[bytes]:
+        if self._payloads is None:
+            data, offsets = self.data, self.offsets
+            self._payloads = list(map(data.__getitem__, map(slice, offsets, offsets[1:])))
+        return self._payloads
+
+    def __iter__(self) -> Iterator[Entry]:
+        shard = self.shard
+        return (Entry(shard, e, t, p) for e, t, p in zip(self.entries, self.timestamps, self.payloads))
+
+    def __getitem__(self, i: int) -> Entry:
+        return Entry(self.shard, self.entries[i], self.timestamps[i], self.payloads[i])
+
+    def __repr__(self) -> str:
+        return (f"ReadBatch(stream={self.stream!r}, shard={self.shard}, count={len(self)}, "
+                f"next_entry={self.next_entry}, skipped={self.skipped})")
+
+
+@dataclass(frozen=True)
+class ShardStats:
+    """Counters of one shard, as stored in its shared state (SPEC 3.8)."""
+
+    shard: int
+    first_entry: int
+    next_entry: int
+    durable_entry: int
+    segments: int
+    disk_bytes: int
+    active_bytes: int
+    oldest_timestamp: int
+    newest_timestamp: int
+    appends: int
+    appended_entries: int
+    appended_raw_bytes: int
+    appended_stored_bytes: int
+    compressed_entries: int
+    append_latency_sum_ns: int
+    append_latency_count: int
+    append_latency_max_ns: int
+    rotations: int
+    syncs: int
+    lock_owner_died: int
+    recoveries: int
+    truncated_bytes: int
+    truncated_entries: int
+    orphaned_segments: int
+    state_rebuilds: int
+    index_rebuilds: int
+    crc_failures: int
+    skipped_entries: int
+    storage_full_errors: int
+    retention_deleted_segments: int
+    retention_deleted_bytes: int
+    retention_lost_entries: int
+
+    @property
+    def entries(self) -> int:
+        """Entries stored now."""
+        return self.next_entry - self.first_entry
+
+
+SUMMED_FIELDS = tuple(
+    name for name in ShardStats.__dataclass_fields__
+    if name not in ("shard", "first_entry", "next_entry", "durable_entry", "oldest_timestamp",
+                    "newest_timestamp", "append_latency_max_ns")
+)
+
+
+@dataclass(frozen=True)
+class StreamStats:
+    stream: str
+    shards: list[ShardStats]
+
+    @property
+    def entries(self) -> int:
+        return sum(s.entries for s in self.shards)
+
+    def total(self, name: str) -> int:
+        """Sum of a counter over the shards."""
+        return sum(getattr(s, name) for s in self.shards)
+
+    @property
+    def oldest_timestamp(self) -> int:
+        stamps = [s.oldest_timestamp for s in self.shards if s.entries]
+        return min(stamps) if stamps else 0
+
+    @property
+    def newest_timestamp(self) -> int:
+        return max((s.newest_timestamp for s in self.shards), default=0)
+
+
+@dataclass(frozen=True)
+class Problem:
+    stream: str
+    shard: int
+    segment_base: int
+    offset: int
+    entry: int
+
+
+@dataclass
+class VerifyReport:
+    """What ``verify`` found: good entries, entries lost to damage, and where."""
+
+    segments: int = 0
+    entries: int = 0
+    bytes: int = 0
+    bad_entries: int = 0
+    index_problems: int = 0
+    problems: list[Problem] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.bad_entries == 0 and self.index_problems == 0

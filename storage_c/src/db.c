@@ -1,0 +1,216 @@
+/*
+ * db.c - a data directory opened by this process: configuration, the list of
+ * open streams, and the background flusher.
+ *
+ * The flusher wakes every fsync_interval_ms and fdatasyncs the shards this
+ * process appended to since its last pass (a flag per shard, set by appends),
+ * so processes never sync one another's idle shards.  With durability
+ * "always" appends sync themselves (group commit) and the flusher has little
+ * to do; with "none" and "interval" it is what moves the durable point.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "errors.h"
+#include "internal.h"
+
+void comet_config_default(comet_config *cfg)
+{
+    memset(cfg, 0, sizeof *cfg);
+    cfg->segment_bytes = (uint64_t)64 << 20;
+    cfg->max_entry_bytes = 16u << 20;
+    cfg->index_interval_bytes = 4096;
+    cfg->default_shards = 16;
+    cfg->durability = COMET_DURABILITY_INTERVAL;
+    cfg->fsync_interval_ms = 1000;
+    cfg->process_count = 1;
+    cfg->flags = COMET_OPEN_CREATE;
+}
+
+static int check_config(const comet_config *c)
+{
+    if (c->segment_bytes < SEGMENT_MIN_BYTES || c->segment_bytes > SEGMENT_MAX_BYTES)
+        return set_error(COMET_E_INVALID, "segment_bytes must be between %u and %llu", SEGMENT_MIN_BYTES,
+                         (unsigned long long)SEGMENT_MAX_BYTES);
+    if (c->max_entry_bytes == 0 || c->max_entry_bytes > COMET_MAX_ENTRY_BYTES_LIMIT)
+        return set_error(COMET_E_INVALID, "max_entry_bytes must be between 1 and %u",
+                         COMET_MAX_ENTRY_BYTES_LIMIT);
+    if (c->index_interval_bytes < 64 || c->index_interval_bytes > (1u << 24))
+        return set_error(COMET_E_INVALID, "index_interval_bytes must be between 64 and 16 MiB");
+    if (c->default_shards == 0 || c->default_shards > COMET_MAX_SHARDS)
+        return set_error(COMET_E_INVALID, "default_shards must be between 1 and %u", COMET_MAX_SHARDS);
+    if (c->durability < COMET_DURABILITY_NONE || c->durability > COMET_DURABILITY_ALWAYS)
+        return set_error(COMET_E_INVALID, "durability must be none (0), interval (1) or always (2)");
+    if (c->fsync_interval_ms == 0 || c->fsync_interval_ms > 3600000)
+        return set_error(COMET_E_INVALID, "fsync_interval_ms must be between 1 and 3600000");
+    if (c->process_count == 0 || c->process_count > COMET_MAX_PROCESSES)
+        return set_error(COMET_E_INVALID, "process_count must be between 1 and %u",
+                         COMET_MAX_PROCESSES);
+    return 0;
+}
+
+typedef void (*shard_fn)(shard *sh);
+
+/* Streams are only ever added at the head, so the list can be walked
+ * without the lock once its head is read. */
+static void for_each_open_shard(comet_db *db, shard_fn fn)
+{
+    pthread_mutex_lock(&db->lock);
+    comet_stream *s = db->streams;
+    pthread_mutex_unlock(&db->lock);
+    for (; s; s = s->next)
+        for (uint32_t i = 0; i < s->shard_count; i++) {
+            shard *sh = atomic_load_explicit(&s->shards[i], memory_order_acquire);
+            if (sh)
+                fn(sh);
+        }
+}
+
+static void flush_if_dirty(shard *sh)
+{
+    if (atomic_exchange(&sh->dirty, 0))
+        shard_sync(sh, atomic_load_explicit(&sh->st->next_entry, memory_order_acquire));
+}
+
+static void flush_all(shard *sh)
+{
+    atomic_store(&sh->dirty, 0);
+    shard_sync(sh, atomic_load_explicit(&sh->st->next_entry, memory_order_acquire));
+}
+
+static void *flusher_main(void *arg)
+{
+    comet_db *db = arg;
+    pthread_mutex_lock(&db->flusher_lock);
+    while (!db->stopping) {
+        struct timespec deadline;
+        clock_gettime(CLOCK_MONOTONIC, &deadline);
+        uint64_t ns = (uint64_t)deadline.tv_nsec + (uint64_t)db->cfg.fsync_interval_ms * 1000000;
+        deadline.tv_sec += (time_t)(ns / 1000000000);
+        deadline.tv_nsec = (long)(ns % 1000000000);
+        int rc = 0;
+        while (!db->stopping && rc != ETIMEDOUT)
+            rc = pthread_cond_timedwait(&db->flusher_wake, &db->flusher_lock, &deadline);
+        if (db->stopping)
+            break;
+        pthread_mutex_unlock(&db->flusher_lock);
+        for_each_open_shard(db, flush_if_dirty);
+        pthread_mutex_lock(&db->flusher_lock);
+    }
+    pthread_mutex_unlock(&db->flusher_lock);
+    return NULL;
+}
+
+int comet_open(const char *path, const comet_config *cfg, comet_db **out)
+{
+    if (!path || !out)
+        return set_error(COMET_E_INVALID, "comet_open: null argument");
+    comet_config defaults;
+    if (!cfg) {
+        comet_config_default(&defaults);
+        cfg = &defaults;
+    }
+    int rc = check_config(cfg);
+    if (rc)
+        return rc;
+    if (strlen(path) + 1 + COMET_STREAM_NAME_MAX + 64 >= COMET_PATH_MAX)
+        return set_error(COMET_E_INVALID, "data directory path is too long");
+    struct stat sb;
+    if (stat(path, &sb)) {
+        if (errno != ENOENT || !(cfg->flags & COMET_OPEN_CREATE))
+            return set_errno_error(errno, "cannot open data directory %s", path);
+        if (mkdir(path, 0755) && errno != EEXIST)
+            return set_errno_error(errno, "cannot create data directory %s", path);
+    } else if (!S_ISDIR(sb.st_mode)) {
+        return set_error(COMET_E_INVALID, "%s is not a directory", path);
+    }
+    comet_db *db = calloc(1, sizeof *db);
+    if (!db)
+        return set_error(COMET_E_NOMEM, "out of memory");
+    strcpy(db->path, path);
+    db->cfg = *cfg;
+    db->slots_fd = -1;
+    db->slot = -1;
+    pthread_mutex_init(&db->lock, NULL);
+    pthread_mutex_init(&db->flusher_lock, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&db->flusher_wake, &ca);
+    pthread_condattr_destroy(&ca);
+    if (!(cfg->flags & COMET_OPEN_NO_FLUSHER)) {
+        rc = pthread_create(&db->flusher, NULL, flusher_main, db);
+        if (rc) {
+            free(db);
+            return set_errno_error(rc, "cannot start the flusher thread");
+        }
+        db->flusher_running = 1;
+    }
+    *out = db;
+    return 0;
+}
+
+int comet_sync_all(comet_db *db)
+{
+    if (!db)
+        return set_error(COMET_E_INVALID, "comet_sync_all: null db");
+    for_each_open_shard(db, flush_all);
+    return 0;
+}
+
+int comet_sync(comet_stream *s, int shard_id)
+{
+    if (!s)
+        return set_error(COMET_E_INVALID, "comet_sync: null stream");
+    if (shard_id >= (int)s->shard_count)
+        return set_error(COMET_E_SHARD_RANGE, "shard %d is out of range: stream '%s' has %u shards",
+                         shard_id, s->name, s->shard_count);
+    for (uint32_t i = 0; i < s->shard_count; i++) {
+        if (shard_id >= 0 && (uint32_t)shard_id != i)
+            continue;
+        shard *sh = atomic_load_explicit(&s->shards[i], memory_order_acquire);
+        if (!sh && shard_id >= 0) {
+            int rc = stream_shard(s, i, &sh);
+            if (rc)
+                return rc;
+        }
+        if (!sh)
+            continue;
+        atomic_store(&sh->dirty, 0);
+        int rc = shard_sync(sh, atomic_load_explicit(&sh->st->next_entry, memory_order_acquire));
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+int comet_close(comet_db *db)
+{
+    if (!db)
+        return 0;
+    pthread_mutex_lock(&db->flusher_lock);
+    db->stopping = 1;
+    pthread_cond_broadcast(&db->flusher_wake);
+    pthread_mutex_unlock(&db->flusher_lock);
+    if (db->flusher_running)
+        pthread_join(db->flusher, NULL);
+    pthread_mutex_lock(&db->lock);
+    db->stopping = 1;
+    pthread_mutex_unlock(&db->lock);
+    for_each_open_shard(db, flush_if_dirty);
+    comet_stream *s = db->streams;
+    while (s) {
+        comet_stream *next = s->next;
+        stream_free(s);
+        s = next;
+    }
+    comet_release_slot(db);
+    pthread_cond_destroy(&db->flusher_wake);
+    pthread_mutex_destroy(&db->flusher_lock);
+    pthread_mutex_destroy(&db->lock);
+    free(db);
+    return 0;
+}

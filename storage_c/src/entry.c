@@ -1,0 +1,188 @@
+/*
+ * entry.c - writing one entry, checking one entry, and finding the next good
+ * entry after a damaged one.
+ *
+ * The checksum covers the header fields after it and the payload, so a reader
+ * that finds it right knows the length, the flags, the entry number and the
+ * timestamp are those the writer wrote.  The entry number in the header lets a
+ * reader tell a stale or misplaced entry from the one it expects, and gives
+ * resynchronisation an exact count of what was skipped.
+ */
+#include <string.h>
+
+#include "crc32c.h"
+#include "internal.h"
+
+static inline uint32_t entry_checksum(const uint8_t *fields16, const uint8_t *payload,
+                                      uint32_t len)
+{
+    uint32_t reg = crc32c_extend(0xFFFFFFFFu, fields16, 16);
+    reg = crc32c_extend(reg, payload, len);
+    return crc32c_mask(~reg);
+}
+
+static inline void fields_fill(uint8_t fields[16], uint32_t len, uint32_t flags, uint64_t entry,
+                               int64_t ts)
+{
+    uint32_t len_flags = len | flags;
+    uint32_t entry_lo = (uint32_t)entry;
+    memcpy(fields, &len_flags, 4);
+    memcpy(fields + 4, &entry_lo, 4);
+    memcpy(fields + 8, &ts, 8);
+}
+
+void entry_write(uint8_t *dst, const uint8_t *payload, uint32_t len, uint32_t flags,
+                 uint64_t entry, int64_t ts)
+{
+    uint8_t fields[16];
+    fields_fill(fields, len, flags, entry, ts);
+    uint32_t crc = entry_checksum(fields, payload, len);
+    memcpy(dst, &crc, 4);
+    memcpy(dst + 4, fields, 16);
+    if (len)
+        memcpy(dst + ENTRY_HEADER_BYTES, payload, len);
+}
+
+/* Four entries at once: their checksums run as four interleaved chains over
+ * the common length, then each finishes alone. */
+static uint64_t write_four(uint8_t *dst, const entry_ref *refs, uint64_t entry, int64_t ts,
+                           const uint32_t flags[4])
+{
+    uint8_t fields[4][16];
+    const uint8_t *ptr[4];
+    uint32_t reg[4], common = UINT32_MAX;
+    for (int k = 0; k < 4; k++) {
+        fields_fill(fields[k], refs[k].len, flags[k], entry + (uint64_t)k, ts);
+        ptr[k] = fields[k];
+        reg[k] = 0xFFFFFFFFu;
+        if (refs[k].len < common)
+            common = refs[k].len;
+    }
+    crc32c_extend4(reg, ptr, 16);
+    for (int k = 0; k < 4; k++)
+        ptr[k] = refs[k].data;
+    crc32c_extend4(reg, ptr, common);
+    uint64_t off = 0;
+    for (int k = 0; k < 4; k++) {
+        reg[k] = crc32c_extend(reg[k], refs[k].data + common, refs[k].len - common);
+        uint32_t crc = crc32c_mask(~reg[k]);
+        memcpy(dst + off, &crc, 4);
+        memcpy(dst + off + 4, fields[k], 16);
+        if (refs[k].len)
+            memcpy(dst + off + ENTRY_HEADER_BYTES, refs[k].data, refs[k].len);
+        off += ENTRY_HEADER_BYTES + refs[k].len;
+    }
+    return off;
+}
+
+uint64_t entry_write_group(uint8_t *dst, const entry_ref *refs, uint32_t k, uint64_t entry,
+                           int64_t ts, const uint32_t *flags)
+{
+    if (k == 4)
+        return write_four(dst, refs, entry, ts, flags);
+    uint64_t off = 0;
+    for (uint32_t i = 0; i < k; i++) {
+        entry_write(dst + off, refs[i].data, refs[i].len, flags[i], entry + i, ts);
+        off += ENTRY_HEADER_BYTES + refs[i].len;
+    }
+    return off;
+}
+
+static int header_is_zero(const uint8_t *p)
+{
+    uint64_t a, b;
+    uint32_t c;
+    memcpy(&a, p, 8);
+    memcpy(&b, p + 8, 8);
+    memcpy(&c, p + 16, 4);
+    return (a | b | c) == 0;
+}
+
+entry_check entry_validate(const segment *seg, uint64_t off, uint64_t expect_entry,
+                           uint32_t max_len, uint32_t *len_flags_out)
+{
+    if (off + ENTRY_HEADER_BYTES > seg->capacity)
+        return ENTRY_END;
+    const uint8_t *p = seg->map + off;
+    if (header_is_zero(p))
+        return ENTRY_END;
+    uint32_t crc, len_flags, entry_lo;
+    memcpy(&crc, p, 4);
+    memcpy(&len_flags, p + 4, 4);
+    memcpy(&entry_lo, p + 8, 4);
+    uint32_t len = len_flags & ENTRY_LEN_MASK;
+    if ((len_flags & ENTRY_FLAGS_RESERVED) || len > max_len ||
+        off + ENTRY_HEADER_BYTES + len > seg->capacity || entry_lo != (uint32_t)expect_entry)
+        return ENTRY_BAD;
+    if (entry_checksum(p + 4, p + ENTRY_HEADER_BYTES, len) != crc)
+        return ENTRY_BAD;
+    *len_flags_out = len_flags;
+    return ENTRY_OK;
+}
+
+/* A cheap test before the checksum: flags, length and a number that fits the
+ * distance from the damaged entry (each entry takes at least a header). */
+static int plausible(const segment *seg, uint64_t p, uint64_t from_off, uint64_t expect,
+                     uint32_t max_len, uint64_t *entry_out)
+{
+    uint32_t len_flags, entry_lo;
+    memcpy(&len_flags, seg->map + p + 4, 4);
+    memcpy(&entry_lo, seg->map + p + 8, 4);
+    if (len_flags & ENTRY_FLAGS_RESERVED)
+        return 0;
+    uint32_t len = len_flags & ENTRY_LEN_MASK;
+    if (len > max_len || p + ENTRY_HEADER_BYTES + len > seg->capacity)
+        return 0;
+    uint32_t delta = entry_lo - (uint32_t)expect;
+    if (delta == 0 || delta > (p - from_off) / ENTRY_HEADER_BYTES + 1)
+        return 0;
+    *entry_out = expect + delta;
+    return 1;
+}
+
+int entry_resync(const segment *seg, uint64_t off, uint64_t expect_entry, uint64_t limit,
+                 uint32_t max_len, uint64_t *found_off, uint64_t *found_entry)
+{
+    uint32_t lf;
+    if (limit > seg->capacity)
+        limit = seg->capacity;
+    /* 1. Only the payload is damaged: the length still leads to the next entry. */
+    if (off + ENTRY_HEADER_BYTES <= limit) {
+        uint32_t len_flags;
+        memcpy(&len_flags, seg->map + off + 4, 4);
+        uint64_t next = off + ENTRY_HEADER_BYTES + (len_flags & ENTRY_LEN_MASK);
+        if (!(len_flags & ENTRY_FLAGS_RESERVED) && next < limit &&
+            entry_validate(seg, next, expect_entry + 1, max_len, &lf) == ENTRY_OK) {
+            *found_off = next;
+            *found_entry = expect_entry + 1;
+            return 0;
+        }
+    }
+    /* 2. The sparse index knows where later entries start. */
+    if (seg->index_ok) {
+        uint32_t n = atomic_load_explicit(index_count_ptr(seg), memory_order_acquire);
+        const index_record *r = index_records(seg);
+        for (uint32_t i = 0; i < n; i++) {
+            uint64_t e = seg->base + r[i].rel_entry;
+            if (e <= expect_entry || r[i].offset <= off || r[i].offset >= limit)
+                continue;
+            if (entry_validate(seg, r[i].offset, e, max_len, &lf) == ENTRY_OK) {
+                *found_off = r[i].offset;
+                *found_entry = e;
+                return 0;
+            }
+        }
+    }
+    /* 3. Byte by byte: a header whose checksum holds. */
+    for (uint64_t p = off + 1; p + ENTRY_HEADER_BYTES <= limit; p++) {
+        uint64_t e;
+        if (!plausible(seg, p, off, expect_entry, max_len, &e))
+            continue;
+        if (entry_validate(seg, p, e, max_len, &lf) == ENTRY_OK) {
+            *found_off = p;
+            *found_entry = e;
+            return 0;
+        }
+    }
+    return -1;
+}

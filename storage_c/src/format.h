@@ -1,0 +1,232 @@
+/*
+ * format.h - every on-disk constant and layout of the storage core, in one
+ * place.  storage_c/FORMAT.md is the prose version of this file; keep the two
+ * in step (a change of layout bumps the version of the file it touches).
+ *
+ * All integers are little-endian.  Files that several processes map at once
+ * (shard state, index) hold C11 atomics and pthread mutexes; those are only
+ * ever read and written through a mapping by processes on the same machine.
+ */
+#ifndef COMET_FORMAT_H
+#define COMET_FORMAT_H
+
+#include <assert.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
+#define FORMAT_VERSION 1
+
+/* File magics: four ASCII letters read as a little-endian u32. */
+#define MAGIC_SEGMENT 0x47534d43u /* "CMSG" */
+#define MAGIC_INDEX 0x58494d43u   /* "CMIX" */
+#define MAGIC_STATE 0x54534d43u   /* "CMST" */
+#define MAGIC_STREAM 0x4d534d43u  /* "CMSM" */
+#define MAGIC_SLOTS 0x4c534d43u   /* "CMSL" */
+
+/* Every file header: magic, version, header size, then type-specific fields,
+ * with a masked CRC32C of bytes [0, 60) at offset 60. */
+#define FILE_HEADER_BYTES 64
+#define FILE_HEADER_CRC_OFFSET 60
+
+/* ---- Entries --------------------------------------------------------------
+ *
+ *   0  u32 crc        masked CRC32C of bytes [4, 20 + length)
+ *   4  u32 len_flags  bits 0-27 payload length, 28 zstd, 29 batch end, 30-31 zero
+ *   8  u32 entry_lo   low 32 bits of the entry number
+ *  12  i64 timestamp  unix ns
+ *  20  payload
+ *
+ * Entries are packed back to back after the segment header.  The batch-end
+ * bit marks the last entry of an append: recovery keeps a torn tail only up
+ * to the last batch end, which is what makes a batch atomic across crashes.
+ */
+#define ENTRY_HEADER_BYTES 20u
+#define ENTRY_LEN_MASK 0x0FFFFFFFu
+#define ENTRY_FLAG_ZSTD 0x10000000u
+#define ENTRY_FLAG_BATCH_END 0x20000000u
+#define ENTRY_FLAGS_RESERVED 0xC0000000u
+
+typedef struct entry_header {
+    uint32_t crc;
+    uint32_t len_flags;
+    uint32_t entry_lo;
+    int64_t timestamp;
+} __attribute__((packed)) entry_header;
+static_assert(sizeof(entry_header) == ENTRY_HEADER_BYTES, "entry header is 20 bytes");
+
+/* ---- Segment file: <shard>/<base:020>.log ---------------------------------- */
+typedef struct segment_header {
+    uint32_t magic;
+    uint16_t version;
+    uint16_t header_bytes;
+    uint32_t shard_id;
+    uint32_t reserved0;
+    uint64_t base_entry; /* first entry number stored in this segment */
+    uint64_t capacity;   /* file size in bytes, preallocated */
+    int64_t created_ns;
+    uint8_t reserved1[20];
+    uint32_t header_crc;
+} segment_header;
+static_assert(sizeof(segment_header) == FILE_HEADER_BYTES, "segment header is 64 bytes");
+
+#define SEGMENT_DATA_OFFSET FILE_HEADER_BYTES
+#define SEGMENT_MIN_BYTES (64u * 1024u)
+#define SEGMENT_MAX_BYTES (((uint64_t)4 << 30) - 1) /* index offsets are u32 */
+
+/* ---- Sparse index: <shard>/<base:020>.idx -----------------------------------
+ * One record per index_interval bytes of entries (the first entry of a segment
+ * has none: it sits at SEGMENT_DATA_OFFSET).  Records are appended under the
+ * shard lock; count is published with release order after the record. */
+typedef struct index_header {
+    uint32_t magic;
+    uint16_t version;
+    uint16_t header_bytes;
+    uint32_t shard_id;
+    uint32_t interval_bytes;
+    uint64_t base_entry;
+    uint32_t capacity; /* records the file can hold */
+    uint8_t reserved[32];
+    uint32_t header_crc;
+} index_header;
+static_assert(sizeof(index_header) == FILE_HEADER_BYTES, "index header is 64 bytes");
+
+typedef struct index_record {
+    uint32_t rel_entry; /* entry - base_entry */
+    uint32_t offset;    /* byte offset of that entry in the segment */
+    int64_t timestamp;  /* its timestamp */
+} index_record;
+static_assert(sizeof(index_record) == 16, "index record is 16 bytes");
+
+#define INDEX_COUNT_OFFSET 64   /* _Atomic u32: published record count */
+#define INDEX_RECORDS_OFFSET 128
+
+/* ---- Shard state: <shard>/state (4096 bytes, mmap'd by every process) ------ */
+enum writer_counter {
+    WC_APPENDS,
+    WC_APPENDED_ENTRIES,
+    WC_APPENDED_RAW_BYTES,
+    WC_APPENDED_STORED_BYTES,
+    WC_COMPRESSED_ENTRIES,
+    WC_LATENCY_SUM_NS,
+    WC_LATENCY_COUNT,
+    WC_LATENCY_MAX_NS,
+    WC_ROTATIONS,
+    WC_RECOVERIES,
+    WC_TRUNCATED_BYTES,
+    WC_TRUNCATED_ENTRIES,
+    WC_ORPHANED_SEGMENTS,
+    WC_STATE_REBUILDS,
+    WC_RETENTION_DELETED_SEGMENTS,
+    WC_RETENTION_DELETED_BYTES,
+    WC_RETENTION_LOST_ENTRIES,
+    WC_COUNT
+};
+
+/* Counters that processes bump without holding the append lock (atomic add). */
+enum shared_counter {
+    SC_SYNCS,
+    SC_LOCK_OWNER_DIED,
+    SC_INDEX_REBUILDS,
+    SC_CRC_FAILURES,
+    SC_SKIPPED_ENTRIES,
+    SC_STORAGE_FULL_ERRORS,
+    SC_COUNT
+};
+
+typedef union padded_mutex {
+    pthread_mutex_t mutex;
+    uint8_t pad[64];
+} padded_mutex;
+static_assert(sizeof(pthread_mutex_t) <= 64, "a pthread mutex fits in one line");
+
+typedef struct state_file {
+    /* [0, 64): header */
+    uint32_t magic;
+    uint16_t version;
+    uint16_t header_bytes;
+    uint32_t shard_id;
+    uint32_t reserved0;
+    uint8_t boot_id[16]; /* locks are re-initialised when this differs from the running kernel's */
+    int64_t created_ns;
+    uint8_t reserved1[20];
+    uint32_t header_crc;
+    /* [64, 192): locks */
+    padded_mutex append_lock; /* every append, rotation and repair */
+    padded_mutex sync_lock;   /* group commit: one fdatasync at a time */
+    /* [192, 256): commit point, written under append_lock */
+    _Atomic uint64_t next_entry;  /* committed: entries below are complete and visible */
+    _Atomic uint64_t active_base; /* first entry of the active segment */
+    _Atomic uint64_t active_end;  /* byte offset after the last committed entry */
+    _Atomic int64_t last_ts;      /* newest timestamp (kept non-decreasing) */
+    _Atomic uint64_t write_hwm;   /* highest offset an append may have written */
+    _Atomic uint64_t zeroed_end;  /* active segment is zero-filled up to here */
+    _Atomic uint64_t active_gen;  /* bumped whenever the active segment file changes */
+    _Atomic uint32_t recovery_pending;
+    uint32_t reserved2;
+    /* [256, 320): durability */
+    _Atomic uint64_t durable_entry; /* entries below are on stable storage */
+    _Atomic uint64_t durable_base;  /* segment of the durable point */
+    _Atomic int64_t last_sync_ns;
+    _Atomic uint64_t first_entry;   /* oldest entry not deleted by retention */
+    uint8_t reserved3[32];
+    /* [320, 512): counters */
+    _Atomic uint64_t writer[WC_COUNT];
+    uint8_t reserved4[(24 - WC_COUNT) * 8];
+    /* [512, 576) */
+    _Atomic uint64_t shared[SC_COUNT];
+    uint8_t reserved5[(8 - SC_COUNT) * 8];
+    uint8_t reserved6[4096 - 576];
+} state_file;
+static_assert(sizeof(state_file) == 4096, "state file is one page");
+static_assert(WC_COUNT <= 24 && SC_COUNT <= 8, "counter areas are full");
+static_assert(ATOMIC_LLONG_LOCK_FREE == 2, "64-bit atomics must be lock-free to share memory");
+
+#define STATE_FILE_BYTES 4096
+
+/* ---- Stream metadata: <stream>/stream.meta ------------------------------- */
+typedef struct stream_meta {
+    uint32_t magic;
+    uint16_t version;
+    uint16_t header_bytes;
+    uint32_t shard_count;
+    uint32_t reserved0;
+    int64_t created_ns;
+    uint8_t reserved1[36];
+    uint32_t header_crc;
+} stream_meta;
+static_assert(sizeof(stream_meta) == FILE_HEADER_BYTES, "stream meta is 64 bytes");
+
+/* ---- Process slots: <data>/.slots ---------------------------------------------
+ * Header page, then one byte per slot at SLOTS_LOCK_BASE + slot: a process
+ * holds slot s by an open-file-description write lock on that byte. */
+typedef struct slots_header {
+    uint32_t magic;
+    uint16_t version;
+    uint16_t header_bytes;
+    uint32_t process_count;
+    uint32_t reserved0;
+    uint8_t reserved1[44];
+    uint32_t header_crc;
+} slots_header;
+static_assert(sizeof(slots_header) == FILE_HEADER_BYTES, "slots header is 64 bytes");
+
+typedef struct slot_record {
+    int64_t pid;
+    int64_t claimed_ns;
+} slot_record;
+
+#define SLOTS_RECORDS_OFFSET 64
+#define SLOTS_LOCK_BASE 65536
+#define SLOTS_HEADER_LOCK_BYTE 0
+
+/* ---- Names -------------------------------------------------------------------- */
+#define STREAM_META_NAME "stream.meta"
+#define STATE_NAME "state"
+#define SLOTS_NAME ".slots"
+#define SEGMENT_SUFFIX ".log"
+#define INDEX_SUFFIX ".idx"
+#define TEMP_SUFFIX ".tmp"
+#define ORPHAN_SUFFIX ".orphan"
+
+#endif /* COMET_FORMAT_H */

@@ -1,0 +1,271 @@
+/*
+ * index.c - the sparse index of a segment: entry -> byte offset and
+ * timestamp -> entry, one record per index_interval bytes of entries.
+ *
+ * Finding entry N is a binary search over the records followed by a scan of
+ * at most one interval, so a read never walks a segment from its start.  The
+ * index is a cache of what the segment already says: it is sized when the
+ * segment is created, appended under the shard lock, and rebuilt from the
+ * segment whenever it is missing or inconsistent.  Records are validated when
+ * mapped (strictly increasing, inside the segment); readers also check each
+ * entry they land on, so a stale record costs a scan, never a wrong answer.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "crc32c.h"
+#include "errors.h"
+#include "internal.h"
+
+static uint32_t records_for(uint64_t capacity, uint32_t interval)
+{
+    uint64_t n = (capacity - SEGMENT_DATA_OFFSET) / interval + 2;
+    return n > UINT32_MAX ? UINT32_MAX : (uint32_t)n;
+}
+
+static size_t file_bytes(uint32_t records)
+{
+    return INDEX_RECORDS_OFFSET + (size_t)records * sizeof(index_record);
+}
+
+/* Writes an index file holding records[0..count) under a temporary name and
+ * renames it into place (replacing any previous index). */
+static int write_index(const char *dir, uint32_t shard_id, uint64_t base, uint32_t capacity,
+                       uint32_t interval, const index_record *records, uint32_t count)
+{
+    char tmp[COMET_PATH_MAX], final[COMET_PATH_MAX];
+    segment_path(final, dir, base, INDEX_SUFFIX);
+    if (path_format(tmp, "%s.%ld%s", final, (long)getpid(), TEMP_SUFFIX))
+        return set_error(COMET_E_INVALID, "path too long: %s", final);
+    int fd = open(tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return set_errno_error(errno, "cannot create index %s", tmp);
+    int err = preallocate(fd, file_bytes(capacity));
+    if (err) {
+        close(fd);
+        unlink(tmp);
+        return set_errno_error(err, "cannot preallocate index %s", final);
+    }
+    uint8_t head[INDEX_RECORDS_OFFSET];
+    memset(head, 0, sizeof head);
+    index_header *h = (index_header *)head;
+    h->magic = MAGIC_INDEX;
+    h->version = FORMAT_VERSION;
+    h->header_bytes = FILE_HEADER_BYTES;
+    h->shard_id = shard_id;
+    h->interval_bytes = interval;
+    h->base_entry = base;
+    h->capacity = capacity;
+    h->header_crc = crc32c_header(h);
+    memcpy(head + INDEX_COUNT_OFFSET, &count, 4);
+    ssize_t w = pwrite(fd, head, sizeof head, 0);
+    if (w == (ssize_t)sizeof head && count)
+        w = pwrite(fd, records, (size_t)count * sizeof *records, INDEX_RECORDS_OFFSET) ==
+                    (ssize_t)((size_t)count * sizeof *records)
+                ? w
+                : -1;
+    if (w != (ssize_t)sizeof head) {
+        err = errno ? errno : EIO;
+        close(fd);
+        unlink(tmp);
+        return set_errno_error(err, "cannot write index %s", final);
+    }
+    close(fd);
+    if (rename(tmp, final)) {
+        err = errno;
+        unlink(tmp);
+        return set_errno_error(err, "cannot rename index %s", final);
+    }
+    return 0;
+}
+
+int index_create(const char *dir, uint32_t shard_id, uint64_t base, uint64_t capacity,
+                 uint32_t interval)
+{
+    if (interval < 64)
+        interval = 64;
+    return write_index(dir, shard_id, base, records_for(capacity, interval), interval, NULL, 0);
+}
+
+static int records_consistent(const segment *seg, uint32_t count)
+{
+    const index_record *r = index_records(seg);
+    for (uint32_t i = 0; i < count; i++) {
+        if (r[i].offset < SEGMENT_DATA_OFFSET + ENTRY_HEADER_BYTES ||
+            r[i].offset + ENTRY_HEADER_BYTES > seg->capacity || r[i].rel_entry == 0)
+            return 0;
+        if (i && (r[i].rel_entry <= r[i - 1].rel_entry || r[i].offset <= r[i - 1].offset ||
+                  r[i].timestamp < r[i - 1].timestamp))
+            return 0;
+    }
+    return 1;
+}
+
+int index_map(segment *seg, const char *dir, uint32_t shard_id)
+{
+    char path[COMET_PATH_MAX];
+    segment_path(path, dir, seg->base, INDEX_SUFFIX);
+    seg->index_ok = 0;
+    int fd = open(path, O_RDWR | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    struct stat sb;
+    index_header h;
+    if (fstat(fd, &sb) || sb.st_size < INDEX_RECORDS_OFFSET ||
+        pread(fd, &h, sizeof h, 0) != (ssize_t)sizeof h || h.magic != MAGIC_INDEX ||
+        h.version != FORMAT_VERSION || h.header_crc != crc32c_header(&h) ||
+        h.base_entry != seg->base || h.shard_id != shard_id || h.interval_bytes < 64 ||
+        (uint64_t)sb.st_size < file_bytes(h.capacity)) {
+        close(fd);
+        return -1;
+    }
+    size_t bytes = file_bytes(h.capacity);
+    void *map = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (map == MAP_FAILED)
+        return -1;
+    seg->index_map = map;
+    seg->index_map_bytes = bytes;
+    seg->index_capacity = h.capacity;
+    seg->index_interval = h.interval_bytes;
+    uint32_t count = atomic_load_explicit(index_count_ptr(seg), memory_order_acquire);
+    if (count > h.capacity || !records_consistent(seg, count)) {
+        index_unmap(seg);
+        seg->index_interval = h.interval_bytes;
+        return -1;
+    }
+    seg->index_ok = 1;
+    return 0;
+}
+
+void index_unmap(segment *seg)
+{
+    if (seg->index_map)
+        munmap(seg->index_map, seg->index_map_bytes);
+    seg->index_map = NULL;
+    seg->index_map_bytes = 0;
+    seg->index_capacity = 0;
+    seg->index_ok = 0;
+}
+
+void index_lookup(const segment *seg, uint64_t rel_entry, uint64_t *rel, uint64_t *offset)
+{
+    *rel = 0;
+    *offset = SEGMENT_DATA_OFFSET;
+    if (!seg->index_ok)
+        return;
+    uint32_t n = atomic_load_explicit(index_count_ptr(seg), memory_order_acquire);
+    const index_record *r = index_records(seg);
+    uint32_t lo = 0, hi = n; /* first record with rel_entry > target */
+    while (lo < hi) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        if (r[mid].rel_entry <= rel_entry)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    if (lo) {
+        *rel = r[lo - 1].rel_entry;
+        *offset = r[lo - 1].offset;
+    }
+}
+
+void index_lookup_time(const segment *seg, int64_t ts, uint64_t *rel, uint64_t *offset)
+{
+    *rel = 0;
+    *offset = SEGMENT_DATA_OFFSET;
+    if (!seg->index_ok)
+        return;
+    uint32_t n = atomic_load_explicit(index_count_ptr(seg), memory_order_acquire);
+    const index_record *r = index_records(seg);
+    uint32_t lo = 0, hi = n; /* first record with timestamp >= ts */
+    while (lo < hi) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        if (r[mid].timestamp < ts)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    if (lo) {
+        *rel = r[lo - 1].rel_entry;
+        *offset = r[lo - 1].offset;
+    }
+}
+
+void index_note(segment *seg, uint64_t rel_entry, uint64_t offset, int64_t ts)
+{
+    if (!seg->index_ok)
+        return;
+    _Atomic uint32_t *countp = index_count_ptr(seg);
+    uint32_t n = atomic_load_explicit(countp, memory_order_relaxed);
+    index_record *r = index_records(seg);
+    uint64_t last = n ? r[n - 1].offset : SEGMENT_DATA_OFFSET;
+    if (offset - last < seg->index_interval || n >= seg->index_capacity)
+        return;
+    r[n].rel_entry = (uint32_t)rel_entry;
+    r[n].offset = (uint32_t)offset;
+    r[n].timestamp = ts;
+    atomic_store_explicit(countp, n + 1, memory_order_release);
+}
+
+void index_truncate(segment *seg, uint64_t rel_next)
+{
+    if (!seg->index_ok)
+        return;
+    _Atomic uint32_t *countp = index_count_ptr(seg);
+    uint32_t n = atomic_load_explicit(countp, memory_order_relaxed);
+    const index_record *r = index_records(seg);
+    while (n && r[n - 1].rel_entry >= rel_next)
+        n--;
+    atomic_store_explicit(countp, n, memory_order_release);
+}
+
+int index_rebuild(segment *seg, const char *dir, uint32_t shard_id, uint64_t end_offset)
+{
+    uint32_t interval = seg->index_interval ? seg->index_interval : 4096;
+    uint32_t capacity = records_for(seg->capacity, interval);
+    index_record *records = malloc((size_t)capacity * sizeof *records);
+    if (!records)
+        return set_error(COMET_E_NOMEM, "out of memory rebuilding an index");
+    uint32_t count = 0;
+    uint64_t off = SEGMENT_DATA_OFFSET, entry = seg->base, last = SEGMENT_DATA_OFFSET;
+    if (end_offset > seg->capacity)
+        end_offset = seg->capacity;
+    while (off < end_offset) {
+        uint32_t lf;
+        entry_check c = entry_validate(seg, off, entry, ENTRY_LEN_MASK, &lf);
+        if (c == ENTRY_END)
+            break;
+        if (c == ENTRY_BAD) {
+            uint64_t next_off, next_entry;
+            if (entry_resync(seg, off, entry, end_offset, ENTRY_LEN_MASK, &next_off, &next_entry))
+                break;
+            off = next_off;
+            entry = next_entry;
+            continue;
+        }
+        if (off - last >= interval && count < capacity) {
+            int64_t ts;
+            memcpy(&ts, seg->map + off + 12, 8);
+            records[count++] = (index_record){(uint32_t)(entry - seg->base), (uint32_t)off, ts};
+            last = off;
+        }
+        off += ENTRY_HEADER_BYTES + (lf & ENTRY_LEN_MASK);
+        entry++;
+    }
+    index_unmap(seg);
+    int rc = write_index(dir, shard_id, seg->base, capacity, interval, records, count);
+    free(records);
+    if (rc)
+        return rc;
+    index_map(seg, dir, shard_id);
+    return seg->index_ok ? 0 : set_error(COMET_E_IO, "rebuilt index of segment %" PRIu64
+                                                     " does not map", seg->base);
+}

@@ -1,0 +1,218 @@
+/*
+ * internal.h - the in-memory objects of the storage core and the functions
+ * the source files share.  One section per source file.
+ *
+ *   comet_db       a data directory opened by this process (db.c)
+ *   comet_stream   a stream and its shards (stream.c)
+ *   shard          one shard: its mapped state, its segments (shard.c)
+ *   segment        one mapped segment file plus its sparse index (segment.c, index.c)
+ */
+#ifndef COMET_INTERNAL_H
+#define COMET_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "comet.h"
+#include "format.h"
+#include "fsutil.h"
+
+/* ---- segment.c / index.c ------------------------------------------------- */
+
+typedef struct segment {
+    uint64_t base;         /* first entry number */
+    uint64_t capacity;     /* bytes mapped (the file size when mapped) */
+    uint8_t *map;          /* read-only shared mapping of the whole file */
+    uint8_t *wmap;         /* writable mapping, only in a process that appended here */
+    uint64_t zapped_to;    /* wmap pages below this were unmapped behind the writer */
+    int fd;                /* kept by writers for zero fill and fdatasync; -1 otherwise */
+    int refs;              /* users of the mapping; guarded by the shard's cache_lock */
+    int removed;           /* no longer in the cache: freed when refs drop to zero */
+    /* sparse index */
+    uint8_t *index_map;
+    size_t index_map_bytes;
+    uint32_t index_capacity;
+    uint32_t index_interval;
+    int index_ok;          /* 0: missing or inconsistent, locate entries by scanning */
+} segment;
+
+int segment_create(const char *dir, uint32_t shard_id, uint64_t base, uint64_t capacity,
+                   uint32_t index_interval);
+segment *segment_new(uint64_t base);
+/* Maps the file and its index (seg->map is NULL before). */
+int segment_load(segment *seg, const char *dir, uint32_t shard_id);
+/* Capacity recorded in the mapped header (another process may have grown it). */
+uint64_t segment_header_capacity(const segment *seg);
+void segment_free(segment *seg);
+int segment_fd(segment *seg, const char *dir);
+/* Maps seg->wmap (under the append lock). */
+int segment_writable(segment *seg, const char *dir);
+/* Unmaps written pages well behind off from wmap (see segment.c). */
+void segment_release_behind(segment *seg, uint64_t off);
+int segment_grow(segment *seg, const char *dir, uint64_t capacity);
+void segment_path(char *out, const char *dir, uint64_t base, const char *suffix);
+
+static inline const entry_header *segment_entry_at(const segment *seg, uint64_t off)
+{
+    return (const entry_header *)(seg->map + off);
+}
+
+static inline index_record *index_records(const segment *seg)
+{
+    return (index_record *)(seg->index_map + INDEX_RECORDS_OFFSET);
+}
+
+static inline _Atomic uint32_t *index_count_ptr(const segment *seg)
+{
+    return (_Atomic uint32_t *)(seg->index_map + INDEX_COUNT_OFFSET);
+}
+
+int index_create(const char *dir, uint32_t shard_id, uint64_t base, uint64_t capacity,
+                 uint32_t interval);
+int index_map(segment *seg, const char *dir, uint32_t shard_id);
+void index_unmap(segment *seg);
+/* Greatest record at or before rel_entry: sets *rel and *offset (the segment
+ * start when there is none). */
+void index_lookup(const segment *seg, uint64_t rel_entry, uint64_t *rel, uint64_t *offset);
+void index_lookup_time(const segment *seg, int64_t ts, uint64_t *rel, uint64_t *offset);
+/* Appends a record if offset is index_interval past the last one (under lock). */
+void index_note(segment *seg, uint64_t rel_entry, uint64_t offset, int64_t ts);
+/* Drops records at or after rel_next (recovery). */
+void index_truncate(segment *seg, uint64_t rel_next);
+/* Rewrites the index from the entries in [SEGMENT_DATA_OFFSET, end_offset). */
+int index_rebuild(segment *seg, const char *dir, uint32_t shard_id, uint64_t end_offset);
+
+/* ---- entry.c: validating and writing entries ------------------------------ */
+
+typedef struct entry_ref {
+    const uint8_t *data;
+    uint32_t len;
+    uint32_t flags; /* COMET_ENTRY_* */
+} entry_ref;
+
+/* Result of checking the entry header at an offset. */
+typedef enum entry_check {
+    ENTRY_OK,
+    ENTRY_END,     /* zero header: nothing written here */
+    ENTRY_BAD,     /* damaged: bad length, flags, number or checksum */
+} entry_check;
+
+entry_check entry_validate(const segment *seg, uint64_t off, uint64_t expect_entry,
+                           uint32_t max_len, uint32_t *len_flags);
+/* Writes one entry at dst (header then payload). flags are ENTRY_FLAG_*. */
+void entry_write(uint8_t *dst, const uint8_t *payload, uint32_t len, uint32_t flags,
+                 uint64_t entry, int64_t ts);
+/* Writes k <= 4 consecutive entries; returns the bytes written. */
+uint64_t entry_write_group(uint8_t *dst, const entry_ref *refs, uint32_t k, uint64_t entry,
+                           int64_t ts, const uint32_t *flags);
+/* Next plausible entry after a damaged one at off: sets *found_off and
+ * *found_entry, returns 0, or -1 when nothing valid follows before limit. */
+int entry_resync(const segment *seg, uint64_t off, uint64_t expect_entry, uint64_t limit,
+                 uint32_t max_len, uint64_t *found_off, uint64_t *found_entry);
+
+/* ---- shard.c ------------------------------------------------------------- */
+
+typedef struct comet_shard {
+    struct comet_stream *stream;
+    uint32_t id;
+    char dir[COMET_PATH_MAX];
+    int state_fd;
+    state_file *st;
+    /* segments known to this process, sorted by base; guarded by cache_lock */
+    pthread_mutex_t cache_lock;
+    segment **segs;
+    size_t nsegs, cap;
+    uint64_t listed_active_gen; /* st->active_gen when the list was read */
+    /* writer side, used under st->append_lock */
+    segment *active;
+    uint64_t active_gen;
+    /* set by appends of this process, cleared by the flusher */
+    atomic_int dirty;
+} shard;
+
+int shard_open(struct comet_stream *stream, uint32_t id, shard **out);
+void shard_close(shard *sh);
+int shard_lock(shard *sh);   /* append lock; repairs the tail if its holder died */
+int shard_lock_noting_wait(shard *sh, int *waited);
+void shard_unlock(shard *sh);
+int64_t shard_append(shard *sh, const entry_ref *refs, uint32_t count, uint64_t total_bytes,
+                     uint64_t raw_bytes, int durability);
+int shard_sync(shard *sh, uint64_t upto_entry);
+/* Segment containing entry (a new reference), or NULL with *next_base set to
+ * the first base above entry when entry is in a gap. */
+segment *shard_segment_for(shard *sh, uint64_t entry, uint64_t *seg_end_entry);
+segment *shard_segment_by_base(shard *sh, uint64_t base);
+void shard_segment_release(shard *sh, segment *seg);
+int shard_segment_fd(shard *sh, segment *seg); /* opened once, kept */
+int shard_refresh_segments(shard *sh);
+/* Snapshot of the segment bases; caller frees. */
+int shard_segment_bases(shard *sh, uint64_t **bases, size_t *count);
+
+/* ---- recovery.c ---------------------------------------------------------- */
+
+/* Scans the tail from the committed point, keeps whole batches, cuts the rest.
+ * Called with the append lock held. */
+int recovery_repair_tail(shard *sh, int state_rebuilt);
+
+/* ---- state.c ------------------------------------------------------------- */
+
+int state_open(shard *sh, int *rebuilt);
+void state_close(shard *sh);
+int state_init_locks(state_file *st);
+
+static inline uint64_t wc_get(const state_file *st, int c)
+{
+    return atomic_load_explicit(&((state_file *)st)->writer[c], memory_order_relaxed);
+}
+/* Writer counters change only under the append lock: a plain load and store. */
+static inline void wc_add(state_file *st, int c, uint64_t v)
+{
+    atomic_store_explicit(&st->writer[c], wc_get(st, c) + v, memory_order_relaxed);
+}
+static inline void sc_add(state_file *st, int c, uint64_t v)
+{
+    atomic_fetch_add_explicit(&st->shared[c], v, memory_order_relaxed);
+}
+
+/* ---- stream.c ------------------------------------------------------------ */
+
+struct comet_stream {
+    struct comet_db *db;
+    char name[COMET_STREAM_NAME_MAX + 1];
+    char dir[COMET_PATH_MAX];
+    uint32_t shard_count;
+    pthread_mutex_t open_lock;
+    shard *_Atomic *shards; /* opened lazily */
+    struct comet_stream *next;
+};
+
+int stream_shard(comet_stream *s, uint32_t id, shard **out);
+void stream_free(comet_stream *s);
+
+/* ---- db.c ---------------------------------------------------------------- */
+
+struct comet_db {
+    char path[COMET_PATH_MAX];
+    comet_config cfg;
+    pthread_mutex_t lock; /* streams list */
+    comet_stream *streams;
+    /* slots.c */
+    int slots_fd;
+    int slot;
+    /* flusher */
+    pthread_t flusher;
+    int flusher_running;
+    pthread_mutex_t flusher_lock;
+    pthread_cond_t flusher_wake;
+    int stopping;
+};
+
+/* ---- codec.c ------------------------------------------------------------- */
+
+/* Size of the decompressed frame, or -1 when the frame does not say. */
+int64_t codec_frame_size(const uint8_t *src, size_t len);
+/* Decompresses into dst; returns bytes written or a negative error code. */
+int64_t codec_decompress(uint8_t *dst, size_t cap, const uint8_t *src, size_t len);
+
+#endif /* COMET_INTERNAL_H */

@@ -1,0 +1,326 @@
+/*
+ * recovery.c - making a shard's tail whole again.
+ *
+ * Runs under the append lock, whenever a process opens the shard, and when a
+ * locker learns (EOWNERDEAD) that the previous holder died mid-append.
+ *
+ * The state's commit point says how far entries were published.  The scan
+ * starts at the sparse index record before it (so the last committed entries
+ * are checked again, cheaply) and walks forward, into later segments when
+ * one starts where the previous ended, until the entries stop checking out:
+ *
+ *   - a good entry below the commit point, or one carrying the batch-end bit,
+ *     moves the cut point after it: a torn batch (a writer killed half way)
+ *     has no batch end and is cut whole, so batches stay atomic;
+ *   - a damaged entry with good entries after it (found by length, by index
+ *     record, or byte by byte) is left in place and skipped: readers count it,
+ *     `verify` reports it, and nothing acknowledged after it is thrown away;
+ *   - a segment that ends early but has a successor continues in the
+ *     successor: the missing entries are a gap, the numbering holds;
+ *   - at the real end, everything after the cut point is zeroed (and counted),
+ *     later segments that do not fit the numbering are set aside as *.orphan.
+ *
+ * If the state itself was lost, the scan starts at the first entry of the last
+ * segment and the same rules rebuild the commit point.  Recovery never fails
+ * because of damaged data; it fails only on I/O errors, and then leaves
+ * recovery_pending set so that the next locker tries again.
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "errors.h"
+#include "internal.h"
+
+#define ZERO_RUN_BYTES ((uint64_t)64 << 10)
+
+typedef struct scan_point {
+    segment *seg;   /* referenced */
+    uint64_t entry; /* next entry number */
+    uint64_t off;   /* byte offset of that entry */
+    int64_t ts;     /* timestamp of the entry before it (0 when unknown) */
+} scan_point;
+
+static void remove_temp_files(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return;
+    struct dirent *de;
+    char path[COMET_PATH_MAX];
+    size_t tl = strlen(TEMP_SUFFIX);
+    while ((de = readdir(d))) {
+        size_t len = strlen(de->d_name);
+        if (len > tl && strcmp(de->d_name + len - tl, TEMP_SUFFIX) == 0 &&
+            path_format(path, "%s/%s", dir, de->d_name) == 0)
+            unlink(path);
+    }
+    closedir(d);
+}
+
+/* End of the non-zero bytes at or after from: stops after a run of zeros. */
+static uint64_t nonzero_end(const segment *seg, uint64_t from, uint64_t at_least)
+{
+    uint64_t end = from, cap = seg->capacity;
+    if (at_least > cap)
+        at_least = cap;
+    uint64_t p = from;
+    while (p < cap) {
+        if (p >= end + ZERO_RUN_BYTES && p >= at_least)
+            break;
+        if (seg->map[p])
+            end = p + 1;
+        p++;
+        /* skip zero words quickly */
+        while (p + 8 <= cap && ((p & 7) == 0)) {
+            uint64_t w;
+            memcpy(&w, seg->map + p, 8);
+            if (w)
+                break;
+            p += 8;
+            if (p >= end + ZERO_RUN_BYTES && p >= at_least)
+                break;
+        }
+    }
+    return end;
+}
+
+static void set_aside(shard *sh, uint64_t base, int has_data)
+{
+    char path[COMET_PATH_MAX], idx[COMET_PATH_MAX], orphan[COMET_PATH_MAX];
+    segment_path(path, sh->dir, base, SEGMENT_SUFFIX);
+    segment_path(idx, sh->dir, base, INDEX_SUFFIX);
+    unlink(idx);
+    if (has_data) {
+        segment_path(orphan, sh->dir, base, SEGMENT_SUFFIX ORPHAN_SUFFIX);
+        rename(path, orphan);
+        wc_add(sh->st, WC_ORPHANED_SEGMENTS, 1);
+    } else {
+        unlink(path);
+    }
+}
+
+static int segment_has_data(const segment *seg)
+{
+    uint32_t lf;
+    return seg && entry_validate(seg, SEGMENT_DATA_OFFSET, seg->base, ENTRY_LEN_MASK, &lf) ==
+                      ENTRY_OK;
+}
+
+static int no_segments(shard *sh, uint64_t next)
+{
+    state_file *st = sh->st;
+    atomic_store(&st->next_entry, next);
+    atomic_store(&st->active_base, next);
+    atomic_store(&st->active_end, 0);
+    atomic_store(&st->write_hwm, 0);
+    atomic_store(&st->zeroed_end, 0);
+    if (atomic_load(&st->first_entry) > next)
+        atomic_store(&st->first_entry, next);
+    if (atomic_load(&st->durable_entry) > next)
+        atomic_store(&st->durable_entry, next);
+    atomic_fetch_add(&st->active_gen, 1);
+    atomic_store(&st->recovery_pending, 0);
+    return 0;
+}
+
+/* Segment references taken during one recovery, released together. */
+typedef struct holds {
+    segment **seg;
+    size_t n, cap;
+    shard *sh;
+} holds;
+
+static segment *hold(holds *h, uint64_t base)
+{
+    if (h->n == h->cap) {
+        size_t cap = h->cap ? 2 * h->cap : 8;
+        segment **grown = realloc(h->seg, cap * sizeof *grown);
+        if (!grown)
+            return NULL;
+        h->seg = grown;
+        h->cap = cap;
+    }
+    segment *seg = shard_segment_by_base(h->sh, base);
+    if (seg)
+        h->seg[h->n++] = seg;
+    return seg;
+}
+
+static void release_all(holds *h)
+{
+    while (h->n)
+        shard_segment_release(h->sh, h->seg[--h->n]);
+    free(h->seg);
+    h->seg = NULL;
+    h->cap = 0;
+}
+
+static int64_t timestamp_at(const segment *seg, uint64_t off)
+{
+    int64_t ts;
+    memcpy(&ts, seg->map + off + 12, 8);
+    return ts;
+}
+
+/* Finishes the repair at the cut point: zero what follows, trim the index,
+ * restore the segment's size, publish the new commit point. */
+static int apply_cut(shard *sh, scan_point cut, uint64_t furthest,
+                     uint64_t state_active, int *changed)
+{
+    state_file *st = sh->st;
+    uint64_t hwm = atomic_load(&st->write_hwm);
+    uint64_t garbage_end = nonzero_end(cut.seg, cut.off, cut.seg->base == state_active ? hwm : 0);
+    if (garbage_end > cut.off) {
+        int fd = shard_segment_fd(sh, cut.seg);
+        if (fd < 0 || zero_fill(fd, cut.off, garbage_end))
+            return set_error(COMET_E_IO, "cannot zero the torn tail of %s", sh->dir);
+        wc_add(st, WC_TRUNCATED_BYTES, garbage_end - cut.off);
+        *changed = 1;
+    }
+    if (furthest > cut.entry) {
+        wc_add(st, WC_TRUNCATED_ENTRIES, furthest - cut.entry);
+        *changed = 1;
+    }
+    if (cut.seg->index_ok)
+        index_truncate(cut.seg, cut.entry - cut.seg->base);
+    else if (index_rebuild(cut.seg, sh->dir, sh->id, cut.off) == 0)
+        sc_add(st, SC_INDEX_REBUILDS, 1);
+
+    uint64_t want = segment_header_capacity(cut.seg);
+    if (want > cut.seg->capacity) {
+        int fd = shard_segment_fd(sh, cut.seg);
+        int err = fd < 0 ? EIO : preallocate(fd, want);
+        if (err)
+            return set_errno_error(err, "cannot restore the size of segment %" PRIu64 " in %s",
+                                   cut.seg->base, sh->dir);
+        *changed = 1;
+    }
+
+    uint64_t zeroed = garbage_end;
+    if (cut.seg->base == state_active && atomic_load(&st->zeroed_end) > zeroed)
+        zeroed = atomic_load(&st->zeroed_end);
+    atomic_store(&st->active_base, cut.seg->base);
+    atomic_store(&st->active_end, cut.off);
+    atomic_store(&st->write_hwm, cut.off);
+    atomic_store(&st->zeroed_end, zeroed);
+    if (cut.ts > atomic_load(&st->last_ts))
+        atomic_store(&st->last_ts, cut.ts);
+    if (atomic_load(&st->durable_entry) > cut.entry)
+        atomic_store(&st->durable_entry, cut.entry);
+    if (atomic_load(&st->durable_base) > cut.seg->base)
+        atomic_store(&st->durable_base, cut.seg->base);
+    atomic_store_explicit(&st->next_entry, cut.entry, memory_order_release);
+    return 0;
+}
+
+int recovery_repair_tail(shard *sh, int state_rebuilt)
+{
+    state_file *st = sh->st;
+    remove_temp_files(sh->dir);
+    int rc = shard_refresh_segments(sh);
+    uint64_t *bases = NULL;
+    size_t n = 0;
+    if (!rc)
+        rc = shard_segment_bases(sh, &bases, &n);
+    if (rc)
+        return rc;
+    if (n == 0) {
+        free(bases);
+        return no_segments(sh, state_rebuilt ? 0 : atomic_load(&st->next_entry));
+    }
+
+    uint64_t committed = atomic_load(&st->next_entry);
+    if (state_rebuilt || committed < bases[0])
+        committed = bases[n - 1];
+    uint64_t state_active =
+        atomic_load(&st->active_end) ? atomic_load(&st->active_base) : UINT64_MAX;
+    int changed = state_rebuilt;
+    holds h = {.seg = NULL, .n = 0, .cap = 0, .sh = sh};
+
+    size_t i = n - 1;
+    while (i > 0 && bases[i] > committed)
+        i--;
+    segment *seg = hold(&h, bases[i]);
+    uint64_t rel = 0, off = SEGMENT_DATA_OFFSET;
+    if (seg)
+        index_lookup(seg, committed - seg->base, &rel, &off);
+    uint64_t e = bases[i] + rel;
+    scan_point cut = {seg, e, off, atomic_load(&st->last_ts)};
+
+    for (;;) {
+        uint32_t lf = 0;
+        entry_check c = seg ? entry_validate(seg, off, e, ENTRY_LEN_MASK, &lf) : ENTRY_BAD;
+        if (c == ENTRY_OK) {
+            int64_t ts = timestamp_at(seg, off);
+            off += ENTRY_HEADER_BYTES + (lf & ENTRY_LEN_MASK);
+            e++;
+            if ((lf & ENTRY_FLAG_BATCH_END) || e <= committed)
+                cut = (scan_point){seg, e, off, ts > cut.ts ? ts : cut.ts};
+            continue;
+        }
+        if (c == ENTRY_BAD && seg) {
+            uint64_t limit = nonzero_end(seg, off, seg->base == state_active ? atomic_load(&st->write_hwm) : 0);
+            uint64_t found_off, found_entry;
+            if (entry_resync(seg, off, e, limit + ENTRY_HEADER_BYTES, ENTRY_LEN_MASK, &found_off,
+                             &found_entry) == 0) {
+                off = found_off;
+                e = found_entry;
+                changed = 1;
+                continue;
+            }
+        }
+        if (!seg) { /* its header cannot be read: nothing of it can be served */
+            set_aside(sh, bases[i], 1);
+            changed = 1;
+        }
+        /* This segment ends here: continue in the next one that fits. */
+        size_t j = i + 1;
+        for (; j < n && bases[j] < e; j++) {
+            set_aside(sh, bases[j], segment_has_data(hold(&h, bases[j])));
+            changed = 1;
+        }
+        if (j >= n)
+            break;
+        if (bases[j] != e)
+            changed = 1; /* a gap: readers count what is missing */
+        i = j;
+        seg = hold(&h, bases[j]);
+        e = bases[j];
+        off = SEGMENT_DATA_OFFSET;
+        if (seg)
+            cut = (scan_point){seg, e, off, cut.ts};
+    }
+    free(bases);
+
+    if (!cut.seg) {
+        release_all(&h);
+        shard_refresh_segments(sh);
+        return no_segments(sh, e);
+    }
+    uint64_t furthest = e > committed ? e : committed;
+    rc = apply_cut(sh, cut, furthest, state_active, &changed);
+    release_all(&h);
+    if (rc)
+        return rc;
+    uint64_t *after;
+    size_t m;
+    if (shard_segment_bases(sh, &after, &m) == 0) {
+        if (m && atomic_load(&st->first_entry) < after[0])
+            atomic_store(&st->first_entry, after[0]);
+        free(after);
+    }
+    if (changed) {
+        wc_add(st, WC_RECOVERIES, 1);
+        if (state_rebuilt)
+            wc_add(st, WC_STATE_REBUILDS, 1);
+    }
+    /* Writers in other processes map the active segment again. */
+    atomic_fetch_add_explicit(&st->active_gen, 1, memory_order_release);
+    atomic_store(&st->recovery_pending, 0);
+    return 0;
+}

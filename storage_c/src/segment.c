@@ -1,0 +1,259 @@
+/*
+ * segment.c - segment files: creation, mapping, growth.
+ *
+ * A segment is created whole: its index first, then the segment under a
+ * temporary name, preallocated with posix_fallocate (so that a full disk shows
+ * up here, as an error, and never later as SIGBUS on a mapped write), headed,
+ * and linked into place.  The directory is fsynced so that the name survives
+ * a power cut.  A crash at any point leaves either no segment or a complete,
+ * empty one; temporary files are removed by recovery.
+ *
+ * Every process maps the whole file, shared.  Appends write through that
+ * mapping; readers read from it.  Pages of a fallocated file are "unwritten"
+ * extents, and the first store to each costs the filesystem a conversion of a
+ * few microseconds; appenders therefore zero-fill a window ahead of the write
+ * position with pwrite (see shard.c), which makes the later faults cheap.
+ */
+#include <errno.h>
+#include <stddef.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "crc32c.h"
+#include "errors.h"
+#include "internal.h"
+
+void segment_path(char *out, const char *dir, uint64_t base, const char *suffix)
+{
+    /* dir is bounded by stream and shard path checks; the name is 24 bytes */
+    snprintf(out, COMET_PATH_MAX, "%s/%020" PRIu64 "%s", dir, base, suffix);
+}
+
+static void header_fill(segment_header *h, uint32_t shard_id, uint64_t base, uint64_t capacity)
+{
+    memset(h, 0, sizeof *h);
+    h->magic = MAGIC_SEGMENT;
+    h->version = FORMAT_VERSION;
+    h->header_bytes = FILE_HEADER_BYTES;
+    h->shard_id = shard_id;
+    h->base_entry = base;
+    h->capacity = capacity;
+    h->created_ns = now_ns();
+    h->header_crc = crc32c_header(h);
+}
+
+int segment_create(const char *dir, uint32_t shard_id, uint64_t base, uint64_t capacity,
+                   uint32_t index_interval)
+{
+    char tmp[COMET_PATH_MAX], final[COMET_PATH_MAX], idx[COMET_PATH_MAX];
+    segment_path(final, dir, base, SEGMENT_SUFFIX);
+    segment_path(idx, dir, base, INDEX_SUFFIX);
+    if (path_format(tmp, "%s%s", final, TEMP_SUFFIX))
+        return set_error(COMET_E_INVALID, "path too long: %s", final);
+
+    struct stat sb;
+    if (stat(final, &sb) == 0)
+        return set_error(COMET_E_CORRUPT, "segment %s already exists", final);
+    int rc = index_create(dir, shard_id, base, capacity, index_interval);
+    if (rc)
+        return rc;
+    int fd = open(tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        rc = set_errno_error(errno, "cannot create segment %s", tmp);
+        goto fail;
+    }
+    int err = preallocate(fd, capacity);
+    if (err) {
+        close(fd);
+        rc = set_errno_error(err, "cannot preallocate %" PRIu64 " bytes for segment %s",
+                             capacity, final);
+        goto fail;
+    }
+    segment_header h;
+    header_fill(&h, shard_id, base, capacity);
+    if (pwrite(fd, &h, sizeof h, 0) != (ssize_t)sizeof h) {
+        rc = set_errno_error(errno ? errno : EIO, "cannot write segment header %s", tmp);
+        close(fd);
+        goto fail;
+    }
+    close(fd);
+    if (link(tmp, final)) {
+        rc = set_errno_error(errno, "cannot link segment %s", final);
+        goto fail;
+    }
+    unlink(tmp);
+    fsync_dir(dir);
+    return 0;
+fail:
+    unlink(tmp);
+    unlink(idx);
+    return rc;
+}
+
+static int check_header(const segment_header *h, uint64_t size, uint32_t shard_id,
+                        uint64_t base, const char *path)
+{
+    if (h->magic != MAGIC_SEGMENT)
+        return set_error(COMET_E_CORRUPT, "%s is not a segment file (bad magic)", path);
+    if (h->version != FORMAT_VERSION)
+        return set_error(COMET_E_FORMAT_VERSION,
+                         "%s has format version %u; this build reads version %u", path,
+                         h->version, FORMAT_VERSION);
+    if (h->header_crc != crc32c_header(h) || h->header_bytes != FILE_HEADER_BYTES)
+        return set_error(COMET_E_CORRUPT, "%s: segment header checksum mismatch", path);
+    if (h->base_entry != base || h->shard_id != shard_id)
+        return set_error(COMET_E_CORRUPT,
+                         "%s: header says shard %u base %" PRIu64 ", name says shard %u base %" PRIu64,
+                         path, h->shard_id, h->base_entry, shard_id, base);
+    if (h->capacity < SEGMENT_DATA_OFFSET || size < SEGMENT_DATA_OFFSET)
+        return set_error(COMET_E_CORRUPT, "%s: impossible capacity", path);
+    return 0;
+}
+
+static int map_file(segment *seg, const char *path, uint32_t shard_id)
+{
+    int fd = open(path, O_RDWR | O_CLOEXEC);
+    if (fd < 0)
+        return errno == ENOENT ? set_error(COMET_E_CORRUPT, "segment %s is missing", path)
+                               : set_errno_error(errno, "cannot open segment %s", path);
+    struct stat sb;
+    if (fstat(fd, &sb)) {
+        int rc = set_errno_error(errno, "cannot stat %s", path);
+        close(fd);
+        return rc;
+    }
+    segment_header h;
+    memset(&h, 0, sizeof h);
+    if (pread(fd, &h, sizeof h, 0) < (ssize_t)sizeof h)
+        memset(&h, 0, sizeof h);
+    int rc = check_header(&h, (uint64_t)sb.st_size, shard_id, seg->base, path);
+    if (rc) {
+        close(fd);
+        return rc;
+    }
+    /* A file shorter than its header says was truncated behind our back: map
+     * what is there; recovery extends the active segment again. */
+    uint64_t size = (uint64_t)sb.st_size < h.capacity ? (uint64_t)sb.st_size : h.capacity;
+    void *map = mmap(NULL, size, PROT_READ, MAP_SHARED, fd, 0);
+    close(fd);
+    if (map == MAP_FAILED)
+        return set_errno_error(errno, "cannot map segment %s", path);
+    seg->map = map;
+    seg->capacity = size;
+    return 0;
+}
+
+segment *segment_new(uint64_t base)
+{
+    segment *seg = calloc(1, sizeof *seg);
+    if (seg) {
+        seg->base = base;
+        seg->fd = -1;
+    }
+    return seg;
+}
+
+int segment_load(segment *seg, const char *dir, uint32_t shard_id)
+{
+    char path[COMET_PATH_MAX];
+    segment_path(path, dir, seg->base, SEGMENT_SUFFIX);
+    int rc = map_file(seg, path, shard_id);
+    if (rc)
+        return rc;
+    index_map(seg, dir, shard_id);
+    return 0;
+}
+
+uint64_t segment_header_capacity(const segment *seg)
+{
+    uint64_t cap;
+    memcpy(&cap, seg->map + offsetof(segment_header, capacity), 8);
+    return cap;
+}
+
+int segment_fd(segment *seg, const char *dir)
+{
+    if (seg->fd >= 0)
+        return seg->fd;
+    char path[COMET_PATH_MAX];
+    segment_path(path, dir, seg->base, SEGMENT_SUFFIX);
+    seg->fd = open(path, O_RDWR | O_CLOEXEC);
+    if (seg->fd < 0)
+        return set_errno_error(errno, "cannot open segment %s", path);
+    return seg->fd;
+}
+
+/* Only for an empty active segment that a batch does not fit (under lock):
+ * extend the file and its index instead of creating a second file with the
+ * same first entry.  The caller drops this mapping and maps the file again. */
+int segment_grow(segment *seg, const char *dir, uint64_t capacity)
+{
+    int fd = segment_fd(seg, dir);
+    if (fd < 0)
+        return fd;
+    int err = preallocate(fd, capacity);
+    if (err)
+        return set_errno_error(err, "cannot grow segment %" PRIu64 " to %" PRIu64 " bytes",
+                               seg->base, capacity);
+    segment_header h;
+    memcpy(&h, seg->map, sizeof h);
+    h.capacity = capacity;
+    h.header_crc = crc32c_header(&h);
+    if (pwrite(fd, &h, sizeof h, 0) != (ssize_t)sizeof h)
+        return set_errno_error(errno ? errno : EIO, "cannot rewrite header of segment %" PRIu64,
+                               seg->base);
+    uint32_t interval = seg->index_interval ? seg->index_interval : 4096;
+    return index_create(dir, h.shard_id, seg->base, capacity, interval);
+}
+
+#define RELEASE_CHUNK ((uint64_t)1 << 20)
+
+int segment_writable(segment *seg, const char *dir)
+{
+    if (seg->wmap)
+        return 0;
+    int fd = segment_fd(seg, dir);
+    if (fd < 0)
+        return fd;
+    void *map = mmap(NULL, seg->capacity, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (map == MAP_FAILED)
+        return set_errno_error(errno, "cannot map segment %" PRIu64 " for writing", seg->base);
+    seg->wmap = map;
+    seg->zapped_to = 0;
+    return 0;
+}
+
+/* Writeback write-protects every page that is mapped writable and dirty, one
+ * TLB shootdown (an IPI to each CPU running this process) per page.  With a
+ * writer thread running, that costs the writer microseconds per page.  Pages
+ * far behind the write position are never written again, so they are
+ * unmapped from the writable mapping in 1 MiB chunks (one shootdown each);
+ * readers use the read-only mapping, which writeback leaves alone. */
+void segment_release_behind(segment *seg, uint64_t off)
+{
+    if (off < seg->zapped_to + 2 * RELEASE_CHUNK)
+        return;
+    uint64_t to = (off - RELEASE_CHUNK) & ~(RELEASE_CHUNK - 1);
+    if (madvise(seg->wmap + seg->zapped_to, to - seg->zapped_to, MADV_DONTNEED) == 0)
+        seg->zapped_to = to;
+}
+
+void segment_free(segment *seg)
+{
+    if (!seg)
+        return;
+    if (seg->wmap)
+        munmap(seg->wmap, seg->capacity);
+    if (seg->map)
+        munmap(seg->map, seg->capacity);
+    index_unmap(seg);
+    if (seg->fd >= 0)
+        close(seg->fd);
+    free(seg);
+}

@@ -1,0 +1,645 @@
+/*
+ * shard.c - one shard: opening it, its segment cache, and the append path.
+ *
+ * Appending (any process, any thread):
+ *   1. take the shard's append lock (a robust mutex in the mapped state);
+ *      if its previous holder died, repair the tail first (recovery.c);
+ *   2. make sure the active segment has room, rotating or creating one;
+ *   3. zero-fill ahead of the write position when needed (cheap page faults);
+ *   4. write every entry (header + payload + CRC) through the mapping, noting
+ *      sparse index records on the way; the last entry carries "batch end";
+ *   5. publish: end offset, then next_entry with release order;
+ *   6. unlock; with durability "always", join a group commit.
+ * Nothing but memory stores happens under the lock in the common case.
+ *
+ * The segment cache lists the shard directory once and again only when the
+ * active segment changes (state's active_gen), so readers notice rotation
+ * without reading any index file.  Mappings are reference counted under a
+ * process-local mutex so that a refresh never unmaps a segment in use.
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "errors.h"
+#include "internal.h"
+
+#define ZERO_AHEAD_BYTES ((uint64_t)1 << 20)
+#define LATENCY_SAMPLE 16
+
+static const comet_config *shard_config(const shard *sh)
+{
+    return &sh->stream->db->cfg;
+}
+
+/* ---- segment cache ------------------------------------------------------ */
+
+static int parse_base(const char *name, const char *suffix, uint64_t *base)
+{
+    size_t len = strlen(name), slen = strlen(suffix);
+    if (len != 20 + slen || strcmp(name + 20, suffix) != 0)
+        return 0;
+    uint64_t v = 0;
+    for (int i = 0; i < 20; i++) {
+        if (name[i] < '0' || name[i] > '9')
+            return 0;
+        v = v * 10 + (uint64_t)(name[i] - '0');
+    }
+    *base = v;
+    return 1;
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+static int list_bases(const char *dir, uint64_t **out, size_t *count)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return set_errno_error(errno, "cannot list %s", dir);
+    size_t n = 0, cap = 16;
+    uint64_t *bases = malloc(cap * sizeof *bases);
+    struct dirent *de;
+    while (bases && (de = readdir(d))) {
+        uint64_t b;
+        if (!parse_base(de->d_name, SEGMENT_SUFFIX, &b))
+            continue;
+        if (n == cap) {
+            uint64_t *grown = realloc(bases, 2 * cap * sizeof *bases);
+            if (!grown) {
+                free(bases);
+                bases = NULL;
+                break;
+            }
+            bases = grown;
+            cap *= 2;
+        }
+        bases[n++] = b;
+    }
+    closedir(d);
+    if (!bases)
+        return set_error(COMET_E_NOMEM, "out of memory listing %s", dir);
+    qsort(bases, n, sizeof *bases, cmp_u64);
+    *out = bases;
+    *count = n;
+    return 0;
+}
+
+static void release_locked(segment *seg)
+{
+    if (--seg->refs == 0 && seg->removed)
+        segment_free(seg);
+}
+
+static void drop_locked(segment *seg)
+{
+    seg->removed = 1;
+    if (seg->refs == 0)
+        segment_free(seg);
+}
+
+static int refresh_locked(shard *sh)
+{
+    uint64_t gen = atomic_load_explicit(&sh->st->active_gen, memory_order_acquire);
+    uint64_t *bases = NULL;
+    size_t n = 0;
+    int rc = list_bases(sh->dir, &bases, &n);
+    if (rc)
+        return rc;
+    segment **segs = calloc(n ? n : 1, sizeof *segs);
+    if (!segs) {
+        free(bases);
+        return set_error(COMET_E_NOMEM, "out of memory listing %s", sh->dir);
+    }
+    size_t j = 0;
+    for (size_t i = 0; i < n; i++) {
+        while (j < sh->nsegs && sh->segs[j]->base < bases[i])
+            drop_locked(sh->segs[j++]);
+        if (j < sh->nsegs && sh->segs[j]->base == bases[i])
+            segs[i] = sh->segs[j++];
+        else if (!(segs[i] = segment_new(bases[i]))) {
+            for (size_t k = 0; k < i; k++)
+                if (!segs[k]->map)
+                    free(segs[k]);
+            /* keep the old list intact: nothing was dropped past j */
+            free(segs);
+            free(bases);
+            return set_error(COMET_E_NOMEM, "out of memory listing %s", sh->dir);
+        }
+    }
+    while (j < sh->nsegs)
+        drop_locked(sh->segs[j++]);
+    free(sh->segs);
+    free(bases);
+    sh->segs = segs;
+    sh->nsegs = n;
+    sh->listed_active_gen = gen;
+    return 0;
+}
+
+static int refresh_if_stale_locked(shard *sh)
+{
+    if (sh->nsegs && sh->listed_active_gen ==
+                         atomic_load_explicit(&sh->st->active_gen, memory_order_acquire))
+        return 0;
+    return refresh_locked(sh);
+}
+
+int shard_refresh_segments(shard *sh)
+{
+    pthread_mutex_lock(&sh->cache_lock);
+    int rc = refresh_locked(sh);
+    pthread_mutex_unlock(&sh->cache_lock);
+    return rc;
+}
+
+/* Maps seg if needed, or replaces it when another process grew the file. */
+static int ensure_mapped_locked(shard *sh, size_t i)
+{
+    segment *seg = sh->segs[i];
+    if (seg->map && segment_header_capacity(seg) <= seg->capacity)
+        return 0;
+    if (seg->map) {
+        segment *fresh = segment_new(seg->base);
+        if (!fresh)
+            return set_error(COMET_E_NOMEM, "out of memory");
+        drop_locked(seg);
+        sh->segs[i] = seg = fresh;
+    }
+    int rc = segment_load(seg, sh->dir, sh->id);
+    return rc;
+}
+
+static size_t find_le_locked(const shard *sh, uint64_t entry)
+{
+    size_t lo = 0, hi = sh->nsegs; /* first segment with base > entry */
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (sh->segs[mid]->base <= entry)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo; /* the answer is lo - 1; 0 means none */
+}
+
+segment *shard_segment_for(shard *sh, uint64_t entry, uint64_t *seg_end_entry)
+{
+    segment *seg = NULL;
+    pthread_mutex_lock(&sh->cache_lock);
+    refresh_if_stale_locked(sh);
+    size_t i = find_le_locked(sh, entry);
+    if (i == 0) {
+        *seg_end_entry = sh->nsegs ? sh->segs[0]->base : UINT64_MAX;
+    } else {
+        *seg_end_entry = i < sh->nsegs ? sh->segs[i]->base : UINT64_MAX;
+        if (ensure_mapped_locked(sh, i - 1) == 0) {
+            seg = sh->segs[i - 1];
+            seg->refs++;
+        }
+    }
+    pthread_mutex_unlock(&sh->cache_lock);
+    return seg;
+}
+
+segment *shard_segment_by_base(shard *sh, uint64_t base)
+{
+    segment *seg = NULL;
+    pthread_mutex_lock(&sh->cache_lock);
+    for (int attempt = 0; attempt < 2 && !seg; attempt++) {
+        if (attempt)
+            refresh_locked(sh);
+        else
+            refresh_if_stale_locked(sh);
+        size_t i = find_le_locked(sh, base);
+        if (i && sh->segs[i - 1]->base == base && ensure_mapped_locked(sh, i - 1) == 0) {
+            seg = sh->segs[i - 1];
+            seg->refs++;
+        }
+    }
+    pthread_mutex_unlock(&sh->cache_lock);
+    return seg;
+}
+
+int shard_segment_fd(shard *sh, segment *seg)
+{
+    pthread_mutex_lock(&sh->cache_lock);
+    int fd = segment_fd(seg, sh->dir);
+    pthread_mutex_unlock(&sh->cache_lock);
+    return fd;
+}
+
+void shard_segment_release(shard *sh, segment *seg)
+{
+    if (!seg)
+        return;
+    pthread_mutex_lock(&sh->cache_lock);
+    release_locked(seg);
+    pthread_mutex_unlock(&sh->cache_lock);
+}
+
+int shard_segment_bases(shard *sh, uint64_t **bases, size_t *count)
+{
+    pthread_mutex_lock(&sh->cache_lock);
+    int rc = refresh_if_stale_locked(sh);
+    if (!rc) {
+        *count = sh->nsegs;
+        *bases = malloc((sh->nsegs ? sh->nsegs : 1) * sizeof **bases);
+        if (!*bases)
+            rc = set_error(COMET_E_NOMEM, "out of memory");
+        for (size_t i = 0; !rc && i < sh->nsegs; i++)
+            (*bases)[i] = sh->segs[i]->base;
+    }
+    pthread_mutex_unlock(&sh->cache_lock);
+    return rc;
+}
+
+/* ---- open and close ------------------------------------------------------- */
+
+int shard_open(comet_stream *stream, uint32_t id, shard **out)
+{
+    shard *sh = calloc(1, sizeof *sh);
+    if (!sh)
+        return set_error(COMET_E_NOMEM, "out of memory opening a shard");
+    sh->stream = stream;
+    sh->id = id;
+    sh->state_fd = -1;
+    pthread_mutex_init(&sh->cache_lock, NULL);
+    int rc = path_format(sh->dir, "%s/shard-%04u", stream->dir, id);
+    if (rc) {
+        rc = set_error(COMET_E_INVALID, "path of shard %u of %s is too long", id, stream->dir);
+        goto fail;
+    }
+    if (mkdir(sh->dir, 0755) && errno != EEXIST) {
+        rc = set_errno_error(errno, "cannot create %s", sh->dir);
+        goto fail;
+    }
+    char path[COMET_PATH_MAX];
+    path_format(path, "%s/%s", sh->dir, STATE_NAME); /* sh->dir leaves room: see comet_open */
+    sh->state_fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (sh->state_fd < 0) {
+        rc = set_errno_error(errno, "cannot open %s", path);
+        goto fail;
+    }
+    /* Openers are serialised: state validation, lock re-initialisation after
+     * a reboot, and the first recovery happen one process at a time. */
+    while (flock(sh->state_fd, LOCK_EX) && errno == EINTR)
+        ;
+    int rebuilt = 0;
+    rc = state_open(sh, &rebuilt);
+    if (!rc) {
+        rc = pthread_mutex_lock(&sh->st->append_lock.mutex);
+        if (rc == EOWNERDEAD) {
+            sc_add(sh->st, SC_LOCK_OWNER_DIED, 1);
+            pthread_mutex_consistent(&sh->st->append_lock.mutex);
+            rc = 0;
+        }
+        if (rc)
+            rc = set_errno_error(rc, "cannot lock %s", sh->dir);
+        else {
+            rc = recovery_repair_tail(sh, rebuilt);
+            pthread_mutex_unlock(&sh->st->append_lock.mutex);
+        }
+    }
+    flock(sh->state_fd, LOCK_UN);
+    close(sh->state_fd);
+    sh->state_fd = -1;
+    if (rc)
+        goto fail;
+    *out = sh;
+    return 0;
+fail:
+    shard_close(sh);
+    return rc;
+}
+
+void shard_close(shard *sh)
+{
+    if (!sh)
+        return;
+    pthread_mutex_lock(&sh->cache_lock);
+    if (sh->active)
+        release_locked(sh->active);
+    sh->active = NULL;
+    for (size_t i = 0; i < sh->nsegs; i++)
+        drop_locked(sh->segs[i]);
+    free(sh->segs);
+    sh->segs = NULL;
+    sh->nsegs = 0;
+    pthread_mutex_unlock(&sh->cache_lock);
+    pthread_mutex_destroy(&sh->cache_lock);
+    state_close(sh);
+    if (sh->state_fd >= 0)
+        close(sh->state_fd);
+    free(sh);
+}
+
+/* ---- the append lock ------------------------------------------------------ */
+
+int shard_lock(shard *sh)
+{
+    return shard_lock_noting_wait(sh, NULL);
+}
+
+int shard_lock_noting_wait(shard *sh, int *waited)
+{
+    state_file *st = sh->st;
+    int rc = pthread_mutex_trylock(&st->append_lock.mutex);
+    if (rc == EBUSY) {
+        if (waited)
+            *waited = 1;
+        rc = pthread_mutex_lock(&st->append_lock.mutex);
+    }
+    if (rc == EOWNERDEAD) {
+        /* The holder died mid-append: its partial batch must not survive.
+         * Mark the lock usable at once (a failed repair must never leave it
+         * unrecoverable) and let the repair below, or the next locker's, run. */
+        sc_add(st, SC_LOCK_OWNER_DIED, 1);
+        atomic_store(&st->recovery_pending, 1);
+        pthread_mutex_consistent(&st->append_lock.mutex);
+        rc = 0;
+    }
+    if (rc)
+        return set_errno_error(rc, "cannot lock shard %s", sh->dir);
+    if (atomic_load_explicit(&st->recovery_pending, memory_order_relaxed)) {
+        rc = recovery_repair_tail(sh, 0);
+        if (rc) {
+            pthread_mutex_unlock(&st->append_lock.mutex);
+            return rc;
+        }
+    }
+    return 0;
+}
+
+void shard_unlock(shard *sh)
+{
+    pthread_mutex_unlock(&sh->st->append_lock.mutex);
+}
+
+/* ---- room for a batch ----------------------------------------------------- */
+
+/* Points sh->active at the state's active segment (under the append lock). */
+static int writer_segment(shard *sh)
+{
+    state_file *st = sh->st;
+    uint64_t gen = atomic_load_explicit(&st->active_gen, memory_order_acquire);
+    if (sh->active && sh->active_gen == gen)
+        return 0;
+    if (sh->active)
+        shard_segment_release(sh, sh->active);
+    sh->active = NULL;
+    sh->active_gen = gen;
+    if (atomic_load_explicit(&st->active_end, memory_order_relaxed) == 0)
+        return 0; /* no segment yet */
+    uint64_t base = atomic_load_explicit(&st->active_base, memory_order_relaxed);
+    segment *seg = shard_segment_by_base(sh, base);
+    if (!seg) {
+        atomic_store(&st->recovery_pending, 1);
+        return set_error(COMET_E_CORRUPT, "active segment %" PRIu64 " of %s is missing", base,
+                         sh->dir);
+    }
+    int fd = shard_segment_fd(sh, seg);
+    if (fd < 0 || (fd = segment_writable(seg, sh->dir)) < 0) {
+        shard_segment_release(sh, seg);
+        return fd;
+    }
+    sh->active = seg;
+    return 0;
+}
+
+static void start_segment(state_file *st, uint64_t base)
+{
+    atomic_store_explicit(&st->active_base, base, memory_order_relaxed);
+    atomic_store_explicit(&st->active_end, SEGMENT_DATA_OFFSET, memory_order_relaxed);
+    atomic_store_explicit(&st->write_hwm, SEGMENT_DATA_OFFSET, memory_order_relaxed);
+    atomic_store_explicit(&st->zeroed_end, SEGMENT_DATA_OFFSET, memory_order_relaxed);
+    atomic_fetch_add_explicit(&st->active_gen, 1, memory_order_release);
+}
+
+static int make_room(shard *sh, uint64_t total)
+{
+    state_file *st = sh->st;
+    const comet_config *cfg = shard_config(sh);
+    int rc = writer_segment(sh);
+    if (rc)
+        return rc;
+    uint64_t end = atomic_load_explicit(&st->active_end, memory_order_relaxed);
+    if (sh->active && end + total <= sh->active->capacity)
+        return 0;
+    uint64_t need = SEGMENT_DATA_OFFSET + total;
+    uint64_t capacity = cfg->segment_bytes > need ? cfg->segment_bytes : need;
+    uint64_t next = atomic_load_explicit(&st->next_entry, memory_order_relaxed);
+    if (sh->active && next == sh->active->base) {
+        rc = segment_grow(sh->active, sh->dir, capacity);
+        if (rc)
+            return rc;
+        atomic_fetch_add_explicit(&st->active_gen, 1, memory_order_release);
+    } else {
+        rc = segment_create(sh->dir, sh->id, next, capacity, cfg->index_interval_bytes);
+        if (rc)
+            return rc;
+        if (sh->active)
+            wc_add(st, WC_ROTATIONS, 1);
+        start_segment(st, next);
+    }
+    rc = writer_segment(sh);
+    if (!rc && (!sh->active || atomic_load(&st->active_end) + total > sh->active->capacity))
+        rc = set_error(COMET_E_IO, "segment %" PRIu64 " of %s has no room after rotation", next,
+                       sh->dir);
+    return rc;
+}
+
+/* Pages of a preallocated file are unwritten extents; the first mapped store
+ * to each costs a filesystem conversion (~2-3 us here).  Writing zeros with
+ * pwrite a window ahead converts them in bulk and makes later faults cheap. */
+static void zero_ahead(shard *sh, uint64_t from, uint64_t to)
+{
+    state_file *st = sh->st;
+    uint64_t zeroed = atomic_load_explicit(&st->zeroed_end, memory_order_relaxed);
+    if (to <= zeroed)
+        return;
+    if (zeroed < from)
+        zeroed = from;
+    uint64_t target = (to + ZERO_AHEAD_BYTES) & ~(ZERO_AHEAD_BYTES - 1);
+    if (target > sh->active->capacity)
+        target = sh->active->capacity;
+    if (zero_fill(sh->active->fd, zeroed, target) == 0)
+        atomic_store_explicit(&st->zeroed_end, target, memory_order_relaxed);
+}
+
+/* ---- append --------------------------------------------------------------- */
+
+static int resolve_durability(const shard *sh, int durability)
+{
+    return durability < 0 ? shard_config(sh)->durability : durability;
+}
+
+int64_t shard_append(shard *sh, const entry_ref *refs, uint32_t count, uint64_t total_bytes,
+                     uint64_t raw_bytes, int durability)
+{
+    state_file *st = sh->st;
+    int64_t t0 = now_ns();
+    int slow = count > 1;
+    int rc = shard_lock_noting_wait(sh, &slow);
+    if (rc)
+        return rc;
+    uint64_t gen_before = atomic_load_explicit(&st->active_gen, memory_order_relaxed);
+    rc = make_room(sh, total_bytes);
+    if (rc) {
+        shard_unlock(sh);
+        if (rc == COMET_E_STORAGE_FULL)
+            sc_add(st, SC_STORAGE_FULL_ERRORS, 1);
+        return rc;
+    }
+    segment *seg = sh->active;
+    uint64_t off = atomic_load_explicit(&st->active_end, memory_order_relaxed);
+    uint64_t first = atomic_load_explicit(&st->next_entry, memory_order_relaxed);
+    uint64_t end = off + total_bytes;
+    if (end > atomic_load_explicit(&st->zeroed_end, memory_order_relaxed)) {
+        zero_ahead(sh, off, end);
+        slow = 1;
+    }
+    if (end > atomic_load_explicit(&st->write_hwm, memory_order_relaxed))
+        atomic_store_explicit(&st->write_hwm, end, memory_order_relaxed);
+    int64_t last_ts = atomic_load_explicit(&st->last_ts, memory_order_relaxed);
+    int64_t ts = t0 > last_ts ? t0 : last_ts;
+
+    uint64_t entry = first, compressed = 0;
+    for (uint32_t i = 0; i < count; i += 4) {
+        uint32_t k = count - i < 4 ? count - i : 4, flags[4];
+        for (uint32_t j = 0; j < k; j++) {
+            const entry_ref *r = &refs[i + j];
+            flags[j] = (i + j + 1 == count) ? ENTRY_FLAG_BATCH_END : 0;
+            if (r->flags & COMET_ENTRY_COMPRESSED) {
+                flags[j] |= ENTRY_FLAG_ZSTD;
+                compressed++;
+            }
+        }
+        uint64_t at = off;
+        for (uint32_t j = 0; j < k; j++) {
+            index_note(seg, entry + j - seg->base, at, ts);
+            at += ENTRY_HEADER_BYTES + refs[i + j].len;
+        }
+        off += entry_write_group(seg->wmap + off, refs + i, k, entry, ts, flags);
+        entry += k;
+    }
+    segment_release_behind(seg, end);
+    atomic_store_explicit(&st->active_end, end, memory_order_relaxed);
+    atomic_store_explicit(&st->last_ts, ts, memory_order_relaxed);
+    wc_add(st, WC_APPENDS, 1);
+    wc_add(st, WC_APPENDED_ENTRIES, count);
+    wc_add(st, WC_APPENDED_RAW_BYTES, raw_bytes);
+    wc_add(st, WC_APPENDED_STORED_BYTES, total_bytes);
+    if (compressed)
+        wc_add(st, WC_COMPRESSED_ENTRIES, compressed);
+    atomic_store_explicit(&st->next_entry, entry, memory_order_release);
+    /* Latency: every append that waited for the lock, rotated, zero-filled or
+     * carried a batch is timed; of the plain single appends one in
+     * LATENCY_SAMPLE is, and counts for LATENCY_SAMPLE (a clock read costs a
+     * quarter of such an append).  Sum and count stay unbiased; max covers
+     * every slow append. */
+    uint64_t appends = wc_get(st, WC_APPENDS);
+    slow |= gen_before != atomic_load_explicit(&st->active_gen, memory_order_relaxed);
+    int64_t t1 = 0;
+    if (slow || appends % LATENCY_SAMPLE == 0) {
+        t1 = now_ns();
+        uint64_t weight = slow ? 1 : LATENCY_SAMPLE;
+        uint64_t latency = t1 > t0 ? (uint64_t)(t1 - t0) : 0;
+        wc_add(st, WC_LATENCY_SUM_NS, latency * weight);
+        wc_add(st, WC_LATENCY_COUNT, weight);
+        if (latency > wc_get(st, WC_LATENCY_MAX_NS))
+            atomic_store_explicit(&st->writer[WC_LATENCY_MAX_NS], latency, memory_order_relaxed);
+    }
+    shard_unlock(sh);
+
+    int mode = resolve_durability(sh, durability);
+    if (mode == COMET_DURABILITY_ALWAYS) {
+        rc = shard_sync(sh, entry);
+        if (rc)
+            return rc;
+    } else {
+        if (!atomic_load_explicit(&sh->dirty, memory_order_relaxed))
+            atomic_store_explicit(&sh->dirty, 1, memory_order_relaxed);
+        /* "interval" promises a bound: if the flusher fell behind, sync here. */
+        if (mode == COMET_DURABILITY_INTERVAL) {
+            int64_t last = atomic_load_explicit(&st->last_sync_ns, memory_order_relaxed);
+            int64_t bound = 2 * (int64_t)shard_config(sh)->fsync_interval_ms * 1000000;
+            if (last && (t1 ? t1 : t0) - last > bound) {
+                rc = shard_sync(sh, entry);
+                if (rc)
+                    return rc;
+            }
+        }
+    }
+    return (int64_t)first;
+}
+
+/* ---- durability ----------------------------------------------------------- */
+
+static int lock_sync(state_file *st)
+{
+    int rc = pthread_mutex_lock(&st->sync_lock.mutex);
+    if (rc == EOWNERDEAD) {
+        /* a syncer died: nothing to repair, the durable point is still true */
+        pthread_mutex_consistent(&st->sync_lock.mutex);
+        rc = 0;
+    }
+    return rc;
+}
+
+/* Group commit: whoever holds the sync lock syncs everything committed so far;
+ * those who queued behind it usually find their entries already durable. */
+int shard_sync(shard *sh, uint64_t upto_entry)
+{
+    state_file *st = sh->st;
+    if (atomic_load_explicit(&st->durable_entry, memory_order_acquire) >= upto_entry)
+        return 0;
+    int rc = lock_sync(st);
+    if (rc)
+        return set_errno_error(rc, "cannot take the sync lock of %s", sh->dir);
+    if (atomic_load_explicit(&st->durable_entry, memory_order_acquire) >= upto_entry) {
+        pthread_mutex_unlock(&st->sync_lock.mutex);
+        return 0;
+    }
+    uint64_t committed = atomic_load_explicit(&st->next_entry, memory_order_acquire);
+    uint64_t newest = atomic_load_explicit(&st->active_base, memory_order_acquire);
+    uint64_t oldest = atomic_load_explicit(&st->durable_base, memory_order_relaxed);
+    uint64_t *bases = NULL;
+    size_t n = 0;
+    rc = shard_segment_bases(sh, &bases, &n);
+    for (size_t i = 0; !rc && i < n; i++) {
+        if (bases[i] < oldest || bases[i] > newest)
+            continue;
+        if (i + 1 < n && bases[i + 1] <= oldest)
+            continue;
+        segment *seg = shard_segment_by_base(sh, bases[i]);
+        if (!seg)
+            continue; /* deleted by retention meanwhile */
+        int fd = shard_segment_fd(sh, seg);
+        if (fd >= 0 && fdatasync(fd))
+            rc = set_errno_error(errno, "fdatasync of segment %" PRIu64 " in %s failed",
+                                 bases[i], sh->dir);
+        else if (fd < 0)
+            rc = fd;
+        shard_segment_release(sh, seg);
+    }
+    free(bases);
+    if (!rc) {
+        atomic_store_explicit(&st->durable_base, newest, memory_order_relaxed);
+        atomic_store_explicit(&st->durable_entry, committed, memory_order_release);
+        atomic_store_explicit(&st->last_sync_ns, now_ns(), memory_order_relaxed);
+        sc_add(st, SC_SYNCS, 1);
+    }
+    pthread_mutex_unlock(&st->sync_lock.mutex);
+    return rc;
+}

@@ -1,0 +1,126 @@
+/*
+ * state.c - the shard state file: one page, mapped shared by every process
+ * that uses the shard.  It holds the two process-shared robust mutexes, the
+ * commit point readers poll, the durable point, and the statistics.
+ *
+ * The state is a cache of what the segments say, plus counters.  A missing or
+ * damaged state is rebuilt (the counters restart; state_rebuilds says so) and
+ * recovery then finds the commit point by scanning the last segment.  A state
+ * written by another format version is refused rather than rewritten, so an
+ * older build never silently downgrades a newer directory.
+ *
+ * Locks live in a file that outlives processes and boots.  After a reboot the
+ * mutex words may still say "locked" by a thread that no longer exists, so the
+ * boot id of the kernel that initialised them is recorded and the locks are
+ * initialised again when it differs.  This is only ever done under flock() on
+ * the state file, which every opener takes, so two processes never
+ * re-initialise a lock the other one is using.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "crc32c.h"
+#include "errors.h"
+#include "internal.h"
+
+static int init_mutex(pthread_mutex_t *m)
+{
+    pthread_mutexattr_t attr;
+    int rc = pthread_mutexattr_init(&attr);
+    if (!rc)
+        rc = pthread_mutexattr_setpshared(&attr, PTHREAD_PROCESS_SHARED);
+    if (!rc)
+        rc = pthread_mutexattr_setrobust(&attr, PTHREAD_MUTEX_ROBUST);
+    if (!rc)
+        rc = pthread_mutex_init(m, &attr);
+    pthread_mutexattr_destroy(&attr);
+    return rc;
+}
+
+int state_init_locks(state_file *st)
+{
+    memset(&st->append_lock, 0, sizeof st->append_lock);
+    memset(&st->sync_lock, 0, sizeof st->sync_lock);
+    int rc = init_mutex(&st->append_lock.mutex);
+    if (!rc)
+        rc = init_mutex(&st->sync_lock.mutex);
+    return rc ? set_errno_error(rc, "cannot initialise shard locks") : 0;
+}
+
+static void header_seal(state_file *st, const uint8_t boot_id[16])
+{
+    memcpy(st->boot_id, boot_id, 16);
+    st->header_crc = crc32c_header(st);
+}
+
+static int state_reset(shard *sh, const uint8_t boot_id[16])
+{
+    state_file *st = sh->st;
+    memset(st, 0, sizeof *st);
+    st->magic = MAGIC_STATE;
+    st->version = FORMAT_VERSION;
+    st->header_bytes = FILE_HEADER_BYTES;
+    st->shard_id = sh->id;
+    st->created_ns = now_ns();
+    header_seal(st, boot_id);
+    return state_init_locks(st);
+}
+
+/* Called with flock held on sh->state_fd.  *rebuilt is set when the state
+ * was created or re-created: the commit point must then come from a scan. */
+int state_open(shard *sh, int *rebuilt)
+{
+    *rebuilt = 0;
+    struct stat sb;
+    if (fstat(sh->state_fd, &sb))
+        return set_errno_error(errno, "cannot stat state of %s", sh->dir);
+    int fresh = sb.st_size == 0;
+    if (sb.st_size != STATE_FILE_BYTES) {
+        int err = preallocate(sh->state_fd, STATE_FILE_BYTES);
+        if (!err && sb.st_size > STATE_FILE_BYTES && ftruncate(sh->state_fd, STATE_FILE_BYTES))
+            err = errno;
+        if (err)
+            return set_errno_error(err, "cannot size state file of %s", sh->dir);
+    }
+    void *map = mmap(NULL, STATE_FILE_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, sh->state_fd, 0);
+    if (map == MAP_FAILED)
+        return set_errno_error(errno, "cannot map state file of %s", sh->dir);
+    sh->st = map;
+    state_file *st = sh->st;
+    uint8_t boot_id[16];
+    read_boot_id(boot_id);
+
+    if (st->magic == MAGIC_STATE && st->header_crc == crc32c_header(st) &&
+        st->version != FORMAT_VERSION)
+        return set_error(COMET_E_FORMAT_VERSION,
+                         "%s/state has format version %u; this build reads version %u",
+                         sh->dir, st->version, FORMAT_VERSION);
+    int valid = !fresh && sb.st_size == STATE_FILE_BYTES && st->magic == MAGIC_STATE &&
+                st->version == FORMAT_VERSION && st->header_bytes == FILE_HEADER_BYTES &&
+                st->header_crc == crc32c_header(st) && st->shard_id == sh->id;
+    if (!valid) {
+        int rc = state_reset(sh, boot_id);
+        if (rc)
+            return rc;
+        *rebuilt = 1; /* recovery finds the commit point in the segments */
+        return 0;
+    }
+    if (memcmp(st->boot_id, boot_id, 16) != 0) {
+        int rc = state_init_locks(st);
+        if (rc)
+            return rc;
+        header_seal(st, boot_id);
+    }
+    return 0;
+}
+
+void state_close(shard *sh)
+{
+    if (sh->st)
+        munmap(sh->st, STATE_FILE_BYTES);
+    sh->st = NULL;
+}

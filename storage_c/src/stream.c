@@ -1,0 +1,257 @@
+/*
+ * stream.c - streams: name rules, the metadata file that fixes the shard
+ * count, lazy opening of shards, and key routing.
+ *
+ * A name is checked before anything touches the disk, so "../x" or "a/b"
+ * can never become a path.  The metadata file is created all-or-nothing with
+ * link(), so two processes creating the same stream at once agree on one
+ * shard count, and a later open with another count is an error rather than
+ * a silent re-shard.
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "crc32c.h"
+#include "errors.h"
+#include "internal.h"
+
+int comet_validate_stream_name(const char *name, size_t len)
+{
+    if (!name)
+        return set_error(COMET_E_STREAM_NAME, "stream name is missing");
+    if (len == 0)
+        return set_error(COMET_E_STREAM_NAME, "stream name is empty");
+    if (len > COMET_STREAM_NAME_MAX)
+        return set_error(COMET_E_STREAM_NAME, "stream name is longer than %d characters",
+                         COMET_STREAM_NAME_MAX);
+    for (size_t i = 0; i < len; i++) {
+        unsigned char c = (unsigned char)name[i];
+        int alnum = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9');
+        if (alnum || (i > 0 && (c == '.' || c == '_' || c == '-')))
+            continue;
+        if (i == 0 && (c == '.' || c == '_' || c == '-'))
+            return set_error(COMET_E_STREAM_NAME,
+                             "stream name '%.*s' must start with a letter or a digit", (int)len,
+                             name);
+        if (c == '/')
+            return set_error(COMET_E_STREAM_NAME, "stream name '%.*s' contains '/'", (int)len,
+                             name);
+        if (c == 0)
+            return set_error(COMET_E_STREAM_NAME, "stream name contains a NUL byte");
+        return set_error(COMET_E_STREAM_NAME,
+                         "stream name '%.*s' contains byte 0x%02x; allowed: A-Z a-z 0-9 . _ -",
+                         (int)len, name, c);
+    }
+    return 0;
+}
+
+static int read_meta(const char *dir, const char *name, uint32_t *shards)
+{
+    char path[COMET_PATH_MAX];
+    if (path_format(path, "%s/%s", dir, STREAM_META_NAME))
+        return set_error(COMET_E_INVALID, "path too long");
+    stream_meta m;
+    long n = read_file_prefix(path, &m, sizeof m);
+    if (n == -ENOENT)
+        return COMET_E_NO_STREAM;
+    if (n < 0)
+        return set_errno_error((int)-n, "cannot read %s", path);
+    if (n < (long)sizeof m || m.magic != MAGIC_STREAM)
+        return set_error(COMET_E_CORRUPT, "%s is not a stream metadata file", path);
+    if (m.header_crc != crc32c_header(&m))
+        return set_error(COMET_E_CORRUPT, "%s: checksum mismatch", path);
+    if (m.version != FORMAT_VERSION)
+        return set_error(COMET_E_FORMAT_VERSION,
+                         "stream '%s' has format version %u; this build reads version %u", name,
+                         m.version, FORMAT_VERSION);
+    if (m.shard_count == 0 || m.shard_count > COMET_MAX_SHARDS)
+        return set_error(COMET_E_CORRUPT, "%s: impossible shard count %u", path, m.shard_count);
+    *shards = m.shard_count;
+    return 0;
+}
+
+static int create_meta(const char *dir, uint32_t shards)
+{
+    stream_meta m;
+    memset(&m, 0, sizeof m);
+    m.magic = MAGIC_STREAM;
+    m.version = FORMAT_VERSION;
+    m.header_bytes = FILE_HEADER_BYTES;
+    m.shard_count = shards;
+    m.created_ns = now_ns();
+    m.header_crc = crc32c_header(&m);
+    return create_file_exclusive(dir, STREAM_META_NAME, &m, sizeof m);
+}
+
+/* Reads the shard count, creating the stream when asked. */
+static int stream_meta_open(comet_db *db, const char *name, const char *dir, uint32_t shards,
+                            int create, uint32_t *out)
+{
+    int rc = read_meta(dir, name, out);
+    if (rc == COMET_E_NO_STREAM && create) {
+        uint32_t want = shards ? shards : db->cfg.default_shards;
+        if (mkdir(dir, 0755) && errno != EEXIST)
+            return set_errno_error(errno, "cannot create stream directory %s", dir);
+        int err = create_meta(dir, want);
+        if (err && err != EEXIST)
+            return set_errno_error(err, "cannot create metadata of stream '%s'", name);
+        fsync_dir(db->path);
+        rc = read_meta(dir, name, out); /* whoever created it first decided */
+    }
+    if (rc == COMET_E_NO_STREAM)
+        return set_error(COMET_E_NO_STREAM, "stream '%s' does not exist", name);
+    if (rc)
+        return rc;
+    if (shards && shards != *out)
+        return set_error(COMET_E_SHARD_COUNT,
+                         "stream '%s' has %u shards; opened with %u (the count is fixed at creation)",
+                         name, *out, shards);
+    return 0;
+}
+
+int comet_stream_open(comet_db *db, const char *name, size_t name_len, uint32_t shards,
+                      int create, comet_stream **out)
+{
+    if (!db || !out)
+        return set_error(COMET_E_INVALID, "comet_stream_open: null argument");
+    int rc = comet_validate_stream_name(name, name_len);
+    if (rc)
+        return rc;
+    char nm[COMET_STREAM_NAME_MAX + 1];
+    memcpy(nm, name, name_len);
+    nm[name_len] = 0;
+    name = nm;
+    if (shards > COMET_MAX_SHARDS)
+        return set_error(COMET_E_INVALID, "shard count %u above the limit of %u", shards,
+                         COMET_MAX_SHARDS);
+    pthread_mutex_lock(&db->lock);
+    if (db->stopping) {
+        pthread_mutex_unlock(&db->lock);
+        return set_error(COMET_E_CLOSED, "data directory is closed");
+    }
+    for (comet_stream *s = db->streams; s; s = s->next) {
+        if (strcmp(s->name, name) == 0) {
+            pthread_mutex_unlock(&db->lock);
+            if (shards && shards != s->shard_count)
+                return set_error(COMET_E_SHARD_COUNT,
+                                 "stream '%s' has %u shards; opened with %u (the count is fixed "
+                                 "at creation)",
+                                 name, s->shard_count, shards);
+            *out = s;
+            return 0;
+        }
+    }
+    comet_stream *s = calloc(1, sizeof *s);
+    if (!s) {
+        pthread_mutex_unlock(&db->lock);
+        return set_error(COMET_E_NOMEM, "out of memory");
+    }
+    s->db = db;
+    strcpy(s->name, name);
+    rc = path_format(s->dir, "%s/%s", db->path, name);
+    if (!rc)
+        rc = stream_meta_open(db, name, s->dir, shards, create, &s->shard_count);
+    if (!rc && !(s->shards = calloc(s->shard_count, sizeof *s->shards)))
+        rc = set_error(COMET_E_NOMEM, "out of memory");
+    if (rc) {
+        pthread_mutex_unlock(&db->lock);
+        free(s);
+        return rc == COMET_E_INVALID ? set_error(rc, "data directory path too long") : rc;
+    }
+    pthread_mutex_init(&s->open_lock, NULL);
+    s->next = db->streams;
+    db->streams = s;
+    pthread_mutex_unlock(&db->lock);
+    *out = s;
+    return 0;
+}
+
+int stream_shard(comet_stream *s, uint32_t id, shard **out)
+{
+    shard *sh = atomic_load_explicit(&s->shards[id], memory_order_acquire);
+    if (sh) {
+        *out = sh;
+        return 0;
+    }
+    pthread_mutex_lock(&s->open_lock);
+    sh = atomic_load_explicit(&s->shards[id], memory_order_relaxed);
+    int rc = 0;
+    if (!sh) {
+        rc = shard_open(s, id, &sh);
+        if (!rc)
+            atomic_store_explicit(&s->shards[id], sh, memory_order_release);
+    }
+    pthread_mutex_unlock(&s->open_lock);
+    if (!rc)
+        *out = sh;
+    return rc;
+}
+
+void stream_free(comet_stream *s)
+{
+    for (uint32_t i = 0; i < s->shard_count; i++)
+        shard_close(atomic_load(&s->shards[i]));
+    free(s->shards);
+    pthread_mutex_destroy(&s->open_lock);
+    free(s);
+}
+
+uint32_t comet_stream_shards(const comet_stream *s)
+{
+    return s ? s->shard_count : 0;
+}
+
+const char *comet_stream_name(const comet_stream *s)
+{
+    return s ? s->name : "";
+}
+
+uint32_t comet_shard_owner(const comet_stream *s, uint32_t shard)
+{
+    uint32_t pc = s->db->cfg.process_count ? s->db->cfg.process_count : 1;
+    return shard % pc;
+}
+
+/* FNV-1a, 64 bit: stable across processes, machines and languages. */
+uint32_t comet_shard_for_key(const comet_stream *s, const void *key, size_t len)
+{
+    const uint8_t *p = key;
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < len; i++) {
+        h ^= p[i];
+        h *= 0x100000001b3ull;
+    }
+    return (uint32_t)(h % s->shard_count);
+}
+
+int64_t comet_list_streams(comet_db *db, char *buf, size_t cap)
+{
+    if (!db)
+        return set_error(COMET_E_INVALID, "comet_list_streams: null db");
+    DIR *d = opendir(db->path);
+    if (!d)
+        return set_errno_error(errno, "cannot list %s", db->path);
+    size_t need = 0;
+    struct dirent *de;
+    char path[COMET_PATH_MAX];
+    struct stat sb;
+    while ((de = readdir(d))) {
+        if (comet_validate_stream_name(de->d_name, strlen(de->d_name)) ||
+            path_format(path, "%s/%s/%s", db->path, de->d_name, STREAM_META_NAME) ||
+            stat(path, &sb))
+            continue;
+        size_t len = strlen(de->d_name);
+        if (buf && need + len + 1 <= cap) {
+            memcpy(buf + need, de->d_name, len);
+            buf[need + len] = '\n';
+        }
+        need += len + 1;
+    }
+    closedir(d);
+    clear_error();
+    return (int64_t)need;
+}

@@ -1,0 +1,81 @@
+/* util.h - helpers for the C tests: scratch directories and small wrappers. */
+#ifndef COMET_TEST_UTIL_H
+#define COMET_TEST_UTIL_H
+
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <ftw.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "comet.h"
+
+static int rm_one(const char *p, const struct stat *sb, int flag, struct FTW *ftw)
+{
+    (void)sb;
+    (void)flag;
+    (void)ftw;
+    return remove(p);
+}
+
+static inline void rm_tree(const char *dir)
+{
+    nftw(dir, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+static inline char *scratch_dir(void)
+{
+    static char buf[256];
+    const char *base = getenv("COMET_TEST_TMP") ? getenv("COMET_TEST_TMP") : "/tmp";
+    snprintf(buf, sizeof buf, "%s/comet-ctest-XXXXXX", base);
+    CHECK(mkdtemp(buf) != NULL);
+    return buf;
+}
+
+static inline comet_db *open_db(const char *dir, uint64_t segment_bytes)
+{
+    comet_config cfg;
+    comet_config_default(&cfg);
+    cfg.segment_bytes = segment_bytes;
+    cfg.flags |= COMET_OPEN_NO_FLUSHER;
+    comet_db *db = NULL;
+    CHECK_OK(comet_open(dir, &cfg, &db));
+    return db;
+}
+
+static inline comet_stream *open_stream(comet_db *db, const char *name, uint32_t shards)
+{
+    comet_stream *s = NULL;
+    CHECK_OK(comet_stream_open(db, name, strlen(name), shards, 1, &s));
+    return s;
+}
+
+/* Reads up to max entries from entry `from`; fills payload lengths. */
+typedef struct read_buf {
+    uint8_t data[1 << 20];
+    int32_t offsets[1025];
+    int64_t entries[1024];
+    int64_t timestamps[1024];
+    comet_read_result res;
+} read_buf;
+
+static inline int read_some(comet_stream *s, uint32_t shard, uint64_t from, uint32_t max,
+                            read_buf *b, uint32_t flags)
+{
+    comet_read_request req = {.from_entry = from,
+                              .max_entries = max > 1024 ? 1024 : max,
+                              .flags = flags,
+                              .data = b->data,
+                              .data_capacity = sizeof b->data,
+                              .offsets = b->offsets,
+                              .entries = b->entries,
+                              .timestamps = b->timestamps};
+    return comet_read(s, shard, &req, &b->res);
+}
+
+#endif
