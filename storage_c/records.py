@@ -163,7 +163,11 @@ class Problem:
 
 @dataclass
 class VerifyReport:
-    """What ``verify`` found: good entries, entries lost to damage, and where."""
+    """What ``verify`` found: good entries, entries lost to damage, and where.
+
+    ``index_problems`` counts sparse indexes that disagreed with their segment;
+    they are derived data and were rebuilt, so they do not make a report bad.
+    """
 
     segments: int = 0
     entries: int = 0
@@ -174,4 +178,4 @@ class VerifyReport:
 
     @property
     def ok(self) -> bool:
-        return self.bad_entries == 0 and self.index_problems == 0
+        return self.bad_entries == 0

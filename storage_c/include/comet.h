@@ -168,7 +168,7 @@ typedef struct comet_verify_report {
     uint64_t entries;        /* good entries */
     uint64_t bytes;          /* good entry bytes, headers included */
     uint64_t bad_entries;    /* entries lost to damage */
-    uint64_t index_problems; /* index files missing or inconsistent */
+    uint64_t index_problems; /* index files missing or inconsistent (rebuilt: derived data) */
     uint32_t problem_count;  /* problems listed below (at most COMET_VERIFY_MAX_PROBLEMS) */
     uint32_t reserved;
     comet_verify_problem problems[COMET_VERIFY_MAX_PROBLEMS];

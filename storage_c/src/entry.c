@@ -140,13 +140,36 @@ static int plausible(const segment *seg, uint64_t p, uint64_t from_off, uint64_t
     return 1;
 }
 
+static int scan_bytes(const segment *seg, uint64_t from_off, uint64_t start, uint64_t stop,
+                      uint64_t expect_entry, uint32_t max_len, uint64_t *found_off,
+                      uint64_t *found_entry)
+{
+    uint32_t lf;
+    for (uint64_t p = start; p < stop && p + ENTRY_HEADER_BYTES <= seg->capacity; p++) {
+        uint64_t e;
+        if (!plausible(seg, p, from_off, expect_entry, max_len, &e))
+            continue;
+        if (entry_validate(seg, p, e, max_len, &lf) == ENTRY_OK) {
+            *found_off = p;
+            *found_entry = e;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+/* The order keeps the loss smallest and the cost bounded:
+ *   1. the damaged entry's own length, if it leads to a good entry (only the
+ *      payload was hit: exactly one entry lost);
+ *   2. a byte scan up to the next sparse index record (at most one interval);
+ *   3. the index records after it (each is checked before it is trusted);
+ *   4. a byte scan of the rest, when the index is missing or wrong too. */
 int entry_resync(const segment *seg, uint64_t off, uint64_t expect_entry, uint64_t limit,
                  uint32_t max_len, uint64_t *found_off, uint64_t *found_entry)
 {
     uint32_t lf;
     if (limit > seg->capacity)
         limit = seg->capacity;
-    /* 1. Only the payload is damaged: the length still leads to the next entry. */
     if (off + ENTRY_HEADER_BYTES <= limit) {
         uint32_t len_flags;
         memcpy(&len_flags, seg->map + off + 4, 4);
@@ -158,31 +181,21 @@ int entry_resync(const segment *seg, uint64_t off, uint64_t expect_entry, uint64
             return 0;
         }
     }
-    /* 2. The sparse index knows where later entries start. */
-    if (seg->index_ok) {
-        uint32_t n = atomic_load_explicit(index_count_ptr(seg), memory_order_acquire);
-        const index_record *r = index_records(seg);
-        for (uint32_t i = 0; i < n; i++) {
-            uint64_t e = seg->base + r[i].rel_entry;
-            if (e <= expect_entry || r[i].offset <= off || r[i].offset >= limit)
-                continue;
-            if (entry_validate(seg, r[i].offset, e, max_len, &lf) == ENTRY_OK) {
-                *found_off = r[i].offset;
-                *found_entry = e;
-                return 0;
-            }
-        }
-    }
-    /* 3. Byte by byte: a header whose checksum holds. */
-    for (uint64_t p = off + 1; p + ENTRY_HEADER_BYTES <= limit; p++) {
-        uint64_t e;
-        if (!plausible(seg, p, off, expect_entry, max_len, &e))
-            continue;
-        if (entry_validate(seg, p, e, max_len, &lf) == ENTRY_OK) {
-            *found_off = p;
+    uint32_t n = seg->index_ok ? atomic_load_explicit(index_count_ptr(seg), memory_order_acquire) : 0;
+    const index_record *r = n ? index_records(seg) : NULL;
+    uint32_t first = 0;
+    while (first < n && (r[first].offset <= off || seg->base + r[first].rel_entry <= expect_entry))
+        first++;
+    uint64_t window = first < n && r[first].offset < limit ? r[first].offset : limit;
+    if (scan_bytes(seg, off, off + 1, window, expect_entry, max_len, found_off, found_entry) == 0)
+        return 0;
+    for (uint32_t i = first; i < n && r[i].offset < limit; i++) {
+        uint64_t e = seg->base + r[i].rel_entry;
+        if (entry_validate(seg, r[i].offset, e, max_len, &lf) == ENTRY_OK) {
+            *found_off = r[i].offset;
             *found_entry = e;
             return 0;
         }
     }
-    return -1;
+    return scan_bytes(seg, off, window, limit, expect_entry, max_len, found_off, found_entry);
 }

@@ -227,7 +227,8 @@ void index_truncate(segment *seg, uint64_t rel_next)
     atomic_store_explicit(countp, n, memory_order_release);
 }
 
-int index_rebuild(segment *seg, const char *dir, uint32_t shard_id, uint64_t end_offset)
+int index_rebuild(segment *seg, const char *dir, uint32_t shard_id, uint64_t end_offset,
+                  uint64_t end_entry)
 {
     uint32_t interval = seg->index_interval ? seg->index_interval : 4096;
     uint32_t capacity = records_for(seg->capacity, interval);
@@ -238,7 +239,7 @@ int index_rebuild(segment *seg, const char *dir, uint32_t shard_id, uint64_t end
     uint64_t off = SEGMENT_DATA_OFFSET, entry = seg->base, last = SEGMENT_DATA_OFFSET;
     if (end_offset > seg->capacity)
         end_offset = seg->capacity;
-    while (off < end_offset) {
+    while (off < end_offset && entry < end_entry) {
         uint32_t lf;
         entry_check c = entry_validate(seg, off, entry, ENTRY_LEN_MASK, &lf);
         if (c == ENTRY_END)

@@ -80,8 +80,11 @@ void index_lookup_time(const segment *seg, int64_t ts, uint64_t *rel, uint64_t *
 void index_note(segment *seg, uint64_t rel_entry, uint64_t offset, int64_t ts);
 /* Drops records at or after rel_next (recovery). */
 void index_truncate(segment *seg, uint64_t rel_next);
-/* Rewrites the index from the entries in [SEGMENT_DATA_OFFSET, end_offset). */
-int index_rebuild(segment *seg, const char *dir, uint32_t shard_id, uint64_t end_offset);
+/* Rewrites the index from the entries in [SEGMENT_DATA_OFFSET, end_offset)
+ * numbered below end_entry.  Replaces seg's index mapping: only for an object
+ * no other thread can see (see shard_segment_rebuild_index). */
+int index_rebuild(segment *seg, const char *dir, uint32_t shard_id, uint64_t end_offset,
+                  uint64_t end_entry);
 
 /* ---- entry.c: validating and writing entries ------------------------------ */
 
@@ -143,6 +146,11 @@ int shard_sync(shard *sh, uint64_t upto_entry);
  * the first base above entry when entry is in a gap. */
 segment *shard_segment_for(shard *sh, uint64_t entry, uint64_t *seg_end_entry);
 segment *shard_segment_by_base(shard *sh, uint64_t base);
+int shard_segment_get(shard *sh, uint64_t base, segment **out); /* with the reason */
+/* Rebuilds seg's index file and swaps a fresh mapping of the segment into the
+ * cache.  Takes over the caller's reference to seg; returns the new object
+ * (referenced), or seg itself when the rebuild failed. */
+segment *shard_segment_rebuild_index(shard *sh, segment *seg, uint64_t end_entry);
 void shard_segment_release(shard *sh, segment *seg);
 int shard_segment_fd(shard *sh, segment *seg); /* opened once, kept */
 int shard_refresh_segments(shard *sh);

@@ -51,6 +51,20 @@ static int cursor_seek(cursor *c, uint64_t target)
         if (seg) {
             uint64_t rel, off;
             index_lookup(seg, target - seg->base, &rel, &off);
+            uint32_t lf;
+            if (rel && entry_validate(seg, off, seg->base + rel, ENTRY_LEN_MASK, &lf) != ENTRY_OK) {
+                /* The record points at something that is not its entry: the
+                 * index is wrong (or that entry is damaged).  A sealed
+                 * segment's index is rebuilt now; the active one's by the
+                 * next appender (recovery).  Meanwhile scan from the start. */
+                if (end != UINT64_MAX)
+                    seg = shard_segment_rebuild_index(c->sh, seg, end);
+                else
+                    atomic_store(&c->sh->st->recovery_pending, 1);
+                index_lookup(seg, target - seg->base, &rel, &off);
+                if (rel && entry_validate(seg, off, seg->base + rel, ENTRY_LEN_MASK, &lf) != ENTRY_OK)
+                    rel = 0, off = SEGMENT_DATA_OFFSET;
+            }
             c->seg = seg;
             c->seg_end = end;
             c->entry = seg->base + rel;

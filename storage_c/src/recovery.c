@@ -133,8 +133,12 @@ typedef struct holds {
     segment **seg;
     size_t n, cap;
     shard *sh;
+    int fatal; /* an error that must stop recovery */
 } holds;
 
+/* A segment that cannot be loaded is damaged (NULL), unless it was written by
+ * another format version: then recovery stops with that error rather than
+ * setting aside data it cannot judge. */
 static segment *hold(holds *h, uint64_t base)
 {
     if (h->n == h->cap) {
@@ -145,10 +149,23 @@ static segment *hold(holds *h, uint64_t base)
         h->seg = grown;
         h->cap = cap;
     }
-    segment *seg = shard_segment_by_base(h->sh, base);
+    segment *seg;
+    int rc = shard_segment_get(h->sh, base, &seg);
     if (seg)
         h->seg[h->n++] = seg;
+    else if (rc == COMET_E_FORMAT_VERSION || rc == COMET_E_NOMEM || rc == COMET_E_IO)
+        h->fatal = rc;
     return seg;
+}
+
+/* Rebuilds a held segment's index; the holds array keeps the new object. */
+static segment *rebuild_held(holds *h, segment *seg, uint64_t end_entry)
+{
+    segment *fresh = shard_segment_rebuild_index(h->sh, seg, end_entry);
+    for (size_t i = 0; i < h->n; i++)
+        if (h->seg[i] == seg)
+            h->seg[i] = fresh;
+    return fresh;
 }
 
 static void release_all(holds *h)
@@ -169,7 +186,7 @@ static int64_t timestamp_at(const segment *seg, uint64_t off)
 
 /* Finishes the repair at the cut point: zero what follows, trim the index,
  * restore the segment's size, publish the new commit point. */
-static int apply_cut(shard *sh, scan_point cut, uint64_t furthest,
+static int apply_cut(shard *sh, holds *h, scan_point cut, uint64_t furthest,
                      uint64_t state_active, int *changed)
 {
     state_file *st = sh->st;
@@ -186,10 +203,9 @@ static int apply_cut(shard *sh, scan_point cut, uint64_t furthest,
         wc_add(st, WC_TRUNCATED_ENTRIES, furthest - cut.entry);
         *changed = 1;
     }
-    if (cut.seg->index_ok)
-        index_truncate(cut.seg, cut.entry - cut.seg->base);
-    else if (index_rebuild(cut.seg, sh->dir, sh->id, cut.off) == 0)
-        sc_add(st, SC_INDEX_REBUILDS, 1);
+    if (!cut.seg->index_ok)
+        cut.seg = rebuild_held(h, cut.seg, cut.entry);
+    index_truncate(cut.seg, cut.entry - cut.seg->base);
 
     uint64_t want = segment_header_capacity(cut.seg);
     if (want > cut.seg->capacity) {
@@ -240,15 +256,30 @@ int recovery_repair_tail(shard *sh, int state_rebuilt)
     uint64_t state_active =
         atomic_load(&st->active_end) ? atomic_load(&st->active_base) : UINT64_MAX;
     int changed = state_rebuilt;
-    holds h = {.seg = NULL, .n = 0, .cap = 0, .sh = sh};
+    holds h = {.seg = NULL, .n = 0, .cap = 0, .sh = sh, .fatal = 0};
 
     size_t i = n - 1;
     while (i > 0 && bases[i] > committed)
         i--;
     segment *seg = hold(&h, bases[i]);
+    if (h.fatal) {
+        free(bases);
+        release_all(&h);
+        return h.fatal;
+    }
     uint64_t rel = 0, off = SEGMENT_DATA_OFFSET;
-    if (seg)
+    if (seg) {
         index_lookup(seg, committed - seg->base, &rel, &off);
+        uint32_t lf;
+        if (!seg->index_ok ||
+            (rel && entry_validate(seg, off, seg->base + rel, ENTRY_LEN_MASK, &lf) != ENTRY_OK)) {
+            /* a wrong index must not make good entries look damaged */
+            seg = rebuild_held(&h, seg, committed);
+            index_lookup(seg, committed - seg->base, &rel, &off);
+            if (rel && entry_validate(seg, off, seg->base + rel, ENTRY_LEN_MASK, &lf) != ENTRY_OK)
+                rel = 0, off = SEGMENT_DATA_OFFSET;
+        }
+    }
     uint64_t e = bases[i] + rel;
     scan_point cut = {seg, e, off, atomic_load(&st->last_ts)};
 
@@ -274,6 +305,8 @@ int recovery_repair_tail(shard *sh, int state_rebuilt)
                 continue;
             }
         }
+        if (h.fatal)
+            break;
         if (!seg) { /* its header cannot be read: nothing of it can be served */
             set_aside(sh, bases[i], 1);
             changed = 1;
@@ -281,21 +314,30 @@ int recovery_repair_tail(shard *sh, int state_rebuilt)
         /* This segment ends here: continue in the next one that fits. */
         size_t j = i + 1;
         for (; j < n && bases[j] < e; j++) {
-            set_aside(sh, bases[j], segment_has_data(hold(&h, bases[j])));
+            segment *later = hold(&h, bases[j]);
+            if (h.fatal)
+                break;
+            set_aside(sh, bases[j], segment_has_data(later));
             changed = 1;
         }
-        if (j >= n)
+        if (j >= n || h.fatal)
             break;
         if (bases[j] != e)
             changed = 1; /* a gap: readers count what is missing */
         i = j;
         seg = hold(&h, bases[j]);
+        if (h.fatal)
+            break;
         e = bases[j];
         off = SEGMENT_DATA_OFFSET;
         if (seg)
             cut = (scan_point){seg, e, off, cut.ts};
     }
     free(bases);
+    if (h.fatal) {
+        release_all(&h);
+        return h.fatal;
+    }
 
     if (!cut.seg) {
         release_all(&h);
@@ -303,7 +345,7 @@ int recovery_repair_tail(shard *sh, int state_rebuilt)
         return no_segments(sh, e);
     }
     uint64_t furthest = e > committed ? e : committed;
-    rc = apply_cut(sh, cut, furthest, state_active, &changed);
+    rc = apply_cut(sh, &h, cut, furthest, state_active, &changed);
     release_all(&h);
     if (rc)
         return rc;

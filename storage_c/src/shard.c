@@ -177,7 +177,17 @@ static int ensure_mapped_locked(shard *sh, size_t i)
         sh->segs[i] = seg = fresh;
     }
     int rc = segment_load(seg, sh->dir, sh->id);
-    return rc;
+    if (rc)
+        return rc;
+    /* A sealed segment's index that is missing or inconsistent is rebuilt
+     * here, once; the active one is recovery's (it may be being appended). */
+    int sealed = i + 1 < sh->nsegs &&
+                 seg->base != atomic_load_explicit(&sh->st->active_base, memory_order_acquire);
+    uint64_t end_entry = i + 1 < sh->nsegs ? sh->segs[i + 1]->base : UINT64_MAX;
+    if (!seg->index_ok && sealed &&
+        index_rebuild(seg, sh->dir, sh->id, seg->capacity, end_entry) == 0)
+        sc_add(sh->st, SC_INDEX_REBUILDS, 1);
+    return 0;
 }
 
 static size_t find_le_locked(const shard *sh, uint64_t entry)
@@ -212,9 +222,10 @@ segment *shard_segment_for(shard *sh, uint64_t entry, uint64_t *seg_end_entry)
     return seg;
 }
 
-segment *shard_segment_by_base(shard *sh, uint64_t base)
+int shard_segment_get(shard *sh, uint64_t base, segment **out)
 {
     segment *seg = NULL;
+    int rc = 0;
     pthread_mutex_lock(&sh->cache_lock);
     for (int attempt = 0; attempt < 2 && !seg; attempt++) {
         if (attempt)
@@ -222,12 +233,25 @@ segment *shard_segment_by_base(shard *sh, uint64_t base)
         else
             refresh_if_stale_locked(sh);
         size_t i = find_le_locked(sh, base);
-        if (i && sh->segs[i - 1]->base == base && ensure_mapped_locked(sh, i - 1) == 0) {
+        if (!i || sh->segs[i - 1]->base != base) {
+            rc = set_error(COMET_E_CORRUPT, "segment %" PRIu64 " of %s is missing", base, sh->dir);
+            continue;
+        }
+        rc = ensure_mapped_locked(sh, i - 1);
+        if (rc == 0) {
             seg = sh->segs[i - 1];
             seg->refs++;
         }
     }
     pthread_mutex_unlock(&sh->cache_lock);
+    *out = seg;
+    return seg ? 0 : rc;
+}
+
+segment *shard_segment_by_base(shard *sh, uint64_t base)
+{
+    segment *seg;
+    shard_segment_get(sh, base, &seg);
     return seg;
 }
 
@@ -237,6 +261,33 @@ int shard_segment_fd(shard *sh, segment *seg)
     int fd = segment_fd(seg, sh->dir);
     pthread_mutex_unlock(&sh->cache_lock);
     return fd;
+}
+
+segment *shard_segment_rebuild_index(shard *sh, segment *seg, uint64_t end_entry)
+{
+    segment *fresh = segment_new(seg->base);
+    if (!fresh)
+        return seg;
+    if (segment_load(fresh, sh->dir, sh->id) ||
+        index_rebuild(fresh, sh->dir, sh->id, fresh->capacity, end_entry)) {
+        segment_free(fresh);
+        return seg;
+    }
+    sc_add(sh->st, SC_INDEX_REBUILDS, 1);
+    pthread_mutex_lock(&sh->cache_lock);
+    fresh->refs = 1;
+    fresh->removed = 1; /* unless it takes seg's place below */
+    for (size_t i = 0; i < sh->nsegs; i++) {
+        if (sh->segs[i] == seg) {
+            sh->segs[i] = fresh;
+            fresh->removed = 0;
+            drop_locked(seg);
+            break;
+        }
+    }
+    release_locked(seg);
+    pthread_mutex_unlock(&sh->cache_lock);
+    return fresh;
 }
 
 void shard_segment_release(shard *sh, segment *seg)

@@ -1,9 +1,11 @@
 /*
  * verify.c - checks every entry of a shard: checksum, length, number, and
  * that each segment holds exactly the entries its neighbours say it should.
- * It only reads; damage is reported with its segment, offset and entry, and
- * the walk resynchronises after it the way readers do, so one bad byte is one
- * problem, not the end of the report.
+ * Damage to entries is only reported - with its segment, offset and entry -
+ * and the walk resynchronises after it the way readers do, so one bad byte is
+ * one problem, not the end of the report.  A sparse index that disagrees with
+ * its segment is derived data: it is counted and rebuilt on the spot (the
+ * active segment's by the next appender).
  */
 #include <inttypes.h>
 #include <stdlib.h>
@@ -18,14 +20,11 @@ static void note(comet_verify_report *r, uint64_t base, uint64_t off, uint64_t e
         r->problems[r->problem_count++] = (comet_verify_problem){base, off, entry, code, 0};
 }
 
-/* Checks the index records of seg against the entries they point at. */
-static void verify_index(const segment *seg, uint64_t end_entry, comet_verify_report *r)
+/* 1 when the index records of seg point at the entries they name. */
+static int index_agrees(const segment *seg, uint64_t end_entry)
 {
-    if (!seg->index_ok) {
-        r->index_problems++;
-        note(r, seg->base, 0, seg->base, COMET_E_CORRUPT);
-        return;
-    }
+    if (!seg->index_ok)
+        return 0;
     uint32_t n = atomic_load_explicit(index_count_ptr(seg), memory_order_acquire);
     const index_record *rec = index_records(seg);
     for (uint32_t i = 0; i < n; i++) {
@@ -33,14 +32,13 @@ static void verify_index(const segment *seg, uint64_t end_entry, comet_verify_re
         uint32_t lf;
         if (e >= end_entry)
             break;
-        if (entry_validate(seg, rec[i].offset, e, ENTRY_LEN_MASK, &lf) != ENTRY_OK) {
-            r->index_problems++;
-            return;
-        }
+        if (entry_validate(seg, rec[i].offset, e, ENTRY_LEN_MASK, &lf) != ENTRY_OK)
+            return 0;
     }
+    return 1;
 }
 
-static void verify_segment(const segment *seg, uint64_t end_entry, comet_verify_report *r)
+static void verify_entries(const segment *seg, uint64_t end_entry, comet_verify_report *r)
 {
     uint64_t e = seg->base, off = SEGMENT_DATA_OFFSET;
     while (e < end_entry) {
@@ -66,7 +64,6 @@ static void verify_segment(const segment *seg, uint64_t end_entry, comet_verify_
         r->bad_entries += end_entry - e;
         break;
     }
-    verify_index(seg, end_entry, r);
 }
 
 int comet_verify_shard(comet_stream *s, uint32_t shard_id, comet_verify_report *out)
@@ -99,7 +96,14 @@ int comet_verify_shard(comet_stream *s, uint32_t shard_id, comet_verify_report *
                 out->bad_entries += end - bases[i];
             continue;
         }
-        verify_segment(seg, end, out);
+        verify_entries(seg, end, out);
+        if (!index_agrees(seg, end)) {
+            out->index_problems++;
+            if (i + 1 < n)
+                seg = shard_segment_rebuild_index(sh, seg, end);
+            else
+                atomic_store(&sh->st->recovery_pending, 1);
+        }
         shard_segment_release(sh, seg);
     }
     free(bases);

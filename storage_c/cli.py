@@ -1,0 +1,203 @@
+"""The ``comet`` command line: inspect and check a data directory.
+
+    comet stat   <data-dir> [--stream S] [--shards] [--json]
+    comet tail   <data-dir> <stream> [--shard N] [-n 10] [--from-entry E] [-f] [--raw]
+    comet verify <data-dir> [--stream S]
+
+Commands open the directory without creating anything, claim no process slot
+and run no flusher, so they are safe next to running writers.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import sys
+import time
+from dataclasses import asdict
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Iterator
+
+import click
+
+from .config import Config
+from .errors import CometError
+from .log import Log
+from .records import Entry, ShardStats, StreamStats
+
+TOOL_CONFIG = Config(create=False, auto_create_streams=False, background_flush=False)
+
+
+def open_log(data_dir: str) -> Log:
+    if not Path(data_dir).is_dir():
+        raise click.ClickException(f"{data_dir} is not a directory")
+    try:
+        return Log(data_dir, TOOL_CONFIG)
+    except CometError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def iso(ns: int) -> str:
+    if not ns:
+        return "-"
+    return datetime.fromtimestamp(ns / 1e9, tz=timezone.utc).isoformat(timespec="milliseconds")
+
+
+def human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def render(rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+
+
+@click.group()
+def main() -> None:
+    """Comet: an HTTP ingest gateway with an embedded segmented log."""
+
+
+@main.command()
+@click.argument("data_dir")
+@click.option("--stream", "only", help="Only this stream.")
+@click.option("--shards", is_flag=True, help="One line per shard.")
+@click.option("--json", "as_json", is_flag=True, help="Every counter, as JSON.")
+def stat(data_dir: str, only: str | None, shards: bool, as_json: bool) -> None:
+    """Streams, shards, sizes and counters of a data directory."""
+    with open_log(data_dir) as log:
+        try:
+            names = [only] if only else log.streams()
+            all_stats = [log.stats(name) for name in names]
+        except CometError as exc:
+            raise click.ClickException(str(exc)) from None
+    if as_json:
+        click.echo(json.dumps({s.stream: [asdict(x) for x in s.shards] for s in all_stats}, indent=2))
+        return
+    if not all_stats:
+        click.echo(f"{data_dir}: no streams")
+        return
+    rows = [["STREAM", "SHARDS", "ENTRIES", "DISK", "OLDEST", "NEWEST", "CRC ERRORS", "TRUNCATED"]]
+    for s in all_stats:
+        rows.append([s.stream, str(len(s.shards)), str(s.entries), human(s.total("disk_bytes")),
+                     iso(s.oldest_timestamp), iso(s.newest_timestamp), str(s.total("crc_failures")),
+                     str(s.total("truncated_entries"))])
+    click.echo(render(rows))
+    if shards:
+        click.echo()
+        click.echo(render(shard_rows(all_stats)))
+
+
+def shard_rows(all_stats: list[StreamStats]) -> list[list[str]]:
+    rows = [["STREAM", "SHARD", "FIRST", "NEXT", "DURABLE", "SEGMENTS", "DISK", "APPENDS",
+             "AVG APPEND", "SYNCS", "RECOVERIES", "LOCK DIED"]]
+    for s in all_stats:
+        for x in s.shards:
+            rows.append([s.stream, str(x.shard), str(x.first_entry), str(x.next_entry),
+                         str(x.durable_entry), str(x.segments), human(x.disk_bytes),
+                         str(x.appends), average_latency(x), str(x.syncs), str(x.recoveries),
+                         str(x.lock_owner_died)])
+    return rows
+
+
+def average_latency(x: ShardStats) -> str:
+    if not x.append_latency_count:
+        return "-"
+    return f"{x.append_latency_sum_ns / x.append_latency_count / 1000:.1f} us"
+
+
+def show(entry: Entry, raw: bool) -> None:
+    if raw:
+        sys.stdout.buffer.write(entry.payload + b"\n")
+        sys.stdout.buffer.flush()
+        return
+    text = entry.payload.decode("utf-8", "backslashreplace")
+    click.echo(f"{entry.id}\t{iso(entry.timestamp)}\t{text}")
+
+
+def last_entries(log: Log, stream: str, shard: int, count: int, start: int | None) -> list[Entry]:
+    stats = log.shard_stats(stream, shard)
+    first = start if start is not None else max(stats.first_entry, stats.next_entry - count)
+    out: list[Entry] = []
+    while len(out) < count:
+        batch = log.read(stream, shard, first, max_entries=min(1000, count - len(out)))
+        if not len(batch):
+            break
+        out.extend(batch)
+        first = batch.next_entry
+    return out
+
+
+def follow(log: Log, stream: str, shards: list[int], raw: bool) -> Iterator[None]:
+    position = {s: log.shard_stats(stream, s).next_entry for s in shards}
+    while True:
+        idle = True
+        for shard in shards:
+            batch = log.read(stream, shard, position[shard])
+            for entry in batch:
+                show(entry, raw)
+            if len(batch) or batch.next_entry != position[shard]:
+                idle = False
+            position[shard] = batch.next_entry
+        yield
+        if idle:
+            time.sleep(0.2)
+
+
+@main.command()
+@click.argument("data_dir")
+@click.argument("stream")
+@click.option("--shard", type=int, help="Only this shard (default: all, merged by time).")
+@click.option("-n", "--lines", "count", type=int, default=10, show_default=True)
+@click.option("--from-entry", type=int, help="Start here instead of the last N (needs --shard).")
+@click.option("-f", "--follow", "following", is_flag=True, help="Keep printing new entries.")
+@click.option("--raw", is_flag=True, help="Payload bytes only, one per line.")
+def tail(data_dir: str, stream: str, shard: int | None, count: int, from_entry: int | None,
+         following: bool, raw: bool) -> None:
+    """Prints the last entries of a stream: <shard>-<entry>, time, payload."""
+    if from_entry is not None and shard is None:
+        raise click.UsageError("--from-entry needs --shard")
+    with open_log(data_dir) as log:
+        try:
+            shards = [shard] if shard is not None else list(range(log.shard_count(stream)))
+            per_shard = [last_entries(log, stream, s, count, from_entry) for s in shards]
+            merged = list(heapq.merge(*per_shard, key=lambda e: (e.timestamp, e.shard, e.entry)))
+            for entry in merged if from_entry is not None else merged[-count:]:
+                show(entry, raw)
+            if following:
+                for _ in follow(log, stream, shards, raw):
+                    pass
+        except CometError as exc:
+            raise click.ClickException(str(exc)) from None
+        except KeyboardInterrupt:
+            pass
+
+
+@main.command()
+@click.argument("data_dir")
+@click.option("--stream", "only", help="Only this stream.")
+def verify(data_dir: str, only: str | None) -> None:
+    """Checks the checksum of every entry; exit status 1 when data is damaged."""
+    with open_log(data_dir) as log:
+        try:
+            report = log.verify(only)
+        except CometError as exc:
+            raise click.ClickException(str(exc)) from None
+    click.echo(f"{report.segments} segments, {report.entries} good entries "
+               f"({human(report.bytes)}), {report.bad_entries} damaged")
+    if report.index_problems:
+        click.echo(f"{report.index_problems} sparse indexes disagreed with their segments "
+                   "and were rebuilt")
+    for p in report.problems:
+        click.echo(f"damaged: stream {p.stream} shard {p.shard} entry {p.entry} "
+                   f"(segment {p.segment_base}, byte {p.offset})")
+    if not report.ok:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,66 @@
+"""Many writers: threads in one process, and real OS processes sharing shards."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+from storage_c import Config, Log
+
+from .conftest import SMALL, read_all, worker
+
+
+def test_eight_threads_one_shard(data_dir: Path) -> None:
+    threads, per_thread = 8, 10_000
+    written: list[dict[int, bytes]] = [{} for _ in range(threads)]
+    with Log(data_dir, SMALL) as log:
+        log.create_stream("th", 4)
+
+        def run(t: int) -> None:
+            mine = written[t]
+            for i in range(per_thread):
+                payload = b"%d-%d" % (t, i)
+                shard, entry = log.append("th", payload, shard=3)
+                mine[entry] = payload
+
+        pool = [threading.Thread(target=run, args=(t,)) for t in range(threads)]
+        for t in pool:
+            t.start()
+        for t in pool:
+            t.join()
+        ids = sorted(e for mine in written for e in mine)
+        assert ids == list(range(threads * per_thread))  # dense, no duplicates
+        got = {e: p for e, _, p in read_all(log, "th", 3)}
+        for mine in written:
+            for entry, payload in mine.items():
+                assert got[entry] == payload
+        # each thread's entries are in the order it wrote them
+        for t in range(threads):
+            order = [int(p.split(b"-")[1]) for e, p in sorted(got.items()) if p.startswith(b"%d-" % t)]
+            assert order == list(range(per_thread))
+
+
+def test_four_processes_own_and_foreign_shards(data_dir: Path, tmp_path: Path) -> None:
+    own, keyed = 50_000, 5_000
+    outs = [tmp_path / f"slot-{i}" for i in range(4)]
+    procs = [worker("writer", data_dir, 4, own, keyed, out) for out in outs]
+    for p in procs:
+        assert p.wait(timeout=300) == 0
+    slots = sorted(int(o.read_text()) for o in outs)
+    assert slots == [0, 1, 2, 3]
+    seen: dict[bytes, int] = {}
+    with Log(data_dir, Config(shards=8, segment_bytes=1 << 20)) as log:
+        for shard in range(8):
+            last: dict[tuple[bytes, bytes], int] = {}
+            for entry, _, payload in read_all(log, "mp", shard):
+                assert payload not in seen, f"{payload!r} read twice"
+                seen[payload] = shard
+                writer_slot, kind, i = payload.split(b":")
+                key = (writer_slot, kind)
+                assert last.get(key, -1) < int(i), "a writer's order in a shard was broken"
+                last[key] = int(i)
+                if kind == b"o":
+                    assert shard % 4 == int(writer_slot), "an unkeyed write left its owner's shards"
+                else:
+                    assert shard % 4 != int(writer_slot)
+    assert len(seen) == 4 * (own + keyed)

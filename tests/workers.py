@@ -1,0 +1,118 @@
+"""Child-process programs for the multi-process and crash tests.
+
+Run as `python tests/workers.py <command> <args...>`.  Each command opens the
+data directory itself: a child never inherits a handle across fork.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import random
+import resource
+import signal
+import sys
+import time
+
+from storage_c import Config, Log, NoFreeSlot, StorageFull
+
+
+def batch_payloads(seq: int, count: int, size: int) -> list[bytes]:
+    """Payloads of batch `seq`: each says which batch, which item, of how many."""
+    rng = random.Random(seq)
+    return [f"{seq}:{i}:{count}:".encode() + rng.randbytes(rng.randrange(size + 1))
+            for i in range(count)]
+
+
+def crash_appender(path: str, ack_fd: str, start_seq: str, max_batch: str) -> None:
+    """Appends batches forever, reporting each acknowledged one on ack_fd."""
+    fd = int(ack_fd)
+    seq = int(start_seq)
+    cfg = Config(shards=1, segment_bytes=1 << 20, durability="none", background_flush=False)
+    with Log(path, cfg) as log:
+        rng = random.Random(seq)
+        while True:
+            count = rng.randrange(1, int(max_batch) + 1)
+            res = log.append_batch("crash", batch_payloads(seq, count, 2000), shard=0)
+            os.write(fd, f"{seq} {res.first} {res.count}\n".encode())
+            seq += 1
+
+
+def writer(path: str, process_count: str, own: str, keyed: str, out: str) -> None:
+    """Claims a slot, appends `own` entries to its own shards and `keyed`
+    entries to shards owned by other processes, then reports its slot."""
+    cfg = Config(shards=8, segment_bytes=1 << 20, process_count=int(process_count))
+    with Log(path, cfg) as log:
+        slot = log.claim_slot()
+        log.create_stream("mp", 8)
+        foreign = [s for s in range(8) if s not in log.owned_shards("mp")]
+        for i in range(int(own)):
+            log.append("mp", f"{slot}:o:{i}".encode())
+            if i < int(keyed):
+                log.append("mp", f"{slot}:k:{i}".encode(), shard=foreign[i % len(foreign)])
+        with open(out, "w") as f:
+            f.write(str(slot))
+
+
+def hold_slot(path: str, process_count: str) -> None:
+    """Claims a slot, prints it, then waits to be killed."""
+    with Log(path, Config(process_count=int(process_count))) as log:
+        try:
+            slot = log.claim_slot()
+        except NoFreeSlot as exc:
+            print(f"busy {exc}", flush=True)
+            return
+        print(slot, flush=True)
+        time.sleep(600)
+
+
+def die_holding_lock(path: str, stream: str, shard: str) -> None:
+    """Takes the shard's append lock by hand, scribbles a torn entry after the
+    committed end, and is killed with SIGKILL while holding the lock."""
+    state = os.path.join(path, stream, f"shard-{int(shard):04d}", "state")
+    fd = os.open(state, os.O_RDWR)
+    mm = mmap.mmap(fd, 4096)
+    addr = ctypes.addressof(ctypes.c_char.from_buffer(mm))
+    libc = ctypes.CDLL(None)
+    assert libc.pthread_mutex_lock(ctypes.c_void_p(addr + 64)) == 0
+    active_base, active_end = (int.from_bytes(mm[200 + 8 * i: 208 + 8 * i], "little") for i in range(2))
+    seg = os.path.join(os.path.dirname(state), f"{active_base:020d}.log")
+    with open(seg, "r+b") as f:
+        f.seek(active_end)
+        f.write(os.urandom(300))  # what a writer killed mid-copy leaves behind
+    print("locked", flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def fill_until_full(path: str, limit: str) -> None:
+    """With RLIMIT_FSIZE lowered, appends until StorageFull; then restores the
+    limit and appends again.  Prints what happened."""
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    cfg = Config(shards=1, segment_bytes=1 << 20, background_flush=False)
+    with Log(path, cfg) as log:
+        appended = 0
+        for _ in range(10):  # the first segment exists before the disk "fills"
+            log.append("full", b"x" * 1000, shard=0)
+            appended += 1
+        soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (int(limit), hard))
+        try:
+            for _ in range(100_000):
+                log.append("full", b"x" * 1000, shard=0)
+                appended += 1
+            print("never full", flush=True)
+            return
+        except StorageFull as exc:
+            print(f"full after {appended}: {exc}", flush=True)
+        stats = log.shard_stats("full", 0)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        shard, entry = log.append("full", b"after", shard=0)
+        print(f"appended {appended} errors {stats.storage_full_errors} next {entry}", flush=True)
+
+
+COMMANDS = {f.__name__: f for f in (crash_appender, writer, hold_slot, die_holding_lock,
+                                    fill_until_full)}
+
+if __name__ == "__main__":
+    COMMANDS[sys.argv[1]](*sys.argv[2:])
