@@ -80,7 +80,7 @@ def die_holding_lock(path: str, stream: str, shard: str) -> None:
     seg = os.path.join(os.path.dirname(state), f"{active_base:020d}.log")
     with open(seg, "r+b") as f:
         f.seek(active_end)
-        f.write(os.urandom(300))  # what a writer killed mid-copy leaves behind
+        f.write(b"\xab" * 300)  # what a writer killed mid-copy leaves behind
     print("locked", flush=True)
     os.kill(os.getpid(), signal.SIGKILL)
 

@@ -181,6 +181,10 @@ const char *comet_last_error(void);
 /* Configuration and data directory. */
 void comet_config_default(comet_config *cfg);
 int comet_open(const char *path, const comet_config *cfg, comet_db **out);
+/* Waits for calls in progress, flushes, and releases every mapping, file,
+ * lock and thread.  Later calls on the handle (or its streams and shards)
+ * fail with COMET_E_CLOSED: the handle's small structs are kept for the life
+ * of the process so that a call racing with close never touches freed memory. */
 int comet_close(comet_db *db);
 int comet_sync_all(comet_db *db);
 

@@ -87,10 +87,12 @@ static int64_t batch_commit(batch *b, comet_stream *s, uint32_t shard_id, int du
         return set_error(COMET_E_BATCH_TOO_LARGE, "batch of %" PRIu64 " bytes is above %" PRIu64,
                          b->total, (uint64_t)COMET_MAX_BATCH_BYTES);
     shard *sh;
-    int rc = stream_shard(s, shard_id, &sh);
+    int rc = shard_acquire(s, shard_id, &sh);
     if (rc)
         return rc;
-    return shard_append(sh, b->refs, b->count, b->total, b->raw, durability);
+    int64_t r = shard_append(sh, b->refs, b->count, b->total, b->raw, durability);
+    shard_leave(sh);
+    return r;
 }
 
 static int check_target(const comet_stream *s, uint32_t shard_id, int durability)
@@ -117,7 +119,7 @@ int64_t comet_append(comet_stream *s, uint32_t shard_id, const void *payload, ui
         return set_error(COMET_E_ENTRY_TOO_LARGE, "entry is %u bytes; max_entry_bytes is %u", len,
                          s->db->cfg.max_entry_bytes);
     shard *sh;
-    rc = stream_shard(s, shard_id, &sh);
+    rc = shard_acquire(s, shard_id, &sh);
     if (rc)
         return rc;
     entry_ref r = {payload, len, flags & COMET_ENTRY_COMPRESSED};
@@ -126,7 +128,9 @@ int64_t comet_append(comet_stream *s, uint32_t shard_id, const void *payload, ui
         int64_t n = codec_frame_size(payload, len);
         raw = n > 0 ? (uint64_t)n : len;
     }
-    return shard_append(sh, &r, 1, ENTRY_HEADER_BYTES + (uint64_t)len, raw, durability);
+    int64_t first = shard_append(sh, &r, 1, ENTRY_HEADER_BYTES + (uint64_t)len, raw, durability);
+    shard_leave(sh);
+    return first;
 }
 
 int comet_shard_open(comet_stream *s, uint32_t shard_id, comet_shard **out)
@@ -136,7 +140,10 @@ int comet_shard_open(comet_stream *s, uint32_t shard_id, comet_shard **out)
         return rc;
     if (!out)
         return set_error(COMET_E_INVALID, "null output");
-    return stream_shard(s, shard_id, out);
+    rc = shard_acquire(s, shard_id, out);
+    if (rc == 0)
+        shard_leave(*out);
+    return rc;
 }
 
 int64_t comet_append_to(comet_shard *sh, const char *payload, uint32_t len)
@@ -147,9 +154,14 @@ int64_t comet_append_to(comet_shard *sh, const char *payload, uint32_t len)
                          max);
     if (!payload && len)
         return set_error(COMET_E_INVALID, "null payload");
+    int rc = shard_enter(sh);
+    if (rc)
+        return rc;
     entry_ref r = {(const uint8_t *)payload, len, 0};
-    return shard_append(sh, &r, 1, ENTRY_HEADER_BYTES + (uint64_t)len, len,
-                        COMET_DURABILITY_DEFAULT);
+    int64_t first = shard_append(sh, &r, 1, ENTRY_HEADER_BYTES + (uint64_t)len, len,
+                                 COMET_DURABILITY_DEFAULT);
+    shard_leave(sh);
+    return first;
 }
 
 int64_t comet_append_batch(comet_stream *s, uint32_t shard_id, const void *buf,

@@ -52,11 +52,11 @@ static int check_config(const comet_config *c)
     return 0;
 }
 
-typedef void (*shard_fn)(shard *sh);
+typedef void (*shard_fn)(shard *sh, void *ctx);
 
 /* Streams are only ever added at the head, so the list can be walked
  * without the lock once its head is read. */
-static void for_each_open_shard(comet_db *db, shard_fn fn)
+static void for_each_open_shard(comet_db *db, shard_fn fn, void *ctx)
 {
     pthread_mutex_lock(&db->lock);
     comet_stream *s = db->streams;
@@ -65,18 +65,20 @@ static void for_each_open_shard(comet_db *db, shard_fn fn)
         for (uint32_t i = 0; i < s->shard_count; i++) {
             shard *sh = atomic_load_explicit(&s->shards[i], memory_order_acquire);
             if (sh)
-                fn(sh);
+                fn(sh, ctx);
         }
 }
 
-static void flush_if_dirty(shard *sh)
+static void flush_if_dirty(shard *sh, void *ctx)
 {
+    (void)ctx;
     if (atomic_exchange(&sh->dirty, 0))
         shard_sync(sh, atomic_load_explicit(&sh->st->next_entry, memory_order_acquire));
 }
 
-static void flush_all(shard *sh)
+static void flush_all(shard *sh, void *ctx)
 {
+    (void)ctx;
     atomic_store(&sh->dirty, 0);
     shard_sync(sh, atomic_load_explicit(&sh->st->next_entry, memory_order_acquire));
 }
@@ -97,7 +99,7 @@ static void *flusher_main(void *arg)
         if (db->stopping)
             break;
         pthread_mutex_unlock(&db->flusher_lock);
-        for_each_open_shard(db, flush_if_dirty);
+        for_each_open_shard(db, flush_if_dirty, NULL);
         pthread_mutex_lock(&db->flusher_lock);
     }
     pthread_mutex_unlock(&db->flusher_lock);
@@ -153,11 +155,30 @@ int comet_open(const char *path, const comet_config *cfg, comet_db **out)
     return 0;
 }
 
+int db_enter(comet_db *db)
+{
+    atomic_fetch_add(&db->users, 1);
+    if (atomic_load(&db->closed)) {
+        atomic_fetch_sub(&db->users, 1);
+        return set_error(COMET_E_CLOSED, "data directory %s is closed", db->path);
+    }
+    return 0;
+}
+
+void db_leave(comet_db *db)
+{
+    atomic_fetch_sub(&db->users, 1);
+}
+
 int comet_sync_all(comet_db *db)
 {
     if (!db)
         return set_error(COMET_E_INVALID, "comet_sync_all: null db");
-    for_each_open_shard(db, flush_all);
+    int rc = db_enter(db);
+    if (rc)
+        return rc;
+    for_each_open_shard(db, flush_all, NULL);
+    db_leave(db);
     return 0;
 }
 
@@ -171,46 +192,70 @@ int comet_sync(comet_stream *s, int shard_id)
     for (uint32_t i = 0; i < s->shard_count; i++) {
         if (shard_id >= 0 && (uint32_t)shard_id != i)
             continue;
-        shard *sh = atomic_load_explicit(&s->shards[i], memory_order_acquire);
-        if (!sh && shard_id >= 0) {
-            int rc = stream_shard(s, i, &sh);
-            if (rc)
-                return rc;
-        }
-        if (!sh)
-            continue;
+        if (shard_id < 0 && !atomic_load_explicit(&s->shards[i], memory_order_acquire))
+            continue; /* never opened here: nothing of ours to sync */
+        shard *sh;
+        int rc = shard_acquire(s, i, &sh);
+        if (rc)
+            return rc;
         atomic_store(&sh->dirty, 0);
-        int rc = shard_sync(sh, atomic_load_explicit(&sh->st->next_entry, memory_order_acquire));
+        rc = shard_sync(sh, atomic_load_explicit(&sh->st->next_entry, memory_order_acquire));
+        shard_leave(sh);
         if (rc)
             return rc;
     }
     return 0;
 }
 
+static void note_busy(shard *sh, void *busy)
+{
+    if (atomic_load(&sh->users))
+        *(int *)busy = 1;
+}
+
+/* Waits for calls already inside the core to finish. */
+static void drain(comet_db *db)
+{
+    for (;;) {
+        int busy = atomic_load(&db->users) != 0;
+        for_each_open_shard(db, note_busy, &busy);
+        if (!busy)
+            return;
+        struct timespec pause = {0, 100000};
+        nanosleep(&pause, NULL);
+    }
+}
+
+/* Closed handles: their structs are kept for the life of the process. */
+static comet_db *retired;
+static pthread_mutex_t retired_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* Closing releases every mapping, file and thread.  The db, stream and shard
+ * structs themselves stay allocated (a few KiB each, on a list of retired
+ * handles): a call racing with close then reads the closed flag and fails
+ * with COMET_E_CLOSED instead of touching freed memory. */
 int comet_close(comet_db *db)
 {
-    if (!db)
+    if (!db || atomic_exchange(&db->closed, 1))
         return 0;
+    pthread_mutex_lock(&retired_lock);
+    db->next_retired = retired;
+    retired = db;
+    pthread_mutex_unlock(&retired_lock);
     pthread_mutex_lock(&db->flusher_lock);
     db->stopping = 1;
     pthread_cond_broadcast(&db->flusher_wake);
     pthread_mutex_unlock(&db->flusher_lock);
     if (db->flusher_running)
         pthread_join(db->flusher, NULL);
+    db->flusher_running = 0;
     pthread_mutex_lock(&db->lock);
     db->stopping = 1;
     pthread_mutex_unlock(&db->lock);
-    for_each_open_shard(db, flush_if_dirty);
-    comet_stream *s = db->streams;
-    while (s) {
-        comet_stream *next = s->next;
-        stream_free(s);
-        s = next;
-    }
+    drain(db);
+    for_each_open_shard(db, flush_if_dirty, NULL);
+    for (comet_stream *s = db->streams; s; s = s->next)
+        stream_release(s);
     comet_release_slot(db);
-    pthread_cond_destroy(&db->flusher_wake);
-    pthread_mutex_destroy(&db->flusher_lock);
-    pthread_mutex_destroy(&db->lock);
-    free(db);
     return 0;
 }

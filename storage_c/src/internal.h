@@ -132,10 +132,13 @@ typedef struct comet_shard {
     uint64_t active_gen;
     /* set by appends of this process, cleared by the flusher */
     atomic_int dirty;
+    /* calls inside the C core using this shard; comet_close waits for zero */
+    atomic_int users;
 } shard;
 
 int shard_open(struct comet_stream *stream, uint32_t id, shard **out);
-void shard_close(shard *sh);
+void shard_close(shard *sh);   /* frees it (only for a shard never published) */
+void shard_release(shard *sh); /* drops mappings and files; the struct stays */
 int shard_lock(shard *sh);   /* append lock; repairs the tail if its holder died */
 int shard_lock_noting_wait(shard *sh, int *waited);
 void shard_unlock(shard *sh);
@@ -196,13 +199,21 @@ struct comet_stream {
 };
 
 int stream_shard(comet_stream *s, uint32_t id, shard **out);
-void stream_free(comet_stream *s);
+/* stream_shard plus a use count that comet_close waits on; COMET_E_CLOSED
+ * once the data directory is closing.  Pair with shard_leave. */
+int shard_acquire(comet_stream *s, uint32_t id, shard **out);
+int shard_enter(shard *sh);
+void shard_leave(shard *sh);
+/* Unmaps and closes everything of a stream's shards; the structs stay. */
+void stream_release(comet_stream *s);
 
 /* ---- db.c ---------------------------------------------------------------- */
 
 struct comet_db {
     char path[COMET_PATH_MAX];
     comet_config cfg;
+    atomic_int closed; /* set once by comet_close */
+    atomic_int users;  /* calls inside the core at db level */
     pthread_mutex_t lock; /* streams list */
     comet_stream *streams;
     /* slots.c */
@@ -214,7 +225,11 @@ struct comet_db {
     pthread_mutex_t flusher_lock;
     pthread_cond_t flusher_wake;
     int stopping;
+    struct comet_db *next_retired; /* closed handles, kept (see comet_close) */
 };
+
+int db_enter(comet_db *db); /* COMET_E_CLOSED once closing; pair with db_leave */
+void db_leave(comet_db *db);
 
 /* ---- codec.c ------------------------------------------------------------- */
 

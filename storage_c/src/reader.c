@@ -153,6 +153,8 @@ static int check_request(const comet_stream *s, uint32_t shard, const comet_read
     return 0;
 }
 
+static int read_locked_in(shard *sh, const comet_read_request *req, comet_read_result *res);
+
 int comet_read(comet_stream *s, uint32_t shard_id, const comet_read_request *req,
                comet_read_result *res)
 {
@@ -161,9 +163,17 @@ int comet_read(comet_stream *s, uint32_t shard_id, const comet_read_request *req
         return rc;
     memset(res, 0, sizeof *res);
     shard *sh;
-    rc = stream_shard(s, shard_id, &sh);
+    rc = shard_acquire(s, shard_id, &sh);
     if (rc)
         return rc;
+    rc = read_locked_in(sh, req, res);
+    shard_leave(sh);
+    return rc;
+}
+
+/* comet_read with the shard held (its mappings cannot go away meanwhile). */
+static int read_locked_in(shard *sh, const comet_read_request *req, comet_read_result *res)
+{
     state_file *st = sh->st;
     uint64_t limit = (req->flags & COMET_READ_DURABLE_ONLY)
                          ? atomic_load_explicit(&st->durable_entry, memory_order_acquire)
@@ -252,6 +262,8 @@ done:
     return 0;
 }
 
+static int64_t find_time_in(shard *sh, int64_t ts);
+
 int64_t comet_find_time(comet_stream *s, uint32_t shard_id, int64_t ts)
 {
     if (!s)
@@ -260,9 +272,17 @@ int64_t comet_find_time(comet_stream *s, uint32_t shard_id, int64_t ts)
         return set_error(COMET_E_SHARD_RANGE, "shard %u is out of range: stream '%s' has %u shards",
                          shard_id, s->name, s->shard_count);
     shard *sh;
-    int rc = stream_shard(s, shard_id, &sh);
+    int rc = shard_acquire(s, shard_id, &sh);
     if (rc)
         return rc;
+    int64_t answer = find_time_in(sh, ts);
+    shard_leave(sh);
+    return answer;
+}
+
+static int64_t find_time_in(shard *sh, int64_t ts)
+{
+    int rc;
     uint64_t limit = atomic_load_explicit(&sh->st->next_entry, memory_order_acquire);
     uint64_t *bases;
     size_t n;

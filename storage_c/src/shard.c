@@ -374,6 +374,21 @@ fail:
     return rc;
 }
 
+void shard_release(shard *sh)
+{
+    pthread_mutex_lock(&sh->cache_lock);
+    if (sh->active)
+        release_locked(sh->active);
+    sh->active = NULL;
+    for (size_t i = 0; i < sh->nsegs; i++)
+        drop_locked(sh->segs[i]);
+    free(sh->segs);
+    sh->segs = NULL;
+    sh->nsegs = 0;
+    pthread_mutex_unlock(&sh->cache_lock);
+    state_close(sh);
+}
+
 void shard_close(shard *sh)
 {
     if (!sh)

@@ -91,6 +91,8 @@ int comet_claim_slot(comet_db *db, int want)
 {
     if (!db)
         return set_error(COMET_E_INVALID, "comet_claim_slot: null db");
+    if (atomic_load(&db->closed))
+        return set_error(COMET_E_CLOSED, "data directory %s is closed", db->path);
     if (db->slot >= 0)
         return set_error(COMET_E_SLOT_HELD, "this handle already holds slot %d", db->slot);
     uint32_t count = db->cfg.process_count;

@@ -19,6 +19,8 @@ static uint64_t allocated_bytes(const char *dir, uint64_t base, const char *suff
     return stat(path, &sb) ? 0 : (uint64_t)sb.st_blocks * 512;
 }
 
+static int stats_of(shard *sh, comet_shard_stats *out);
+
 int comet_shard_stats_get(comet_stream *s, uint32_t shard_id, comet_shard_stats *out)
 {
     if (!s || !out)
@@ -27,9 +29,17 @@ int comet_shard_stats_get(comet_stream *s, uint32_t shard_id, comet_shard_stats 
         return set_error(COMET_E_SHARD_RANGE, "shard %u is out of range: stream '%s' has %u shards",
                          shard_id, s->name, s->shard_count);
     shard *sh;
-    int rc = stream_shard(s, shard_id, &sh);
+    int rc = shard_acquire(s, shard_id, &sh);
     if (rc)
         return rc;
+    rc = stats_of(sh, out);
+    shard_leave(sh);
+    return rc;
+}
+
+static int stats_of(shard *sh, comet_shard_stats *out)
+{
+    int rc;
     state_file *st = sh->st;
     memset(out, 0, sizeof *out);
     out->next_entry = atomic_load_explicit(&st->next_entry, memory_order_acquire);

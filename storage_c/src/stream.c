@@ -113,6 +113,9 @@ static int stream_meta_open(comet_db *db, const char *name, const char *dir, uin
     return 0;
 }
 
+static int stream_open_in(comet_db *db, const char *name, uint32_t shards, int create,
+                          comet_stream **out);
+
 int comet_stream_open(comet_db *db, const char *name, size_t name_len, uint32_t shards,
                       int create, comet_stream **out)
 {
@@ -128,11 +131,19 @@ int comet_stream_open(comet_db *db, const char *name, size_t name_len, uint32_t 
     if (shards > COMET_MAX_SHARDS)
         return set_error(COMET_E_INVALID, "shard count %u above the limit of %u", shards,
                          COMET_MAX_SHARDS);
+    rc = db_enter(db);
+    if (rc)
+        return rc;
+    rc = stream_open_in(db, name, shards, create, out);
+    db_leave(db);
+    return rc;
+}
+
+static int stream_open_in(comet_db *db, const char *name, uint32_t shards, int create,
+                          comet_stream **out)
+{
+    int rc;
     pthread_mutex_lock(&db->lock);
-    if (db->stopping) {
-        pthread_mutex_unlock(&db->lock);
-        return set_error(COMET_E_CLOSED, "data directory is closed");
-    }
     for (comet_stream *s = db->streams; s; s = s->next) {
         if (strcmp(s->name, name) == 0) {
             pthread_mutex_unlock(&db->lock);
@@ -180,7 +191,9 @@ int stream_shard(comet_stream *s, uint32_t id, shard **out)
     pthread_mutex_lock(&s->open_lock);
     sh = atomic_load_explicit(&s->shards[id], memory_order_relaxed);
     int rc = 0;
-    if (!sh) {
+    if (atomic_load(&s->db->closed))
+        rc = set_error(COMET_E_CLOSED, "data directory %s is closed", s->db->path);
+    else if (!sh) {
         rc = shard_open(s, id, &sh);
         if (!rc)
             atomic_store_explicit(&s->shards[id], sh, memory_order_release);
@@ -191,13 +204,36 @@ int stream_shard(comet_stream *s, uint32_t id, shard **out)
     return rc;
 }
 
-void stream_free(comet_stream *s)
+int shard_enter(shard *sh)
 {
-    for (uint32_t i = 0; i < s->shard_count; i++)
-        shard_close(atomic_load(&s->shards[i]));
-    free(s->shards);
-    pthread_mutex_destroy(&s->open_lock);
-    free(s);
+    atomic_fetch_add(&sh->users, 1);
+    if (atomic_load(&sh->stream->db->closed)) {
+        atomic_fetch_sub(&sh->users, 1);
+        return set_error(COMET_E_CLOSED, "data directory %s is closed", sh->stream->db->path);
+    }
+    return 0;
+}
+
+void shard_leave(shard *sh)
+{
+    atomic_fetch_sub_explicit(&sh->users, 1, memory_order_release);
+}
+
+int shard_acquire(comet_stream *s, uint32_t id, shard **out)
+{
+    if (atomic_load(&s->db->closed))
+        return set_error(COMET_E_CLOSED, "data directory %s is closed", s->db->path);
+    int rc = stream_shard(s, id, out);
+    return rc ? rc : shard_enter(*out);
+}
+
+void stream_release(comet_stream *s)
+{
+    for (uint32_t i = 0; i < s->shard_count; i++) {
+        shard *sh = atomic_load(&s->shards[i]);
+        if (sh)
+            shard_release(sh);
+    }
 }
 
 uint32_t comet_stream_shards(const comet_stream *s)
@@ -232,6 +268,8 @@ int64_t comet_list_streams(comet_db *db, char *buf, size_t cap)
 {
     if (!db)
         return set_error(COMET_E_INVALID, "comet_list_streams: null db");
+    if (atomic_load(&db->closed))
+        return set_error(COMET_E_CLOSED, "data directory %s is closed", db->path);
     DIR *d = opendir(db->path);
     if (!d)
         return set_errno_error(errno, "cannot list %s", db->path);

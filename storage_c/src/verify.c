@@ -66,6 +66,8 @@ static void verify_entries(const segment *seg, uint64_t end_entry, comet_verify_
     }
 }
 
+static int verify_in(shard *sh, comet_verify_report *out);
+
 int comet_verify_shard(comet_stream *s, uint32_t shard_id, comet_verify_report *out)
 {
     if (!s || !out)
@@ -75,9 +77,17 @@ int comet_verify_shard(comet_stream *s, uint32_t shard_id, comet_verify_report *
                          shard_id, s->name, s->shard_count);
     memset(out, 0, sizeof *out);
     shard *sh;
-    int rc = stream_shard(s, shard_id, &sh);
+    int rc = shard_acquire(s, shard_id, &sh);
     if (rc)
         return rc;
+    rc = verify_in(sh, out);
+    shard_leave(sh);
+    return rc;
+}
+
+static int verify_in(shard *sh, comet_verify_report *out)
+{
+    int rc;
     uint64_t committed = atomic_load_explicit(&sh->st->next_entry, memory_order_acquire);
     uint64_t *bases;
     size_t n;
