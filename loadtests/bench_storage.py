@@ -395,13 +395,14 @@ def drain(results: Queue[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def py_processes(scale: Scale, raw: list[dict[str, Any]]) -> dict[str, float]:
-    """One run: 1 process then 2 processes, each on a fresh directory; appends raw reports."""
+def py_processes(scale: Scale, run: int, raw: list[dict[str, Any]]) -> dict[str, float]:
+    """One run (-1: the warm-up run): 1 process then 2 processes, each on a fresh directory;
+    appends the children's reports to ``raw``."""
     figures: dict[str, float] = {}
     for n in (1, 2):
         with fresh_run_dir(f"procs-{n}") as run_dir:
             result = run_processes(n, scale.proc_entries, run_dir / "data")
-        raw.append({"processes": n, **result})
+        raw.append({"run": run, "processes": n, **result})
         figures[f"py_procs_{n}"] = result["entries_per_s"]
     figures["py_procs_ratio"] = figures["py_procs_2"] / figures["py_procs_1"]
     return figures
@@ -626,7 +627,7 @@ def run_all(scale: Scale) -> tuple[dict[str, benchlib.Series], dict[str, Any]]:
     proc_raw: list[dict[str, Any]] = []
     series.update(observed("py_processes", lambda: benchlib.repeat_many(
         {"py_procs_1": "entries/s", "py_procs_2": "entries/s", "py_procs_ratio": "x"},
-        scale.runs, lambda _i: py_processes(scale, proc_raw))))
+        scale.runs, lambda i: py_processes(scale, i, proc_raw))))
     return series, {"c_core_output": c_raw, "process_runs": proc_raw,
                     "other_cpu_by_case": other_cpu}
 

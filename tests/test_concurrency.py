@@ -100,3 +100,28 @@ def test_close_while_threads_append(data_dir: Path) -> None:
             assert acked[t], "the thread appended before the close"
             got = [e for e, _, _ in read_all(again, "cl", t)]
             assert got[: len(acked[t])] == acked[t]
+
+
+def test_reader_in_another_process_follows_rotation(data_dir: Path) -> None:
+    """Lock-free reads from another process, while the writer rotates through
+    small segments: every entry once, in order, intact, never a torn batch."""
+    total = 60_000
+    Log(data_dir, Config(shards=1, segment_bytes=64 << 10)).close()
+    child = worker("rotating_writer", data_dir, total)
+    import time
+
+    got = 0
+    deadline = time.monotonic() + 120
+    with Log(data_dir, Config(shards=1, segment_bytes=64 << 10)) as log:
+        log.create_stream("rot", 1)
+        while got < total:
+            assert time.monotonic() < deadline, f"only {got} of {total} entries arrived"
+            batch = log.read("rot", 0, got, max_entries=700)
+            for e, p in zip(batch.entries, batch.payloads):
+                assert e == got and p == b"%08d" % e + b"." * (e % 300)
+                got += 1
+            assert batch.skipped == 0
+            if not len(batch):
+                assert child.poll() in (None, 0), "the writer failed"
+        assert child.wait(timeout=120) == 0
+        assert log.shard_stats("rot", 0).segments > 50

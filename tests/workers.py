@@ -111,8 +111,20 @@ def fill_until_full(path: str, limit: str) -> None:
         print(f"appended {appended} errors {stats.storage_full_errors} next {entry}", flush=True)
 
 
+def rotating_writer(path: str, count: str) -> None:
+    """Appends numbered batches through many small segments."""
+    cfg = Config(shards=1, segment_bytes=64 << 10, index_interval_bytes=512)
+    with Log(path, cfg) as log:
+        n = 0
+        while n < int(count):
+            size = min(1 + n % 37, int(count) - n)
+            log.append_batch("rot", [b"%08d" % (n + i) + b"." * ((n + i) % 300) for i in range(size)],
+                             shard=0)
+            n += size
+
+
 COMMANDS = {f.__name__: f for f in (crash_appender, writer, hold_slot, die_holding_lock,
-                                    fill_until_full)}
+                                    fill_until_full, rotating_writer)}
 
 if __name__ == "__main__":
     COMMANDS[sys.argv[1]](*sys.argv[2:])

@@ -95,13 +95,13 @@ static int64_t batch_commit(batch *b, comet_stream *s, uint32_t shard_id, int du
     return r;
 }
 
+/* Checked before any payload is looked at, so that a bad shard is reported
+ * as such rather than as a side effect of the batch. */
 static int check_target(const comet_stream *s, uint32_t shard_id, int durability)
 {
-    if (!s)
-        return set_error(COMET_E_INVALID, "null stream");
-    if (shard_id >= s->shard_count)
-        return set_error(COMET_E_SHARD_RANGE, "shard %u is out of range: stream '%s' has %u shards",
-                         shard_id, s->name, s->shard_count);
+    int rc = stream_check_shard(s, shard_id);
+    if (rc)
+        return rc;
     if (durability < COMET_DURABILITY_DEFAULT || durability > COMET_DURABILITY_ALWAYS)
         return set_error(COMET_E_INVALID, "durability %d is not one of -1, 0, 1, 2", durability);
     return 0;

@@ -184,18 +184,16 @@ int comet_sync_all(comet_db *db)
 
 int comet_sync(comet_stream *s, int shard_id)
 {
-    if (!s)
-        return set_error(COMET_E_INVALID, "comet_sync: null stream");
-    if (shard_id >= (int)s->shard_count)
-        return set_error(COMET_E_SHARD_RANGE, "shard %d is out of range: stream '%s' has %u shards",
-                         shard_id, s->name, s->shard_count);
+    int rc = shard_id < 0 ? stream_check_shard(s, 0) : stream_check_shard(s, shard_id);
+    if (rc)
+        return rc;
     for (uint32_t i = 0; i < s->shard_count; i++) {
         if (shard_id >= 0 && (uint32_t)shard_id != i)
             continue;
         if (shard_id < 0 && !atomic_load_explicit(&s->shards[i], memory_order_acquire))
             continue; /* never opened here: nothing of ours to sync */
         shard *sh;
-        int rc = shard_acquire(s, i, &sh);
+        rc = shard_acquire(s, i, &sh);
         if (rc)
             return rc;
         atomic_store(&sh->dirty, 0);

@@ -199,6 +199,7 @@ struct comet_stream {
 };
 
 int stream_shard(comet_stream *s, uint32_t id, shard **out);
+int stream_check_shard(const comet_stream *s, int64_t id); /* COMET_E_SHARD_RANGE with detail */
 /* stream_shard plus a use count that comet_close waits on; COMET_E_CLOSED
  * once the data directory is closing.  Pair with shard_leave. */
 int shard_acquire(comet_stream *s, uint32_t id, shard **out);

@@ -138,14 +138,10 @@ static int64_t cursor_next(cursor *c, uint64_t from)
     return -1;
 }
 
-static int check_request(const comet_stream *s, uint32_t shard, const comet_read_request *req,
-                         const comet_read_result *res)
+static int check_request(const comet_read_request *req, const comet_read_result *res)
 {
-    if (!s || !req || !res)
+    if (!req || !res)
         return set_error(COMET_E_INVALID, "comet_read: null argument");
-    if (shard >= s->shard_count)
-        return set_error(COMET_E_SHARD_RANGE, "shard %u is out of range: stream '%s' has %u shards",
-                         shard, s->name, s->shard_count);
     if (req->max_entries && (!req->data || !req->offsets || !req->entries || !req->timestamps))
         return set_error(COMET_E_INVALID, "comet_read: null buffer");
     if (req->data_capacity > INT32_MAX)
@@ -158,7 +154,7 @@ static int read_locked_in(shard *sh, const comet_read_request *req, comet_read_r
 int comet_read(comet_stream *s, uint32_t shard_id, const comet_read_request *req,
                comet_read_result *res)
 {
-    int rc = check_request(s, shard_id, req, res);
+    int rc = check_request(req, res);
     if (rc)
         return rc;
     memset(res, 0, sizeof *res);
@@ -266,11 +262,6 @@ static int64_t find_time_in(shard *sh, int64_t ts);
 
 int64_t comet_find_time(comet_stream *s, uint32_t shard_id, int64_t ts)
 {
-    if (!s)
-        return set_error(COMET_E_INVALID, "comet_find_time: null stream");
-    if (shard_id >= s->shard_count)
-        return set_error(COMET_E_SHARD_RANGE, "shard %u is out of range: stream '%s' has %u shards",
-                         shard_id, s->name, s->shard_count);
     shard *sh;
     int rc = shard_acquire(s, shard_id, &sh);
     if (rc)

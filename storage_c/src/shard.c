@@ -393,18 +393,8 @@ void shard_close(shard *sh)
 {
     if (!sh)
         return;
-    pthread_mutex_lock(&sh->cache_lock);
-    if (sh->active)
-        release_locked(sh->active);
-    sh->active = NULL;
-    for (size_t i = 0; i < sh->nsegs; i++)
-        drop_locked(sh->segs[i]);
-    free(sh->segs);
-    sh->segs = NULL;
-    sh->nsegs = 0;
-    pthread_mutex_unlock(&sh->cache_lock);
+    shard_release(sh);
     pthread_mutex_destroy(&sh->cache_lock);
-    state_close(sh);
     if (sh->state_fd >= 0)
         close(sh->state_fd);
     free(sh);

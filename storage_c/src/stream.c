@@ -10,6 +10,7 @@
  */
 #include <dirent.h>
 #include <errno.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -219,11 +220,25 @@ void shard_leave(shard *sh)
     atomic_fetch_sub_explicit(&sh->users, 1, memory_order_release);
 }
 
+int stream_check_shard(const comet_stream *s, int64_t id)
+{
+    if (!s)
+        return set_error(COMET_E_INVALID, "null stream");
+    if (id < 0 || id >= s->shard_count)
+        return set_error(COMET_E_SHARD_RANGE,
+                         "shard %" PRId64 " is out of range: stream '%s' has %u shards", id, s->name,
+                         s->shard_count);
+    return 0;
+}
+
 int shard_acquire(comet_stream *s, uint32_t id, shard **out)
 {
+    int rc = stream_check_shard(s, id);
+    if (rc)
+        return rc;
     if (atomic_load(&s->db->closed))
         return set_error(COMET_E_CLOSED, "data directory %s is closed", s->db->path);
-    int rc = stream_shard(s, id, out);
+    rc = stream_shard(s, id, out);
     return rc ? rc : shard_enter(*out);
 }
 
