@@ -471,6 +471,21 @@ def file_batches(scale: Scale) -> float:
     return dt / scale.file_batches * 1e6
 
 
+def cffi_floor(scale: Scale) -> float:
+    """ns per cffi call of a C function that does no work (CRC32C of 0 bytes,
+    four arguments): the floor under any Python call into the core."""
+    from storage_c._comet import lib
+
+    crc = lib.comet_crc32c
+    empty = b""
+    calls = scale.file_writes
+    start_timer_warm()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        crc(0, empty, 0, 0)
+    return (time.perf_counter() - t0) / calls * 1e9
+
+
 # ---- the table -----------------------------------------------------------------------------------
 
 
@@ -496,10 +511,12 @@ ROWS: tuple[Row, ...] = (
     Row("C core: append_batch, 10 entries", "c_append_batch_10", fmt_us),
     Row("C core: append_batch, 100 entries", "c_append_batch_100", fmt_us),
     Row("C core: append_batch, 1000 entries", "c_append_batch_1000", fmt_us, Target("<=", 20),
-        "≤ 20 µs", "sqlite_1000", "SQLite 1000-row txn"),
+        "≤ 20 µs", "file_1000", "buffered file write of the same 100 KB"),
     Row("C core: batch read (1000/read)", "c_read_batch_1000", fmt_rate, higher_is_better=True),
     Row("Python: log.append, 1 entry", "py_append", fmt_ns, Target("<=", 400), "≤ 400 ns",
         "file_single", "buffered file write/entry"),
+    Row("Python: log.append vs an empty cffi call", "py_append", fmt_ns, None, "—",
+        "cffi_floor", "no-op cffi call"),
     Row("Python: append_batch, list of 1000", "py_batch_1000", fmt_us, Target("<=", 60),
         "≤ 60 µs", "sqlite_1000", "SQLite 1000-row txn"),
     Row("Python: append_delimited, 1000 lines", "py_delimited_1000", fmt_us, Target("<=", 25),
@@ -514,6 +531,7 @@ ROWS: tuple[Row, ...] = (
     Row("Anchor: SQLite rows/s", "sqlite_rate", fmt_rate, higher_is_better=True),
     Row("Anchor: buffered file f.write per entry", "file_single", fmt_ns),
     Row("Anchor: buffered file f.write(join(1000))", "file_1000", fmt_us),
+    Row("Anchor: cffi call doing no work (4 args)", "cffi_floor", fmt_ns),
 )
 
 HEADERS = ("Case", "Measured (median)", "Target", "Pass", "vs anchor", "Runs min–max")
@@ -618,6 +636,7 @@ def run_all(scale: Scale) -> tuple[dict[str, benchlib.Series], dict[str, Any]]:
         ("sqlite_1000", "µs/call", sqlite_batches),
         ("file_single", "ns/call", file_single),
         ("file_1000", "µs/call", file_batches),
+        ("cffi_floor", "ns/call", cffi_floor),
     ]
     for name, unit, fn in cases:
         series[name] = observed(name, partial(repeat_case, name, unit, fn, scale))

@@ -139,7 +139,7 @@ class Log:
 
     def __init__(self, path: str | os.PathLike[str], config: Config | None = None, *,
                  claim_slot: bool | int = False) -> None:
-        self.path = os.fspath(path)
+        self.path = os.path.abspath(os.fspath(path))  # a later chdir must not move it
         self.config = config or Config()
         out = ffi.new("comet_db **")
         rc = lib.comet_open(os.fsencode(self.path), self.config.to_c(), out)
@@ -269,13 +269,16 @@ class Log:
         s = self._streams.get(stream) or self._open_stream(stream)
         if shard is None:
             shard = next(s.rotation) if key is None else s.pick(key)
-        # The common case - a small bytes entry, default durability - makes one
+        # The common case - a small bytes entry, default durability - is one
         # three-argument C call through a cached shard handle.
-        if type(payload) is bytes and durability is None and len(payload) < self._threshold:
-            h = s.handles.get(shard) or s.handle(shard)
-            rc = _append_to(h, payload, len(payload))
-        else:
-            rc = self._append_slow(s, shard, payload, durability)
+        if durability is None and type(payload) is bytes:
+            n = len(payload)
+            if n < self._threshold:
+                rc = _append_to(s.handles.get(shard) or s.handle(shard), payload, n)
+                if rc >= 0:
+                    return shard, rc
+                raise_for(rc)
+        rc = self._append_slow(s, shard, payload, durability)
         if rc < 0:
             raise_for(rc)
         return shard, rc

@@ -63,8 +63,11 @@ class ReadBatch:
     @property
     def payloads(self) -> list[bytes]:
         if self._payloads is None:
-            data, offsets = self.data, self.offsets
-            self._payloads = list(map(data.__getitem__, map(slice, offsets, offsets[1:])))
+            data = self.data
+            bounds = self.offsets.tolist()  # a comprehension over ints beats map(slice, ...)
+            following = iter(bounds)
+            next(following, None)
+            self._payloads = [data[a:b] for a, b in zip(bounds, following)]
         return self._payloads
 
     def __iter__(self) -> Iterator[Entry]:

@@ -123,8 +123,14 @@ def rotating_writer(path: str, count: str) -> None:
             n += size
 
 
+def append_one(path: str, stream: str, payload: str) -> None:
+    """Appends one entry to shard 0 and prints its id."""
+    with Log(path, Config(shards=1)) as log:
+        print(log.append(stream, payload.encode(), shard=0)[1], flush=True)
+
+
 COMMANDS = {f.__name__: f for f in (crash_appender, writer, hold_slot, die_holding_lock,
-                                    fill_until_full, rotating_writer)}
+                                    fill_until_full, rotating_writer, append_one)}
 
 if __name__ == "__main__":
     COMMANDS[sys.argv[1]](*sys.argv[2:])

@@ -157,6 +157,7 @@ segment *shard_segment_rebuild_index(shard *sh, segment *seg, uint64_t end_entry
 void shard_segment_release(shard *sh, segment *seg);
 int shard_segment_fd(shard *sh, segment *seg); /* opened once, kept */
 int shard_refresh_segments(shard *sh);
+void shard_segments_clear(shard *sh);
 /* Snapshot of the segment bases; caller frees. */
 int shard_segment_bases(shard *sh, uint64_t **bases, size_t *count);
 

@@ -1,5 +1,5 @@
 /*
- * shard.c - one shard: opening it, its segment cache, and the append path.
+ * shard.c - one shard: opening it, its append lock, and the append path.
  *
  * Appending (any process, any thread):
  *   1. take the shard's append lock (a robust mutex in the mapped state);
@@ -9,15 +9,14 @@
  *   4. write every entry (header + payload + CRC) through the mapping, noting
  *      sparse index records on the way; the last entry carries "batch end";
  *   5. publish: end offset, then next_entry with release order;
- *   6. unlock; with durability "always", join a group commit.
+ *   6. unlock; with durability "always", join a group commit (durability.c).
  * Nothing but memory stores happens under the lock in the common case.
  *
- * The segment cache lists the shard directory once and again only when the
- * active segment changes (state's active_gen), so readers notice rotation
- * without reading any index file.  Mappings are reference counted under a
- * process-local mutex so that a refresh never unmaps a segment in use.
+ * Writes go through a shared mapping rather than pwrite: one pwrite costs
+ * about 1 us here, a mapped single-entry append about 100 ns, and a mapped
+ * 1000-entry batch (zero-filled ahead) beat a staged pwrite of the same bytes
+ * by a third in a measurement on this kind of machine.
  */
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -37,282 +36,6 @@
 static const comet_config *shard_config(const shard *sh)
 {
     return &sh->stream->db->cfg;
-}
-
-/* ---- segment cache ------------------------------------------------------ */
-
-static int parse_base(const char *name, const char *suffix, uint64_t *base)
-{
-    size_t len = strlen(name), slen = strlen(suffix);
-    if (len != 20 + slen || strcmp(name + 20, suffix) != 0)
-        return 0;
-    uint64_t v = 0;
-    for (int i = 0; i < 20; i++) {
-        if (name[i] < '0' || name[i] > '9')
-            return 0;
-        v = v * 10 + (uint64_t)(name[i] - '0');
-    }
-    *base = v;
-    return 1;
-}
-
-static int cmp_u64(const void *a, const void *b)
-{
-    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-    return x < y ? -1 : x > y;
-}
-
-static int list_bases(const char *dir, uint64_t **out, size_t *count)
-{
-    DIR *d = opendir(dir);
-    if (!d)
-        return set_errno_error(errno, "cannot list %s", dir);
-    size_t n = 0, cap = 16;
-    uint64_t *bases = malloc(cap * sizeof *bases);
-    struct dirent *de;
-    while (bases && (de = readdir(d))) {
-        uint64_t b;
-        if (!parse_base(de->d_name, SEGMENT_SUFFIX, &b))
-            continue;
-        if (n == cap) {
-            uint64_t *grown = realloc(bases, 2 * cap * sizeof *bases);
-            if (!grown) {
-                free(bases);
-                bases = NULL;
-                break;
-            }
-            bases = grown;
-            cap *= 2;
-        }
-        bases[n++] = b;
-    }
-    closedir(d);
-    if (!bases)
-        return set_error(COMET_E_NOMEM, "out of memory listing %s", dir);
-    qsort(bases, n, sizeof *bases, cmp_u64);
-    *out = bases;
-    *count = n;
-    return 0;
-}
-
-static void release_locked(segment *seg)
-{
-    if (--seg->refs == 0 && seg->removed)
-        segment_free(seg);
-}
-
-static void drop_locked(segment *seg)
-{
-    seg->removed = 1;
-    if (seg->refs == 0)
-        segment_free(seg);
-}
-
-static int refresh_locked(shard *sh)
-{
-    uint64_t gen = atomic_load_explicit(&sh->st->active_gen, memory_order_acquire);
-    uint64_t *bases = NULL;
-    size_t n = 0;
-    int rc = list_bases(sh->dir, &bases, &n);
-    if (rc)
-        return rc;
-    segment **segs = calloc(n ? n : 1, sizeof *segs);
-    if (!segs) {
-        free(bases);
-        return set_error(COMET_E_NOMEM, "out of memory listing %s", sh->dir);
-    }
-    size_t j = 0;
-    for (size_t i = 0; i < n; i++) {
-        while (j < sh->nsegs && sh->segs[j]->base < bases[i])
-            drop_locked(sh->segs[j++]);
-        if (j < sh->nsegs && sh->segs[j]->base == bases[i])
-            segs[i] = sh->segs[j++];
-        else if (!(segs[i] = segment_new(bases[i]))) {
-            for (size_t k = 0; k < i; k++)
-                if (!segs[k]->map)
-                    free(segs[k]);
-            /* keep the old list intact: nothing was dropped past j */
-            free(segs);
-            free(bases);
-            return set_error(COMET_E_NOMEM, "out of memory listing %s", sh->dir);
-        }
-    }
-    while (j < sh->nsegs)
-        drop_locked(sh->segs[j++]);
-    free(sh->segs);
-    free(bases);
-    sh->segs = segs;
-    sh->nsegs = n;
-    sh->listed_active_gen = gen;
-    return 0;
-}
-
-static int refresh_if_stale_locked(shard *sh)
-{
-    if (sh->nsegs && sh->listed_active_gen ==
-                         atomic_load_explicit(&sh->st->active_gen, memory_order_acquire))
-        return 0;
-    return refresh_locked(sh);
-}
-
-int shard_refresh_segments(shard *sh)
-{
-    pthread_mutex_lock(&sh->cache_lock);
-    int rc = refresh_locked(sh);
-    pthread_mutex_unlock(&sh->cache_lock);
-    return rc;
-}
-
-/* Maps seg if needed, or replaces it when another process grew the file. */
-static int ensure_mapped_locked(shard *sh, size_t i)
-{
-    segment *seg = sh->segs[i];
-    if (seg->map && segment_header_capacity(seg) <= seg->capacity)
-        return 0;
-    if (seg->map) {
-        segment *fresh = segment_new(seg->base);
-        if (!fresh)
-            return set_error(COMET_E_NOMEM, "out of memory");
-        drop_locked(seg);
-        sh->segs[i] = seg = fresh;
-    }
-    int rc = segment_load(seg, sh->dir, sh->id);
-    if (rc)
-        return rc;
-    /* A sealed segment's index that is missing or inconsistent is rebuilt
-     * here, once; the active one is recovery's (it may be being appended). */
-    int sealed = i + 1 < sh->nsegs &&
-                 seg->base != atomic_load_explicit(&sh->st->active_base, memory_order_acquire);
-    uint64_t end_entry = i + 1 < sh->nsegs ? sh->segs[i + 1]->base : UINT64_MAX;
-    if (!seg->index_ok && sealed &&
-        index_rebuild(seg, sh->dir, sh->id, seg->capacity, end_entry) == 0)
-        sc_add(sh->st, SC_INDEX_REBUILDS, 1);
-    return 0;
-}
-
-static size_t find_le_locked(const shard *sh, uint64_t entry)
-{
-    size_t lo = 0, hi = sh->nsegs; /* first segment with base > entry */
-    while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        if (sh->segs[mid]->base <= entry)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    return lo; /* the answer is lo - 1; 0 means none */
-}
-
-segment *shard_segment_for(shard *sh, uint64_t entry, uint64_t *seg_end_entry)
-{
-    segment *seg = NULL;
-    pthread_mutex_lock(&sh->cache_lock);
-    refresh_if_stale_locked(sh);
-    size_t i = find_le_locked(sh, entry);
-    if (i == 0) {
-        *seg_end_entry = sh->nsegs ? sh->segs[0]->base : UINT64_MAX;
-    } else {
-        *seg_end_entry = i < sh->nsegs ? sh->segs[i]->base : UINT64_MAX;
-        if (ensure_mapped_locked(sh, i - 1) == 0) {
-            seg = sh->segs[i - 1];
-            seg->refs++;
-        }
-    }
-    pthread_mutex_unlock(&sh->cache_lock);
-    return seg;
-}
-
-int shard_segment_get(shard *sh, uint64_t base, segment **out)
-{
-    segment *seg = NULL;
-    int rc = 0;
-    pthread_mutex_lock(&sh->cache_lock);
-    for (int attempt = 0; attempt < 2 && !seg; attempt++) {
-        if (attempt)
-            refresh_locked(sh);
-        else
-            refresh_if_stale_locked(sh);
-        size_t i = find_le_locked(sh, base);
-        if (!i || sh->segs[i - 1]->base != base) {
-            rc = set_error(COMET_E_CORRUPT, "segment %" PRIu64 " of %s is missing", base, sh->dir);
-            continue;
-        }
-        rc = ensure_mapped_locked(sh, i - 1);
-        if (rc == 0) {
-            seg = sh->segs[i - 1];
-            seg->refs++;
-        }
-    }
-    pthread_mutex_unlock(&sh->cache_lock);
-    *out = seg;
-    return seg ? 0 : rc;
-}
-
-segment *shard_segment_by_base(shard *sh, uint64_t base)
-{
-    segment *seg;
-    shard_segment_get(sh, base, &seg);
-    return seg;
-}
-
-int shard_segment_fd(shard *sh, segment *seg)
-{
-    pthread_mutex_lock(&sh->cache_lock);
-    int fd = segment_fd(seg, sh->dir);
-    pthread_mutex_unlock(&sh->cache_lock);
-    return fd;
-}
-
-segment *shard_segment_rebuild_index(shard *sh, segment *seg, uint64_t end_entry)
-{
-    segment *fresh = segment_new(seg->base);
-    if (!fresh)
-        return seg;
-    if (segment_load(fresh, sh->dir, sh->id) ||
-        index_rebuild(fresh, sh->dir, sh->id, fresh->capacity, end_entry)) {
-        segment_free(fresh);
-        return seg;
-    }
-    sc_add(sh->st, SC_INDEX_REBUILDS, 1);
-    pthread_mutex_lock(&sh->cache_lock);
-    fresh->refs = 1;
-    fresh->removed = 1; /* unless it takes seg's place below */
-    for (size_t i = 0; i < sh->nsegs; i++) {
-        if (sh->segs[i] == seg) {
-            sh->segs[i] = fresh;
-            fresh->removed = 0;
-            drop_locked(seg);
-            break;
-        }
-    }
-    release_locked(seg);
-    pthread_mutex_unlock(&sh->cache_lock);
-    return fresh;
-}
-
-void shard_segment_release(shard *sh, segment *seg)
-{
-    if (!seg)
-        return;
-    pthread_mutex_lock(&sh->cache_lock);
-    release_locked(seg);
-    pthread_mutex_unlock(&sh->cache_lock);
-}
-
-int shard_segment_bases(shard *sh, uint64_t **bases, size_t *count)
-{
-    pthread_mutex_lock(&sh->cache_lock);
-    int rc = refresh_if_stale_locked(sh);
-    if (!rc) {
-        *count = sh->nsegs;
-        *bases = malloc((sh->nsegs ? sh->nsegs : 1) * sizeof **bases);
-        if (!*bases)
-            rc = set_error(COMET_E_NOMEM, "out of memory");
-        for (size_t i = 0; !rc && i < sh->nsegs; i++)
-            (*bases)[i] = sh->segs[i]->base;
-    }
-    pthread_mutex_unlock(&sh->cache_lock);
-    return rc;
 }
 
 /* ---- open and close ------------------------------------------------------- */
@@ -376,16 +99,7 @@ fail:
 
 void shard_release(shard *sh)
 {
-    pthread_mutex_lock(&sh->cache_lock);
-    if (sh->active)
-        release_locked(sh->active);
-    sh->active = NULL;
-    for (size_t i = 0; i < sh->nsegs; i++)
-        drop_locked(sh->segs[i]);
-    free(sh->segs);
-    sh->segs = NULL;
-    sh->nsegs = 0;
-    pthread_mutex_unlock(&sh->cache_lock);
+    shard_segments_clear(sh);
     state_close(sh);
 }
 
@@ -638,64 +352,4 @@ int64_t shard_append(shard *sh, const entry_ref *refs, uint32_t count, uint64_t 
         }
     }
     return (int64_t)first;
-}
-
-/* ---- durability ----------------------------------------------------------- */
-
-static int lock_sync(state_file *st)
-{
-    int rc = pthread_mutex_lock(&st->sync_lock.mutex);
-    if (rc == EOWNERDEAD) {
-        /* a syncer died: nothing to repair, the durable point is still true */
-        pthread_mutex_consistent(&st->sync_lock.mutex);
-        rc = 0;
-    }
-    return rc;
-}
-
-/* Group commit: whoever holds the sync lock syncs everything committed so far;
- * those who queued behind it usually find their entries already durable. */
-int shard_sync(shard *sh, uint64_t upto_entry)
-{
-    state_file *st = sh->st;
-    if (atomic_load_explicit(&st->durable_entry, memory_order_acquire) >= upto_entry)
-        return 0;
-    int rc = lock_sync(st);
-    if (rc)
-        return set_errno_error(rc, "cannot take the sync lock of %s", sh->dir);
-    if (atomic_load_explicit(&st->durable_entry, memory_order_acquire) >= upto_entry) {
-        pthread_mutex_unlock(&st->sync_lock.mutex);
-        return 0;
-    }
-    uint64_t committed = atomic_load_explicit(&st->next_entry, memory_order_acquire);
-    uint64_t newest = atomic_load_explicit(&st->active_base, memory_order_acquire);
-    uint64_t oldest = atomic_load_explicit(&st->durable_base, memory_order_relaxed);
-    uint64_t *bases = NULL;
-    size_t n = 0;
-    rc = shard_segment_bases(sh, &bases, &n);
-    for (size_t i = 0; !rc && i < n; i++) {
-        if (bases[i] < oldest || bases[i] > newest)
-            continue;
-        if (i + 1 < n && bases[i + 1] <= oldest)
-            continue;
-        segment *seg = shard_segment_by_base(sh, bases[i]);
-        if (!seg)
-            continue; /* deleted by retention meanwhile */
-        int fd = shard_segment_fd(sh, seg);
-        if (fd >= 0 && fdatasync(fd))
-            rc = set_errno_error(errno, "fdatasync of segment %" PRIu64 " in %s failed",
-                                 bases[i], sh->dir);
-        else if (fd < 0)
-            rc = fd;
-        shard_segment_release(sh, seg);
-    }
-    free(bases);
-    if (!rc) {
-        atomic_store_explicit(&st->durable_base, newest, memory_order_relaxed);
-        atomic_store_explicit(&st->durable_entry, committed, memory_order_release);
-        atomic_store_explicit(&st->last_sync_ns, now_ns(), memory_order_relaxed);
-        sc_add(st, SC_SYNCS, 1);
-    }
-    pthread_mutex_unlock(&st->sync_lock.mutex);
-    return rc;
 }
