@@ -53,6 +53,7 @@ pytest: $(STAMP)
 
 bench: system-deps $(STAMP)
 	$(PY) loadtests/bench_storage.py
+	$(PY) loadtests/bench_consumers.py
 
 clean:
 	rm -rf build $(VENV) storage_c/_comet*.so storage_c/_comet.c .pytest_cache .bench-tmp

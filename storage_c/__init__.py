@@ -15,8 +15,12 @@ from .errors import (
     CorruptionError,
     DecompressionError,
     EntryTooLarge,
+    AckGapError,
     FormatVersionError,
+    GroupNameError,
+    GroupNotFound,
     InvalidArgument,
+    TooManyGroups,
     NoFreeSlot,
     ProcessCountMismatch,
     ShardCountMismatch,
@@ -27,10 +31,22 @@ from .errors import (
     StreamNameError,
     StreamNotFound,
 )
+from .groups import Group
 from .log import Log
-from .records import BatchResult, Entry, Problem, ReadBatch, ShardStats, StreamStats, VerifyReport
+from .records import (
+    BatchResult,
+    Entry,
+    GroupInfo,
+    Problem,
+    ReadBatch,
+    RetentionReport,
+    ShardStats,
+    StreamStats,
+    VerifyReport,
+)
 
 __all__ = [
+    "AckGapError",
     "BatchResult",
     "BatchTooLarge",
     "Closed",
@@ -42,12 +58,17 @@ __all__ = [
     "Entry",
     "EntryTooLarge",
     "FormatVersionError",
+    "Group",
+    "GroupInfo",
+    "GroupNameError",
+    "GroupNotFound",
     "InvalidArgument",
     "Log",
     "NoFreeSlot",
     "Problem",
     "ProcessCountMismatch",
     "ReadBatch",
+    "RetentionReport",
     "ShardCountMismatch",
     "ShardRangeError",
     "ShardStats",
@@ -57,5 +78,6 @@ __all__ = [
     "StreamNameError",
     "StreamNotFound",
     "StreamStats",
+    "TooManyGroups",
     "VerifyReport",
 ]

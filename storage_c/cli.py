@@ -1,11 +1,13 @@
 """The ``comet`` command line: inspect and check a data directory.
 
-    comet stat   <data-dir> [--stream S] [--shards] [--json]
-    comet tail   <data-dir> <stream> [--shard N] [-n 10] [--from-entry E] [-f] [--raw]
-    comet verify <data-dir> [--stream S]
+    comet stat    <data-dir> [--stream S] [--shards] [--json]
+    comet tail    <data-dir> <stream> [--shard N] [-n 10] [--from-entry E] [-f] [--raw]
+    comet verify  <data-dir> [--stream S]
+    comet consume <data-dir> <stream> --group G [-n N] [-f]
+    comet ship    <data-dir> <stream> <sink> [--group ship] [--max-object-bytes ...]
 
-Commands open the directory without creating anything, claim no process slot
-and run no flusher, so they are safe next to running writers.
+The inspection commands open the directory without creating anything, claim
+no process slot and run no flusher, so they are safe next to running writers.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import click
 from .config import Config
 from .errors import CometError
 from .log import Log
-from .records import Entry, ShardStats, StreamStats
+from .records import Entry, GroupInfo, ShardStats, StreamStats
 
 TOOL_CONFIG = Config(create=False, auto_create_streams=False, background_flush=False)
 
@@ -90,6 +92,18 @@ def stat(data_dir: str, only: str | None, shards: bool, as_json: bool) -> None:
     if shards:
         click.echo()
         click.echo(render(shard_rows(all_stats)))
+    group_rows = [["STREAM", "GROUP", "SHARDS", "LAG", "LAST ACK"]]
+    for s in all_stats:
+        by_name: dict[str, list[GroupInfo]] = {}
+        for g in s.groups:
+            by_name.setdefault(g.name, []).append(g)
+        for name, infos in sorted(by_name.items()):
+            last = max(i.last_ack_ns for i in infos)
+            group_rows.append([s.stream, name, str(len(infos)), str(sum(i.lag for i in infos)),
+                               iso(last)])
+    if len(group_rows) > 1:
+        click.echo()
+        click.echo(render(group_rows))
 
 
 def shard_rows(all_stats: list[StreamStats]) -> list[list[str]]:
@@ -197,6 +211,85 @@ def verify(data_dir: str, only: str | None) -> None:
                    f"(segment {p.segment_base}, byte {p.offset})")
     if not report.ok:
         sys.exit(1)
+
+
+@main.command()
+@click.argument("data_dir")
+@click.argument("stream")
+@click.option("--group", required=True, help="Consumer group (its offsets move as entries print).")
+@click.option("-n", "--max", "limit", type=int, default=0, help="Stop after this many entries.")
+@click.option("-f", "--follow", "following", is_flag=True, help="Wait for new entries.")
+@click.option("--raw", is_flag=True, help="Payload bytes only, one per line.")
+def consume(data_dir: str, stream: str, group: str, limit: int, following: bool, raw: bool) -> None:
+    """Prints entries as a consumer group, acknowledging what was printed."""
+    from consumers import Consumer
+
+    printed = 0
+    try:
+        with Consumer(open_log(data_dir), stream, group) as c:
+            while not limit or printed < limit:
+                want = min(1000, limit - printed) if limit else 1000
+                batch = c.read(want)
+                for entry in batch:
+                    show(entry, raw)
+                printed += len(batch)
+                if len(batch) or batch.skipped:
+                    c.ack_batch(batch)
+                elif not following:
+                    break
+                else:
+                    time.sleep(0.2)
+    except CometError as exc:
+        raise click.ClickException(str(exc)) from None
+    except KeyboardInterrupt:
+        pass
+
+
+@main.command()
+@click.argument("data_dir")
+@click.argument("stream")
+@click.argument("sink")
+@click.option("--group", default="ship", show_default=True)
+@click.option("--max-object-bytes", type=int, default=64 << 20, show_default=True)
+@click.option("--max-object-age", type=float, default=60.0, show_default=True, help="Seconds.")
+@click.option("--level", type=int, default=1, show_default=True, help="zstd level.")
+@click.option("--assignment", help="i/n: ship the shards with shard % n == i.")
+@click.option("--endpoint-url", envvar="AWS_ENDPOINT_URL", help="S3 endpoint (default: AWS).")
+@click.option("--once", is_flag=True, help="Ship what is there, then exit.")
+def ship(data_dir: str, stream: str, sink: str, group: str, max_object_bytes: int,
+         max_object_age: float, level: int, assignment: str | None, endpoint_url: str | None,
+         once: bool) -> None:
+    """Drains STREAM into NDJSON.zst objects in SINK (s3://bucket/prefix or a directory).
+
+    SIGTERM finishes the objects in progress and exits."""
+    import logging
+    import signal
+    import threading
+
+    from consumers import Consumer, ShipConfig, Shipper, sink_from_url
+
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    parts = None
+    if assignment:
+        try:
+            i, n = (int(x) for x in assignment.split("/"))
+            parts = (i, n)
+        except ValueError:
+            raise click.UsageError("--assignment is i/n, for example 0/3") from None
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    config = ShipConfig(max_object_bytes=max_object_bytes, max_object_age_s=max_object_age,
+                        compression_level=level)
+    try:
+        target = sink_from_url(sink, endpoint_url=endpoint_url)
+        with Consumer(data_dir, stream, group, assignment=parts) as consumer:
+            stats = Shipper(consumer, target, config).run(stop, once=once)
+    except (CometError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(json.dumps({"event": "stopped", "objects": stats.objects, "entries": stats.entries,
+                           "raw_bytes": stats.raw_bytes, "stored_bytes": stats.stored_bytes,
+                           "upload_errors": stats.upload_errors}), err=True)
 
 
 if __name__ == "__main__":

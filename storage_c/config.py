@@ -45,7 +45,21 @@ class Config:
     """Create the data directory if it does not exist."""
     auto_create_streams: bool = True
     background_flush: bool = True
-    """Run the flusher thread (tools that only read turn it off)."""
+    """Run the background thread: flushes, and retention passes (tools that only read turn it off)."""
+    retention_max_age_ms: int = 0
+    """Delete sealed segments whose entries are all older than this (0: no age limit)."""
+    retention_max_shard_bytes: int = 0
+    """Delete the oldest segments of a shard above this size (0: no limit)."""
+    retention_max_total_bytes: int = 0
+    """Budget of the whole data directory: retention keeps under it, and appends that
+    cannot fit once nothing more may be deleted fail with StorageFull (0: no budget)."""
+    retention_min_segments: int = 1
+    retention_protect_unconsumed: bool = True
+    """Keep segments holding entries a registered consumer group has not acknowledged..."""
+    retention_force_delete_after_ms: int = 0
+    """...unless their entries are older than this; then delete and count the loss (0: never)."""
+    retention_interval_ms: int = 60_000
+    """Period of the background retention pass (0: only when run_retention() is called)."""
 
     def __post_init__(self) -> None:
         if self.durability not in ("none", "interval", "always"):
@@ -64,6 +78,13 @@ class Config:
             "default_shards": self.shards,
             "fsync_interval_ms": self.fsync_interval_ms,
             "process_count": self.process_count,
+            "retention_max_age_ms": self.retention_max_age_ms,
+            "retention_max_shard_bytes": self.retention_max_shard_bytes,
+            "retention_max_total_bytes": self.retention_max_total_bytes,
+            "retention_force_delete_after_ms": self.retention_force_delete_after_ms,
+            "retention_min_segments": self.retention_min_segments,
+            "retention_protect_unconsumed": int(self.retention_protect_unconsumed),
+            "retention_interval_ms": self.retention_interval_ms,
         }
         for name, value in fields.items():
             try:

@@ -89,6 +89,25 @@ class SlotAlreadyHeld(CometError):
     code = lib.COMET_E_SLOT_HELD
 
 
+class GroupNameError(CometError, ValueError):
+    code = lib.COMET_E_GROUP_NAME
+
+
+class TooManyGroups(CometError):
+    code = lib.COMET_E_TOO_MANY_GROUPS
+
+
+class GroupNotFound(CometError, KeyError):
+    code = lib.COMET_E_NO_GROUP
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class AckGapError(CometError, ValueError):
+    code = lib.COMET_E_ACK_GAP
+
+
 _BY_CODE: dict[int, type[CometError]] = {
     cls.code: cls
     for cls in (
@@ -108,6 +127,10 @@ _BY_CODE: dict[int, type[CometError]] = {
         BatchTooLarge,
         DecompressionError,
         SlotAlreadyHeld,
+        GroupNameError,
+        TooManyGroups,
+        GroupNotFound,
+        AckGapError,
     )
 }
 _BY_CODE[lib.COMET_E_NOMEM] = CometError

@@ -21,10 +21,14 @@ import zstandard
 from ._comet import ffi, lib
 from .config import DURABILITY_CODES, Config
 from .errors import Closed, ShardRangeError, error_for, raise_for
+from .groups import Group
 from .records import (
     BatchResult,
+    GroupInfo,
+    NdjsonBatch,
     Problem,
     ReadBatch,
+    RetentionReport,
     ShardStats,
     StreamStats,
     VerifyReport,
@@ -387,6 +391,28 @@ class Log:
         Payloads come back decompressed.  At least one entry is returned when
         one exists, even if it is larger than ``max_bytes``.
         """
+        flags = lib.COMET_READ_DURABLE_ONLY if durable_only else 0
+        scratch, res = self._read(stream, shard, from_entry, max_entries, max_bytes, flags)
+        n = res.count
+        return ReadBatch(stream, shard, bytes(memoryview(scratch.data)[:res.data_bytes]),
+                         scratch.offsets[: n + 1], scratch.entries[:n], scratch.timestamps[:n],
+                         res.next_entry, res.skipped)
+
+    def read_ndjson(self, stream: str, shard: int, from_entry: int = 0, max_entries: int = 1000,
+                    max_bytes: int = DEFAULT_READ_BYTES) -> NdjsonBatch:
+        """Like ``read``, with the payloads joined by newlines in one buffer
+        (each followed by ``\n``) - ready to ship when ``newline_payloads``
+        is 0, with no per-entry work in Python."""
+        scratch, res = self._read(stream, shard, from_entry, max_entries, max_bytes,
+                                  lib.COMET_READ_NEWLINES)
+        n = res.count
+        return NdjsonBatch(stream, shard, bytes(memoryview(scratch.data)[:res.data_bytes]),
+                           scratch.entries[:n], scratch.timestamps[:n], res.next_entry,
+                           res.skipped, res.newline_payloads)
+
+    def _read(self, stream: str, shard: int, from_entry: int, max_entries: int, max_bytes: int,
+              flags: int) -> tuple[_Scratch, object]:
+        """One comet_read into this thread's scratch buffers (grown as needed)."""
         s = self._streams.get(stream) or self._open_stream(stream, create=False)
         if max_entries <= 0:
             raise ValueError("max_entries must be positive")
@@ -398,7 +424,7 @@ class Log:
         req.from_entry = from_entry
         req.max_entries = max_entries
         req.max_bytes = max_bytes
-        req.flags = lib.COMET_READ_DURABLE_ONLY if durable_only else 0
+        req.flags = flags
         while True:
             try:
                 rc = lib.comet_read(s.ptr, shard, req, res)
@@ -410,10 +436,7 @@ class Log:
             scratch.ensure(res.needed_bytes, max_entries)
         if rc < 0:
             raise_for(rc)
-        n = res.count
-        return ReadBatch(stream, shard, bytes(memoryview(scratch.data)[:res.data_bytes]),
-                         scratch.offsets[: n + 1], scratch.entries[:n], scratch.timestamps[:n],
-                         res.next_entry, res.skipped)
+        return scratch, res
 
     def iter_entries(self, stream: str, shard: int, from_entry: int = 0,
                      batch: int = 1000) -> Iterator[ReadBatch]:
@@ -432,6 +455,56 @@ class Log:
         if rc < 0:
             raise_for(rc)
         return rc
+
+    # ---- consumer groups and retention ---------------------------------------------
+
+    def group(self, stream: str, shard: int, name: str, *, create: bool = True) -> Group:
+        """The offset of group ``name`` in one shard, registering it there when
+        ``create`` (a new group starts at the oldest stored entry)."""
+        s = self._streams.get(stream) or self._open_stream(stream, create=False)
+        raw = name.encode("utf-8", "surrogateescape") if isinstance(name, str) else name
+        out = ffi.new("comet_group **")
+        try:
+            rc = lib.comet_group_open(s.ptr, shard, raw, len(raw), 1 if create else 0, out)
+        except OverflowError:
+            raise ShardRangeError(f"shard {shard} is out of range: stream {stream!r} has "
+                                  f"{s.shards} shards") from None
+        if rc < 0:
+            raise_for(rc)
+        return Group(stream, shard, name, out[0])
+
+    def groups(self, stream: str, shard: int | None = None) -> list[GroupInfo]:
+        """Registered groups with their offsets and lag (every shard, or one)."""
+        s = self._streams.get(stream) or self._open_stream(stream, create=False)
+        out: list[GroupInfo] = []
+        buf = ffi.new("comet_group_info[]", lib.COMET_MAX_GROUPS)
+        for i in range(s.shards) if shard is None else [shard]:
+            n = lib.comet_group_list(s.ptr, i, buf, lib.COMET_MAX_GROUPS)
+            if n < 0:
+                raise_for(n)
+            for k in range(min(n, lib.COMET_MAX_GROUPS)):
+                g = buf[k]
+                out.append(GroupInfo(ffi.string(g.name).decode(), i, g.offset, g.lag, g.last_ack_ns,
+                                     g.registered_ns, g.acks))
+        return out
+
+    def delete_group(self, stream: str, name: str) -> None:
+        """Unregisters a group from every shard (retention stops protecting for it)."""
+        s = self._streams.get(stream) or self._open_stream(stream, create=False)
+        raw = name.encode("utf-8", "surrogateescape")
+        rc = lib.comet_group_delete(s.ptr, raw, len(raw))
+        if rc < 0:
+            raise_for(rc)
+
+    def run_retention(self) -> RetentionReport:
+        """A retention pass now, over the shards this process owns."""
+        self._check_open()
+        out = ffi.new("comet_retention_report *")
+        rc = lib.comet_run_retention(self._db, out)
+        if rc < 0:
+            raise_for(rc)
+        return RetentionReport(out.deleted_segments, out.deleted_bytes, out.lost_entries,
+                               out.protected_segments)
 
     # ---- durability and inspection -------------------------------------------------
 
@@ -457,7 +530,8 @@ class Log:
     def stats(self, stream: str) -> StreamStats:
         """Statistics of every shard of a stream, from the shared state."""
         count = self.shard_count(stream)
-        return StreamStats(stream, [self.shard_stats(stream, i) for i in range(count)])
+        return StreamStats(stream, [self.shard_stats(stream, i) for i in range(count)],
+                           self.groups(stream))
 
     def verify(self, stream: str | None = None) -> VerifyReport:
         """Checks every entry's checksum and number; read-only apart from recovery."""

@@ -57,6 +57,10 @@ class ReadBatch:
         self.skipped = skipped
         self._payloads: list[bytes] | None = None
 
+    @classmethod
+    def empty(cls, stream: str, shard: int, next_entry: int = 0) -> ReadBatch:
+        return cls(stream, shard, b"", array("i", [0]), array("q"), array("q"), next_entry, 0)
+
     def __len__(self) -> int:
         return len(self.entries)
 
@@ -80,6 +84,21 @@ class ReadBatch:
     def __repr__(self) -> str:
         return (f"ReadBatch(stream={self.stream!r}, shard={self.shard}, count={len(self)}, "
                 f"next_entry={self.next_entry}, skipped={self.skipped})")
+
+
+class NdjsonBatch(NamedTuple):
+    """Entries of one shard as one NDJSON buffer: every payload followed by a
+    newline.  ``newline_payloads`` counts payloads that hold a newline
+    themselves (their lines are not NDJSON)."""
+
+    stream: str
+    shard: int
+    data: bytes
+    entries: array
+    timestamps: array
+    next_entry: int
+    skipped: int
+    newline_payloads: int
 
 
 @dataclass(frozen=True)
@@ -136,6 +155,7 @@ SUMMED_FIELDS = tuple(
 class StreamStats:
     stream: str
     shards: list[ShardStats]
+    groups: list["GroupInfo"] = field(default_factory=list)
 
     @property
     def entries(self) -> int:
@@ -153,6 +173,30 @@ class StreamStats:
     @property
     def newest_timestamp(self) -> int:
         return max((s.newest_timestamp for s in self.shards), default=0)
+
+
+@dataclass(frozen=True)
+class GroupInfo:
+    """A consumer group's position in one shard."""
+
+    name: str
+    shard: int
+    offset: int
+    """Next entry to consume; entries below it are acknowledged."""
+    lag: int
+    last_ack_ns: int
+    registered_ns: int
+    acks: int
+
+
+@dataclass(frozen=True)
+class RetentionReport:
+    deleted_segments: int = 0
+    deleted_bytes: int = 0
+    lost_entries: int = 0
+    """Entries deleted before every registered group had consumed them (forced)."""
+    protected_segments: int = 0
+    """Segments kept only because a registered group still needs them."""
 
 
 @dataclass(frozen=True)

@@ -129,8 +129,79 @@ def append_one(path: str, stream: str, payload: str) -> None:
         print(log.append(stream, payload.encode(), shard=0)[1], flush=True)
 
 
-COMMANDS = {f.__name__: f for f in (crash_appender, writer, hold_slot, die_holding_lock,
-                                    fill_until_full, rotating_writer, append_one)}
+def group_offset(path: str, stream: str, group: str, shard: str, ack: str, *rest: str) -> None:
+    """Prints a group's offset, acks an entry, prints the new offset; with
+    --then-die, is killed with SIGKILL right after (no clean close)."""
+    log = Log(path, Config(shards=2, background_flush=False))
+    g = log.group(stream, int(shard), group)
+    print(g.offset, g.ack(int(ack)), flush=True)
+    if "--then-die" in rest:
+        os.kill(os.getpid(), signal.SIGKILL)
+    log.close()
+
+
+def consume_assigned(path: str, stream: str, group: str, i: str, n: str, out: str) -> None:
+    """Processes its share of the shards until it has seen `expected` idle polls
+    in a row, recording every payload it handled."""
+    from consumers import Consumer
+
+    seen: list[bytes] = []
+    idle = [0]
+
+    def handle(batch) -> None:  # type: ignore[no-untyped-def]
+        seen.extend(batch.payloads)
+        idle[0] = 0
+
+    def stop() -> bool:
+        idle[0] += 1
+        return idle[0] > 40  # ~40 empty polls: the stream is drained
+
+    with Consumer(path, stream, group, assignment=(int(i), int(n))) as c:
+        c.process(handle, batch_size=97, poll_interval=0.01, stop=stop)
+    with open(out, "wb") as f:
+        f.write(b"\n".join(seen))
+
+
+def consume_slowly(path: str, stream: str, group: str, log_path: str) -> None:
+    """Handles one entry at a time, slowly, noting each in log_path before
+    its batch is acknowledged: killed mid-batch by the test."""
+    from consumers import Consumer
+
+    def handle(batch) -> None:  # type: ignore[no-untyped-def]
+        with open(log_path, "ab") as f:
+            for e in batch.entries:
+                f.write(b"%d\n" % e)
+                f.flush()
+                time.sleep(0.01)
+
+    with Consumer(path, stream, group) as c:
+        c.process(handle, batch_size=25, poll_interval=0.01)
+
+
+def read_through_deletion(path: str, stream: str, total: str, ready: str) -> None:
+    """Reads a shard slowly from entry 0 while another process deletes its
+    oldest segments: every entry returned must be right, and what it could
+    not read must be reported as skipped."""
+    cfg = Config(shards=1, segment_bytes=64 << 10, background_flush=False, retention_interval_ms=0)
+    with Log(path, cfg) as log:
+        first = log.read(stream, 0, 0, 50)
+        position, returned, skipped = first.next_entry, len(first), first.skipped
+        open(ready, "w").close()
+        while position < int(total):
+            batch = log.read(stream, 0, position, 50)
+            for e, p in zip(batch.entries, batch.payloads):
+                assert p == b"%08d" % e + b"." * 200, (e, p[:20])
+            returned += len(batch)
+            skipped += batch.skipped
+            position = batch.next_entry
+            time.sleep(0.002)
+        print(returned, skipped, flush=True)
+
+
+COMMANDS = {f.__name__: f for f in (read_through_deletion, crash_appender, writer, hold_slot,
+                                    die_holding_lock,
+                                    fill_until_full, rotating_writer, append_one, group_offset,
+                                    consume_assigned, consume_slowly)}
 
 if __name__ == "__main__":
     COMMANDS[sys.argv[1]](*sys.argv[2:])

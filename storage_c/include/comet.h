@@ -53,8 +53,12 @@ enum {
     COMET_E_BAD_FRAMING = -18,       /* a framed batch buffer is malformed */
     COMET_E_DECOMPRESS = -19,        /* a compressed entry failed to decompress */
     COMET_E_SLOT_HELD = -20,         /* this handle already holds a slot */
+    COMET_E_GROUP_NAME = -21,        /* group name outside [A-Za-z0-9._-]{1,47} */
+    COMET_E_TOO_MANY_GROUPS = -22,   /* every group slot of the shard is taken */
+    COMET_E_NO_GROUP = -23,          /* group not registered (or deleted) */
+    COMET_E_ACK_GAP = -24,           /* ack_range would skip unacknowledged entries */
 };
-#define COMET_ERROR_COUNT 21
+#define COMET_ERROR_COUNT 25
 
 /* Durability, per data directory (config) and overridable per append. */
 enum {
@@ -73,6 +77,8 @@ enum {
 #define COMET_MAX_SHARDS 65536u
 #define COMET_MAX_PROCESSES 1024u
 #define COMET_STREAM_NAME_MAX 64
+#define COMET_GROUP_NAME_MAX 47
+#define COMET_MAX_GROUPS 512
 
 /* Open flags. */
 #define COMET_OPEN_CREATE 0x1u        /* create the data directory if missing */
@@ -87,6 +93,16 @@ typedef struct comet_config {
     uint32_t fsync_interval_ms;    /* default 1000 */
     uint32_t process_count;        /* processes sharing the directory; default 1 */
     uint32_t flags;                /* COMET_OPEN_* */
+    /* Retention (0 turns a limit off).  Whole sealed segments are deleted,
+     * oldest first; the active segment never is. */
+    uint64_t retention_max_age_ms;      /* entries older than this */
+    uint64_t retention_max_shard_bytes; /* per shard */
+    uint64_t retention_max_total_bytes; /* whole data directory; also an append budget */
+    uint64_t retention_force_delete_after_ms; /* delete unconsumed data older than this anyway */
+    uint32_t retention_min_segments;    /* keep at least this many per shard; default 1 */
+    uint32_t retention_protect_unconsumed; /* keep segments a registered group has not acked; default 1 */
+    uint32_t retention_interval_ms;     /* background pass period; 0: only when asked; default 60000 */
+    uint32_t reserved;
 } comet_config;
 
 typedef struct comet_db comet_db;
@@ -130,6 +146,10 @@ typedef struct comet_shard_stats {
 
 /* Batch read into caller-provided buffers. */
 #define COMET_READ_DURABLE_ONLY 0x1u
+/* Each payload is followed by '\n' in data (offsets then include it), and
+ * payloads that hold a '\n' themselves are counted in newline_payloads: with
+ * none, data is NDJSON ready to ship. */
+#define COMET_READ_NEWLINES 0x2u
 
 typedef struct comet_read_request {
     uint64_t from_entry;
@@ -151,7 +171,26 @@ typedef struct comet_read_result {
     uint64_t data_bytes;    /* bytes used in data */
     uint64_t needed_bytes;  /* with COMET_E_BUFFER_TOO_SMALL: size of the next payload */
     uint64_t limit_entry;   /* committed (or durable) entry the read was bounded by */
+    uint64_t newline_payloads; /* with COMET_READ_NEWLINES: payloads holding a newline */
 } comet_read_result;
+
+typedef struct comet_group comet_group;
+
+typedef struct comet_group_info {
+    char name[48];
+    uint64_t offset;        /* next entry to consume */
+    uint64_t lag;           /* committed - offset */
+    int64_t last_ack_ns;    /* when the offset last moved (coarse clock), 0: never */
+    int64_t registered_ns;
+    uint64_t acks;          /* acks that moved the offset */
+} comet_group_info;
+
+typedef struct comet_retention_report {
+    uint64_t deleted_segments;
+    uint64_t deleted_bytes;
+    uint64_t lost_entries;       /* deleted before every registered group had them (forced) */
+    uint64_t protected_segments; /* kept only because a group still needs them */
+} comet_retention_report;
 
 #define COMET_VERIFY_MAX_PROBLEMS 16
 
@@ -240,6 +279,28 @@ int comet_read(comet_stream *s, uint32_t shard, const comet_read_request *req,
                comet_read_result *res);
 /* First entry whose timestamp is >= ts (next_entry when none). */
 int64_t comet_find_time(comet_stream *s, uint32_t shard, int64_t ts);
+
+/* Consumer groups: one offset per (group, shard), shared by every process.
+ * comet_group_open registers the name in that shard when create is set (a
+ * new group starts at the oldest stored entry).  ack moves the offset past
+ * entry (never backwards, never past the committed end); ack_range acks
+ * [from, to] and refuses to skip unacknowledged entries; reset sets it
+ * anywhere (negative: that many entries before the end). */
+int comet_validate_group_name(const char *name, size_t len);
+int comet_group_open(comet_stream *s, uint32_t shard, const char *name, size_t len, int create,
+                     comet_group **out);
+int64_t comet_group_ack(comet_group *g, uint64_t entry);
+int64_t comet_group_ack_range(comet_group *g, uint64_t from, uint64_t to);
+int64_t comet_group_reset(comet_group *g, int64_t offset);
+int64_t comet_group_offset(comet_group *g);
+int64_t comet_group_lag(comet_group *g);
+int comet_group_delete(comet_stream *s, const char *name, size_t len); /* every shard */
+/* Registered groups of a shard (at most cap written); returns how many there are. */
+int comet_group_list(comet_stream *s, uint32_t shard, comet_group_info *out, uint32_t cap);
+
+/* Retention now, over every stream: the shards this process owns (all of them
+ * when it holds no slot).  Reports are added up into out (may be NULL). */
+int comet_run_retention(comet_db *db, comet_retention_report *out);
 
 /* Durability and inspection. */
 int comet_sync(comet_stream *s, int shard); /* shard < 0: every shard */

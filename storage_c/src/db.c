@@ -28,6 +28,9 @@ void comet_config_default(comet_config *cfg)
     cfg->fsync_interval_ms = 1000;
     cfg->process_count = 1;
     cfg->flags = COMET_OPEN_CREATE;
+    cfg->retention_min_segments = 1;
+    cfg->retention_protect_unconsumed = 1;
+    cfg->retention_interval_ms = 60000;
 }
 
 static int check_config(const comet_config *c)
@@ -49,6 +52,12 @@ static int check_config(const comet_config *c)
     if (c->process_count == 0 || c->process_count > COMET_MAX_PROCESSES)
         return set_error(COMET_E_INVALID, "process_count must be between 1 and %u",
                          COMET_MAX_PROCESSES);
+    if (c->retention_interval_ms > 86400000)
+        return set_error(COMET_E_INVALID, "retention_interval_ms must be at most one day");
+    if (c->retention_max_total_bytes && c->retention_max_total_bytes < 2 * c->segment_bytes)
+        return set_error(COMET_E_INVALID,
+                         "retention_max_total_bytes must leave room for two segments (%llu bytes)",
+                         (unsigned long long)(2 * c->segment_bytes));
     return 0;
 }
 
@@ -74,6 +83,8 @@ static void flush_if_dirty(shard *sh, void *ctx)
     (void)ctx;
     if (atomic_exchange(&sh->dirty, 0))
         shard_sync(sh, atomic_load_explicit(&sh->st->next_entry, memory_order_acquire));
+    if (atomic_exchange(&sh->offsets_dirty, 0))
+        offsets_sync(sh);
 }
 
 static void flush_all(shard *sh, void *ctx)
@@ -81,11 +92,16 @@ static void flush_all(shard *sh, void *ctx)
     (void)ctx;
     atomic_store(&sh->dirty, 0);
     shard_sync(sh, atomic_load_explicit(&sh->st->next_entry, memory_order_acquire));
+    atomic_store(&sh->offsets_dirty, 0);
+    offsets_sync(sh);
 }
 
+/* The background thread: flushes (every fsync_interval_ms) and runs
+ * retention (every retention_interval_ms). */
 static void *flusher_main(void *arg)
 {
     comet_db *db = arg;
+    int64_t last_retention = monotonic_ns();
     pthread_mutex_lock(&db->flusher_lock);
     while (!db->stopping) {
         struct timespec deadline;
@@ -100,6 +116,12 @@ static void *flusher_main(void *arg)
             break;
         pthread_mutex_unlock(&db->flusher_lock);
         for_each_open_shard(db, flush_if_dirty, NULL);
+        int64_t now = monotonic_ns();
+        if (db->cfg.retention_interval_ms &&
+            now - last_retention >= (int64_t)db->cfg.retention_interval_ms * 1000000) {
+            comet_run_retention(db, NULL);
+            last_retention = now;
+        }
         pthread_mutex_lock(&db->flusher_lock);
     }
     pthread_mutex_unlock(&db->flusher_lock);

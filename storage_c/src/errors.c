@@ -34,6 +34,10 @@ static const char *const messages[COMET_ERROR_COUNT] = {
     [-COMET_E_BAD_FRAMING] = "malformed batch framing",
     [-COMET_E_DECOMPRESS] = "decompression failed",
     [-COMET_E_SLOT_HELD] = "slot already held",
+    [-COMET_E_GROUP_NAME] = "invalid group name",
+    [-COMET_E_TOO_MANY_GROUPS] = "too many groups",
+    [-COMET_E_NO_GROUP] = "no such group",
+    [-COMET_E_ACK_GAP] = "ack would skip unacknowledged entries",
 };
 
 static _Thread_local char detail[512];

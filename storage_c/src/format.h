@@ -23,6 +23,7 @@
 #define MAGIC_STATE 0x54534d43u   /* "CMST" */
 #define MAGIC_STREAM 0x4d534d43u  /* "CMSM" */
 #define MAGIC_SLOTS 0x4c534d43u   /* "CMSL" */
+#define MAGIC_OFFSETS 0x464f4d43u /* "CMOF" */
 
 /* Every file header: magic, version, header size, then type-specific fields,
  * with a masked CRC32C of bytes [0, 60) at offset 60. */
@@ -176,13 +177,50 @@ typedef struct state_file {
     /* [512, 576) */
     _Atomic uint64_t shared[SC_COUNT];
     uint8_t reserved5[(8 - SC_COUNT) * 8];
-    uint8_t reserved6[4096 - 576];
+    /* [576, 640): registration of consumer groups in the offsets file */
+    padded_mutex groups_lock;
+    uint8_t reserved6[4096 - 640];
 } state_file;
 static_assert(sizeof(state_file) == 4096, "state file is one page");
 static_assert(WC_COUNT <= 24 && SC_COUNT <= 8, "counter areas are full");
 static_assert(ATOMIC_LLONG_LOCK_FREE == 2, "64-bit atomics must be lock-free to share memory");
 
 #define STATE_FILE_BYTES 4096
+
+/* ---- Consumer offsets: <shard>/offsets ---------------------------------------
+ * A header page, then OFFSETS_GROUPS slots of 128 bytes.  A slot is claimed
+ * under the state's groups_lock: name first, then state = 1 (release).  The
+ * offset only moves forward through ack (compare-and-swap max) unless reset. */
+#define OFFSETS_GROUPS 512
+#define OFFSETS_SLOTS_OFFSET 4096
+#define OFFSETS_FILE_BYTES (OFFSETS_SLOTS_OFFSET + OFFSETS_GROUPS * 128)
+#define GROUP_NAME_MAX 47
+
+typedef struct offsets_header {
+    uint32_t magic;
+    uint16_t version;
+    uint16_t header_bytes;
+    uint32_t shard_id;
+    uint32_t capacity;   /* OFFSETS_GROUPS */
+    uint32_t slot_bytes; /* 128 */
+    uint8_t reserved[40];
+    uint32_t header_crc;
+} offsets_header;
+static_assert(sizeof(offsets_header) == FILE_HEADER_BYTES, "offsets header is 64 bytes");
+
+typedef struct group_slot {
+    _Atomic uint32_t state;      /* 0 free, 1 registered */
+    uint32_t name_len;
+    char name[48];               /* NUL-padded */
+    _Atomic uint32_t generation; /* bumped when the slot is claimed or freed */
+    uint32_t reserved0;
+    _Atomic uint64_t offset;     /* next entry to consume: entries below are acknowledged */
+    _Atomic int64_t last_ack_ns;
+    int64_t registered_ns;
+    _Atomic uint64_t acks;
+    uint8_t reserved1[32];
+} group_slot;
+static_assert(sizeof(group_slot) == 128, "a group slot is 128 bytes");
 
 /* ---- Stream metadata: <stream>/stream.meta ------------------------------- */
 typedef struct stream_meta {
@@ -223,6 +261,7 @@ typedef struct slot_record {
 /* ---- Names -------------------------------------------------------------------- */
 #define STREAM_META_NAME "stream.meta"
 #define STATE_NAME "state"
+#define OFFSETS_NAME "offsets"
 #define SLOTS_NAME ".slots"
 #define SEGMENT_SUFFIX ".log"
 #define INDEX_SUFFIX ".idx"

@@ -134,6 +134,11 @@ typedef struct comet_shard {
     atomic_int dirty;
     /* calls inside the C core using this shard; comet_close waits for zero */
     atomic_int users;
+    /* consumer offsets (offsets.c) */
+    uint8_t *offsets;
+    int offsets_fd;
+    atomic_int offsets_dirty;
+    struct comet_group *groups; /* handles, guarded by cache_lock, kept until exit */
 } shard;
 
 int shard_open(struct comet_stream *stream, uint32_t id, shard **out);
@@ -141,6 +146,7 @@ void shard_close(shard *sh);   /* frees it (only for a shard never published) */
 void shard_release(shard *sh); /* drops mappings and files; the struct stays */
 int shard_lock(shard *sh);   /* append lock; repairs the tail if its holder died */
 int shard_lock_noting_wait(shard *sh, int *waited);
+int shard_trylock_clean(shard *sh);
 void shard_unlock(shard *sh);
 int64_t shard_append(shard *sh, const entry_ref *refs, uint32_t count, uint64_t total_bytes,
                      uint64_t raw_bytes, int durability);
@@ -160,6 +166,24 @@ int shard_refresh_segments(shard *sh);
 void shard_segments_clear(shard *sh);
 /* Snapshot of the segment bases; caller frees. */
 int shard_segment_bases(shard *sh, uint64_t **bases, size_t *count);
+
+/* ---- offsets.c ----------------------------------------------------------- */
+
+int offsets_open(shard *sh); /* at shard open, under flock */
+void offsets_close(shard *sh);
+int offsets_sync(shard *sh);
+/* Smallest offset of the registered groups (UINT64_MAX when none). */
+uint64_t offsets_min(shard *sh, int *registered);
+
+/* ---- retention.c --------------------------------------------------------- */
+
+/* Deletes what the policy allows from one shard (append lock held).  need is
+ * a number of bytes the caller wants freed whatever the policy says (budget
+ * enforcement at rotation); 0 for a policy pass. */
+int retention_shard(shard *sh, uint64_t need, int64_t now, comet_retention_report *rep);
+/* Bytes of segment and index files of a shard / of the whole data directory. */
+uint64_t retention_shard_bytes(shard *sh);
+uint64_t retention_total_bytes(comet_db *db);
 
 /* ---- recovery.c ---------------------------------------------------------- */
 

@@ -184,6 +184,7 @@ static int read_locked_in(shard *sh, const comet_read_request *req, comet_read_r
 
     uint64_t cap = req->data_capacity;
     uint64_t budget = req->max_bytes && req->max_bytes < cap ? req->max_bytes : cap;
+    uint64_t sep = (req->flags & COMET_READ_NEWLINES) ? 1 : 0;
     cursor c = {.sh = sh, .limit = limit, .entry = from};
     uint32_t n = 0;
     uint64_t used = 0;
@@ -211,9 +212,9 @@ static int read_locked_in(shard *sh, const comet_read_request *req, comet_read_r
             }
             out_len = (uint64_t)size;
         }
-        if (used + out_len > cap || (n && used + out_len > budget)) {
+        if (used + out_len + sep > cap || (n && used + out_len + sep > budget)) {
             if (n == 0) {
-                res->needed_bytes = out_len;
+                res->needed_bytes = out_len + sep;
                 cursor_drop(&c);
                 res->next_entry = c.entry;
                 return set_error(COMET_E_BUFFER_TOO_SMALL,
@@ -234,6 +235,12 @@ static int read_locked_in(shard *sh, const comet_read_request *req, comet_read_r
             res->compressed++;
         } else if (len) {
             memcpy(req->data + used, payload, len);
+        }
+        if (sep) {
+            if (out_len && memchr(req->data + used, '\n', out_len))
+                res->newline_payloads++;
+            req->data[used + out_len] = '\n';
+            out_len++;
         }
         int64_t ts;
         memcpy(&ts, c.seg->map + c.off + 12, 8);

@@ -48,6 +48,7 @@ int shard_open(comet_stream *stream, uint32_t id, shard **out)
     sh->stream = stream;
     sh->id = id;
     sh->state_fd = -1;
+    sh->offsets_fd = -1;
     pthread_mutex_init(&sh->cache_lock, NULL);
     int rc = path_format(sh->dir, "%s/shard-%04u", stream->dir, id);
     if (rc) {
@@ -71,6 +72,8 @@ int shard_open(comet_stream *stream, uint32_t id, shard **out)
         ;
     int rebuilt = 0;
     rc = state_open(sh, &rebuilt);
+    if (!rc)
+        rc = offsets_open(sh);
     if (!rc) {
         rc = pthread_mutex_lock(&sh->st->append_lock.mutex);
         if (rc == EOWNERDEAD) {
@@ -100,6 +103,7 @@ fail:
 void shard_release(shard *sh)
 {
     shard_segments_clear(sh);
+    offsets_close(sh);
     state_close(sh);
 }
 
@@ -151,6 +155,28 @@ int shard_lock_noting_wait(shard *sh, int *waited)
     return 0;
 }
 
+/* The append lock if it is free now and the shard needs no repair; else
+ * nonzero.  A dead holder found this way is left for a real locker to repair. */
+int shard_trylock_clean(shard *sh)
+{
+    state_file *st = sh->st;
+    int rc = pthread_mutex_trylock(&st->append_lock.mutex);
+    if (rc == EOWNERDEAD) {
+        sc_add(st, SC_LOCK_OWNER_DIED, 1);
+        atomic_store(&st->recovery_pending, 1);
+        pthread_mutex_consistent(&st->append_lock.mutex);
+        pthread_mutex_unlock(&st->append_lock.mutex);
+        return EBUSY;
+    }
+    if (rc)
+        return rc;
+    if (atomic_load(&st->recovery_pending)) {
+        pthread_mutex_unlock(&st->append_lock.mutex);
+        return EBUSY;
+    }
+    return 0;
+}
+
 void shard_unlock(shard *sh)
 {
     pthread_mutex_unlock(&sh->st->append_lock.mutex);
@@ -196,6 +222,56 @@ static void start_segment(state_file *st, uint64_t base)
     atomic_fetch_add_explicit(&st->active_gen, 1, memory_order_release);
 }
 
+/* Keeps the data directory inside retention_max_total_bytes: a new segment
+ * must fit once retention has deleted what it may from this shard.  The
+ * per-shard size limit is applied here too, as policy (it never fails). */
+static int enforce_budget(shard *sh, uint64_t capacity)
+{
+    const comet_config *cfg = shard_config(sh);
+    uint64_t new_bytes = capacity + capacity / cfg->index_interval_bytes * 16 + 4096;
+    int64_t now = now_ns();
+    if (cfg->retention_max_shard_bytes &&
+        retention_shard_bytes(sh) + new_bytes > cfg->retention_max_shard_bytes) {
+        int rc = retention_shard(sh, 0, now, NULL);
+        if (rc)
+            return rc;
+    }
+    uint64_t budget = cfg->retention_max_total_bytes;
+    if (!budget)
+        return 0;
+    uint64_t used = retention_total_bytes(sh->stream->db);
+    if (used + new_bytes <= budget)
+        return 0;
+    comet_retention_report rep = {0};
+    int rc = retention_shard(sh, used + new_bytes - budget, now, &rep);
+    if (rc)
+        return rc;
+    uint64_t freed = rep.deleted_bytes;
+    /* Not enough here: the other shards this process has open, when their
+     * lock is free at once (a blocking lock here could deadlock). */
+    for (comet_stream *s = sh->stream->db->streams; s && used + new_bytes > budget + freed; s = s->next)
+        for (uint32_t i = 0; i < s->shard_count && used + new_bytes > budget + freed; i++) {
+            shard *other = atomic_load_explicit(&s->shards[i], memory_order_acquire);
+            if (!other || other == sh || shard_trylock_clean(other))
+                continue;
+            comet_retention_report more = {0};
+            retention_shard(other, used + new_bytes - budget - freed, now, &more);
+            freed += more.deleted_bytes;
+            rep.protected_segments += more.protected_segments;
+            shard_unlock(other);
+        }
+    used = retention_total_bytes(sh->stream->db);
+    if (used + new_bytes <= budget)
+        return 0;
+    return set_error(COMET_E_STORAGE_FULL,
+                     "the data directory uses %" PRIu64 " of its %" PRIu64 " byte budget "
+                     "(retention_max_total_bytes) and a new segment of %s needs %" PRIu64
+                     " more; nothing more may be deleted%s",
+                     used, budget, sh->dir, new_bytes,
+                     rep.protected_segments ? ": registered groups have not consumed the oldest data"
+                                            : "");
+}
+
 static int make_room(shard *sh, uint64_t total)
 {
     state_file *st = sh->st;
@@ -209,6 +285,9 @@ static int make_room(shard *sh, uint64_t total)
     uint64_t need = SEGMENT_DATA_OFFSET + total;
     uint64_t capacity = cfg->segment_bytes > need ? cfg->segment_bytes : need;
     uint64_t next = atomic_load_explicit(&st->next_entry, memory_order_relaxed);
+    rc = enforce_budget(sh, capacity);
+    if (rc)
+        return rc;
     if (sh->active && next == sh->active->base) {
         rc = segment_grow(sh->active, sh->dir, capacity);
         if (rc)

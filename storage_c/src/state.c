@@ -45,9 +45,12 @@ int state_init_locks(state_file *st)
 {
     memset(&st->append_lock, 0, sizeof st->append_lock);
     memset(&st->sync_lock, 0, sizeof st->sync_lock);
+    memset(&st->groups_lock, 0, sizeof st->groups_lock);
     int rc = init_mutex(&st->append_lock.mutex);
     if (!rc)
         rc = init_mutex(&st->sync_lock.mutex);
+    if (!rc)
+        rc = init_mutex(&st->groups_lock.mutex);
     return rc ? set_errno_error(rc, "cannot initialise shard locks") : 0;
 }
 

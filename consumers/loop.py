@@ -1,0 +1,156 @@
+"""The processing loop behind ``Consumer.process``.
+
+One batch at a time per shard: call the handler; on failure retry with
+exponential backoff and jitter, telling ``on_error`` about every failure;
+after ``max_retries`` retries, either send the batch to the dead-letter stream
+``<stream>.dlq`` (each entry wrapped with its original id and the error) and
+move the offset on, or raise - never retry silently forever.  The offset is
+acknowledged only after the handler returned (or the dead letters are
+stored), so a crash at any point redelivers, never loses.
+"""
+
+from __future__ import annotations
+
+import base64
+import random
+import threading
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
+
+import orjson
+
+from storage_c import ReadBatch
+
+if TYPE_CHECKING:
+    from .consumer import Consumer
+
+
+class ProcessingError(Exception):
+    """A batch kept failing after every retry and dead letters are off."""
+
+    def __init__(self, batch: ReadBatch, attempts: int, cause: BaseException) -> None:
+        first = batch.entries[0] if len(batch) else batch.next_entry
+        super().__init__(f"handler failed {attempts} times on {batch.stream} shard {batch.shard} "
+                         f"entries {first}..{batch.next_entry - 1}: {cause!r}")
+        self.batch = batch
+        self.attempts = attempts
+        self.__cause__ = cause
+
+
+@dataclass
+class ProcessStats:
+    batches: int = 0
+    entries: int = 0
+    failures: int = 0
+    dead_lettered: int = 0
+
+
+def stopper(stop: Callable[[], bool] | object | None) -> Callable[[], bool]:
+    if stop is None:
+        return lambda: False
+    if isinstance(stop, threading.Event):
+        return stop.is_set
+    if callable(stop):
+        return stop  # type: ignore[return-value]
+    raise TypeError("stop is a threading.Event or a callable returning bool")
+
+
+def sleep_unless(stopped: Callable[[], bool], seconds: float) -> None:
+    """Sleeps in short steps so that a stop request is noticed quickly."""
+    deadline = time.monotonic() + seconds
+    while not stopped():
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return
+        time.sleep(min(left, 0.05))
+
+
+def backoff(retry: int, base: float, cap: float) -> float:
+    """Exponential with full jitter in [50 %, 100 %] of the step."""
+    step = min(cap, base * (2 ** retry))
+    return step * random.uniform(0.5, 1.0)
+
+
+def dead_letter(consumer: Consumer, batch: ReadBatch, error: BaseException, attempts: int) -> None:
+    """Stores every entry of the batch in <stream>.dlq with where it came from."""
+    records = [
+        orjson.dumps({
+            "id": f"{batch.shard}-{entry}",
+            "stream": batch.stream,
+            "shard": batch.shard,
+            "entry": entry,
+            "timestamp": ts,
+            "group": consumer.group,
+            "attempts": attempts,
+            "error": repr(error),
+            "payload_base64": base64.b64encode(payload).decode(),
+        })
+        for entry, ts, payload in zip(batch.entries, batch.timestamps, batch.payloads)
+    ]
+    if records:
+        dlq = f"{batch.stream}.dlq"
+        consumer.log.create_stream(dlq, consumer.log.shard_count(batch.stream))
+        consumer.log.append_batch(dlq, records, shard=batch.shard, durability="always")
+
+
+HANDLED, DEAD_LETTERED, INTERRUPTED = "handled", "dead-lettered", "interrupted"
+
+
+def handle(consumer: Consumer, batch: ReadBatch, handler: Callable[[ReadBatch], object],
+           stats: ProcessStats, stopped: Callable[[], bool], *, max_retries: int,
+           retry_backoff: float, max_backoff: float,
+           on_error: Callable[[BaseException, ReadBatch, int], object] | None,
+           dead_letters: bool) -> str:
+    """Runs the handler with retries; says how the batch ended."""
+    retry = 0
+    while True:
+        try:
+            handler(batch)
+            return HANDLED
+        except Exception as exc:  # the handler's failure, whatever it is
+            stats.failures += 1
+            if on_error is not None:
+                on_error(exc, batch, retry)
+            if retry >= max_retries:
+                if not dead_letters:
+                    raise ProcessingError(batch, retry + 1, exc) from exc
+                dead_letter(consumer, batch, exc, retry + 1)
+                stats.dead_lettered += len(batch)
+                return DEAD_LETTERED
+            sleep_unless(stopped, backoff(retry, retry_backoff, max_backoff))
+            if stopped():
+                return INTERRUPTED  # not acknowledged: the next run gets it again
+            retry += 1
+
+
+def process_batches(consumer: Consumer, handler: Callable[[ReadBatch], object], *,
+                    batch_size: int, poll_interval: float, max_retries: int,
+                    retry_backoff: float, max_backoff: float,
+                    on_error: Callable[[BaseException, ReadBatch, int], object] | None,
+                    on_batch: Callable[[ReadBatch], object] | None, auto_ack: bool,
+                    dead_letter: bool, stop: Callable[[], bool] | object | None) -> ProcessStats:
+    if max_retries < 0:
+        raise ValueError("max_retries must be >= 0")
+    stopped = stopper(stop)
+    stats = ProcessStats()
+    while not stopped():
+        batch = consumer.read(batch_size)
+        if not len(batch) and not batch.skipped:
+            sleep_unless(stopped, poll_interval)
+            continue
+        outcome = HANDLED
+        if len(batch):
+            outcome = handle(consumer, batch, handler, stats, stopped, max_retries=max_retries,
+                             retry_backoff=retry_backoff, max_backoff=max_backoff,
+                             on_error=on_error, dead_letters=dead_letter)
+            if outcome == INTERRUPTED:
+                break
+        # With auto_ack off the handler acknowledges; dead letters always move on.
+        if auto_ack or outcome == DEAD_LETTERED or not len(batch):
+            consumer.ack_batch(batch)
+        stats.batches += 1
+        stats.entries += len(batch)
+        if on_batch is not None:
+            on_batch(batch)
+    return stats

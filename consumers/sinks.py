@@ -1,0 +1,119 @@
+"""Where shipped objects go: a directory, or S3 (any S3-compatible store).
+
+A sink stores one whole object under a key, or raises.  Writing the same key
+again replaces the object with the same bytes, which is what makes a retried
+shipment idempotent.  The directory sink never shows a partial object: it
+writes a temporary file, fsyncs it, renames it into place and fsyncs the
+directory.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Protocol
+from urllib.parse import urlparse
+
+
+class Sink(Protocol):
+    def put(self, key: str, data: bytes) -> None: ...
+
+    def describe(self) -> str: ...
+
+
+def _check_key(key: str) -> None:
+    parts = key.split("/")
+    if not key or key.startswith("/") or any(p in ("", ".", "..") for p in parts):
+        raise ValueError(f"object key {key!r} is not a clean relative path")
+
+
+class DirectorySink:
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root)
+
+    def describe(self) -> str:
+        return f"directory {self.root}"
+
+    def put(self, key: str, data: bytes) -> None:
+        _check_key(key)
+        path = self.root / key
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def keys(self, prefix: str = "") -> list[str]:
+        """Stored keys (temporary files excluded), sorted."""
+        out = []
+        for p in self.root.rglob("*"):
+            if p.is_file() and not p.name.startswith("."):
+                key = p.relative_to(self.root).as_posix()
+                if key.startswith(prefix):
+                    out.append(key)
+        return sorted(out)
+
+    def get(self, key: str) -> bytes:
+        _check_key(key)
+        return (self.root / key).read_bytes()
+
+
+class S3Sink:
+    """S3 through boto3: endpoint, region and credentials come from the usual
+    AWS settings (environment, config files, instance roles) unless given."""
+
+    def __init__(self, bucket: str, prefix: str = "", *, endpoint_url: str | None = None,
+                 region: str | None = None, client: Any = None) -> None:
+        if client is None:
+            import boto3
+
+            client = boto3.client("s3", endpoint_url=endpoint_url, region_name=region)
+        self.client = client
+        self.bucket = bucket
+        self.prefix = prefix.strip("/")
+
+    def describe(self) -> str:
+        return f"s3://{self.bucket}/{self.prefix}"
+
+    def _full(self, key: str) -> str:
+        _check_key(key)
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    def put(self, key: str, data: bytes) -> None:
+        self.client.put_object(Bucket=self.bucket, Key=self._full(key), Body=data)
+
+    def keys(self, prefix: str = "") -> list[str]:
+        out = []
+        start = f"{self.prefix}/" if self.prefix else ""
+        paginator = self.client.get_paginator("list_objects_v2")
+        for page in paginator.paginate(Bucket=self.bucket, Prefix=start + prefix):
+            out.extend(obj["Key"][len(start):] for obj in page.get("Contents", []))
+        return sorted(out)
+
+    def get(self, key: str) -> bytes:
+        body: bytes = self.client.get_object(Bucket=self.bucket, Key=self._full(key))["Body"].read()
+        return body
+
+
+def sink_from_url(url: str, *, endpoint_url: str | None = None,
+                  region: str | None = None) -> DirectorySink | S3Sink:
+    """``s3://bucket/prefix``, ``file:///path``, ``dir:path`` or a plain path."""
+    parsed = urlparse(url)
+    if parsed.scheme == "s3":
+        if not parsed.netloc:
+            raise ValueError(f"{url}: no bucket")
+        return S3Sink(parsed.netloc, parsed.path, endpoint_url=endpoint_url, region=region)
+    if parsed.scheme == "file":
+        return DirectorySink(parsed.path)
+    if parsed.scheme == "dir":
+        return DirectorySink(url[len("dir:"):])
+    if parsed.scheme == "":
+        return DirectorySink(url)
+    raise ValueError(f"{url}: unknown sink (use s3://bucket/prefix or a directory)")

@@ -1,0 +1,474 @@
+/*
+ * offsets.c - consumer groups: per shard, a mapped table of up to 512 named
+ * offsets shared by every process.
+ *
+ * An offset is the next entry a group has to consume; entries below it are
+ * acknowledged.  Acknowledging is a compare-and-swap max on the mapped word,
+ * so it is lock-free, visible to every process at once, monotonic whatever
+ * order concurrent acks arrive in, and survives the death of any process (the
+ * page cache keeps it; the flusher syncs it).  Acks past the committed entry
+ * are clamped: nothing can be acknowledged before it exists.
+ *
+ * Registration (claiming a slot for a name) is rare and takes the shard
+ * state's robust groups_lock, so two processes registering one name get one
+ * slot.  The name is written before the slot's state becomes 1 (release), so
+ * a reader that sees a registered slot sees its whole name.  Names are
+ * checked before anything is claimed: an invalid or too long name never
+ * consumes a slot and is never truncated.
+ *
+ * Handles cache the slot index and its generation; a slot freed and reused by
+ * another group changes generation, and the handle looks its name up again.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "crc32c.h"
+#include "errors.h"
+#include "internal.h"
+
+struct comet_group {
+    shard *sh;
+    _Atomic uint32_t index;      /* may be refreshed by any thread using the handle */
+    _Atomic uint32_t generation;
+    size_t len;
+    char name[GROUP_NAME_MAX + 1];
+    struct comet_group *next; /* the shard's list of handles */
+};
+
+static group_slot *slot_at(const shard *sh, uint32_t i)
+{
+    return (group_slot *)(sh->offsets + OFFSETS_SLOTS_OFFSET + (size_t)i * sizeof(group_slot));
+}
+
+static int64_t coarse_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME_COARSE, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+int comet_validate_group_name(const char *name, size_t len)
+{
+    if (!name || len == 0)
+        return set_error(COMET_E_GROUP_NAME, "group name is empty");
+    if (len > GROUP_NAME_MAX)
+        return set_error(COMET_E_GROUP_NAME,
+                         "group name '%.*s...' is %zu bytes; the limit is %d (names are never cut)",
+                         20, name, len, GROUP_NAME_MAX);
+    for (size_t i = 0; i < len; i++) {
+        unsigned char c = (unsigned char)name[i];
+        if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+            c == '.' || c == '_' || c == '-')
+            continue;
+        return set_error(COMET_E_GROUP_NAME,
+                         "group name '%.*s' contains byte 0x%02x; allowed: A-Z a-z 0-9 . _ -",
+                         (int)len, name, c);
+    }
+    return 0;
+}
+
+/* ---- the file -------------------------------------------------------------- */
+
+static void header_fill(offsets_header *h, uint32_t shard_id)
+{
+    memset(h, 0, sizeof *h);
+    h->magic = MAGIC_OFFSETS;
+    h->version = FORMAT_VERSION;
+    h->header_bytes = FILE_HEADER_BYTES;
+    h->shard_id = shard_id;
+    h->capacity = OFFSETS_GROUPS;
+    h->slot_bytes = sizeof(group_slot);
+    h->header_crc = crc32c_header(h);
+}
+
+static int slot_sane(const group_slot *s)
+{
+    uint32_t state = atomic_load(&s->state);
+    if (state == 0)
+        return 1;
+    return state == 1 && s->name_len >= 1 && s->name_len <= GROUP_NAME_MAX &&
+           comet_validate_group_name(s->name, s->name_len) == 0;
+}
+
+/* Called at shard open, under flock on the state file. */
+int offsets_open(shard *sh)
+{
+    char path[COMET_PATH_MAX];
+    if (path_format(path, "%s/%s", sh->dir, OFFSETS_NAME))
+        return set_error(COMET_E_INVALID, "path too long in %s", sh->dir);
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return set_errno_error(errno, "cannot open %s", path);
+    struct stat sb;
+    int rc = 0;
+    if (fstat(fd, &sb))
+        rc = set_errno_error(errno, "cannot stat %s", path);
+    else if (sb.st_size < OFFSETS_FILE_BYTES) {
+        int err = preallocate(fd, OFFSETS_FILE_BYTES);
+        if (err)
+            rc = set_errno_error(err, "cannot size %s", path);
+    }
+    if (rc) {
+        close(fd);
+        return rc;
+    }
+    void *map = mmap(NULL, OFFSETS_FILE_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (map == MAP_FAILED) {
+        rc = set_errno_error(errno, "cannot map %s", path);
+        close(fd);
+        return rc;
+    }
+    sh->offsets = map;
+    sh->offsets_fd = fd;
+    offsets_header *h = map;
+    if (h->magic == MAGIC_OFFSETS && h->header_crc == crc32c_header(h)) {
+        if (h->version != FORMAT_VERSION)
+            return set_error(COMET_E_FORMAT_VERSION,
+                             "%s has format version %u; this build reads version %u", path,
+                             h->version, FORMAT_VERSION);
+        if (h->shard_id == sh->id && h->capacity == OFFSETS_GROUPS)
+            return 0;
+    }
+    /* New, or a damaged header: write it again and keep every slot that is
+     * still consistent - offsets are data, not a cache. */
+    offsets_header fresh;
+    header_fill(&fresh, sh->id);
+    memcpy(h, &fresh, sizeof fresh);
+    for (uint32_t i = 0; i < OFFSETS_GROUPS; i++) {
+        group_slot *s = slot_at(sh, i);
+        if (!slot_sane(s))
+            memset(s, 0, sizeof *s);
+    }
+    return 0;
+}
+
+void offsets_close(shard *sh)
+{
+    if (sh->offsets)
+        munmap(sh->offsets, OFFSETS_FILE_BYTES);
+    sh->offsets = NULL;
+    if (sh->offsets_fd >= 0)
+        close(sh->offsets_fd);
+    sh->offsets_fd = -1;
+}
+
+int offsets_sync(shard *sh)
+{
+    if (sh->offsets_fd < 0)
+        return 0;
+    return fdatasync(sh->offsets_fd) ? set_errno_error(errno, "fdatasync of %s/%s failed", sh->dir,
+                                                       OFFSETS_NAME)
+                                     : 0;
+}
+
+uint64_t offsets_min(shard *sh, int *registered)
+{
+    uint64_t min = UINT64_MAX;
+    *registered = 0;
+    for (uint32_t i = 0; i < OFFSETS_GROUPS; i++) {
+        group_slot *s = slot_at(sh, i);
+        if (atomic_load_explicit(&s->state, memory_order_acquire) != 1)
+            continue;
+        (*registered)++;
+        uint64_t off = atomic_load_explicit(&s->offset, memory_order_acquire);
+        if (off < min)
+            min = off;
+    }
+    return min;
+}
+
+/* ---- registration ---------------------------------------------------------- */
+
+static int lock_groups(shard *sh)
+{
+    int rc = pthread_mutex_lock(&sh->st->groups_lock.mutex);
+    if (rc == EOWNERDEAD) {
+        /* a registrant died: any slot it left half written has state 0 */
+        pthread_mutex_consistent(&sh->st->groups_lock.mutex);
+        rc = 0;
+    }
+    return rc ? set_errno_error(rc, "cannot lock the groups of %s", sh->dir) : 0;
+}
+
+static int64_t find_slot(shard *sh, const char *name, size_t len)
+{
+    for (uint32_t i = 0; i < OFFSETS_GROUPS; i++) {
+        group_slot *s = slot_at(sh, i);
+        if (atomic_load_explicit(&s->state, memory_order_acquire) == 1 && s->name_len == len &&
+            memcmp(s->name, name, len) == 0)
+            return i;
+    }
+    return -1;
+}
+
+/* Finds the name's slot, registering it when asked (under groups_lock). */
+static int64_t lookup(shard *sh, const char *name, size_t len, int create)
+{
+    int64_t i = find_slot(sh, name, len);
+    if (i >= 0 || !create)
+        return i >= 0 ? i
+                      : set_error(COMET_E_NO_GROUP, "group '%.*s' is not registered in %s",
+                                  (int)len, name, sh->dir);
+    int rc = lock_groups(sh);
+    if (rc)
+        return rc;
+    i = find_slot(sh, name, len);
+    for (uint32_t k = 0; i < 0 && k < OFFSETS_GROUPS; k++) {
+        group_slot *s = slot_at(sh, k);
+        if (atomic_load(&s->state) != 0)
+            continue;
+        memset(s->name, 0, sizeof s->name);
+        memcpy(s->name, name, len);
+        s->name_len = (uint32_t)len;
+        atomic_store(&s->offset, atomic_load(&sh->st->first_entry));
+        atomic_store(&s->last_ack_ns, 0);
+        atomic_store(&s->acks, 0);
+        s->registered_ns = now_ns();
+        atomic_fetch_add(&s->generation, 1);
+        atomic_store_explicit(&s->state, 1, memory_order_release);
+        i = k;
+    }
+    pthread_mutex_unlock(&sh->st->groups_lock.mutex);
+    if (i < 0)
+        return set_error(COMET_E_TOO_MANY_GROUPS,
+                         "all %d group slots of %s are taken; delete unused groups first",
+                         OFFSETS_GROUPS, sh->dir);
+    return i;
+}
+
+int comet_group_open(comet_stream *s, uint32_t shard_id, const char *name, size_t len,
+                     int create, comet_group **out)
+{
+    if (!out)
+        return set_error(COMET_E_INVALID, "comet_group_open: null output");
+    int rc = comet_validate_group_name(name, len);
+    if (rc)
+        return rc;
+    shard *sh;
+    rc = shard_acquire(s, shard_id, &sh);
+    if (rc)
+        return rc;
+    comet_group *g = NULL;
+    pthread_mutex_lock(&sh->cache_lock);
+    for (g = sh->groups; g; g = g->next)
+        if (g->len == len && memcmp(g->name, name, len) == 0)
+            break;
+    pthread_mutex_unlock(&sh->cache_lock);
+    int64_t i = lookup(sh, name, len, create);
+    if (i < 0) {
+        shard_leave(sh);
+        return (int)i;
+    }
+    if (!g) {
+        g = calloc(1, sizeof *g);
+        if (!g) {
+            shard_leave(sh);
+            return set_error(COMET_E_NOMEM, "out of memory");
+        }
+        g->sh = sh;
+        g->len = len;
+        memcpy(g->name, name, len);
+        pthread_mutex_lock(&sh->cache_lock);
+        g->next = sh->groups;
+        sh->groups = g;
+        pthread_mutex_unlock(&sh->cache_lock);
+    }
+    g->index = (uint32_t)i;
+    g->generation = atomic_load(&slot_at(sh, (uint32_t)i)->generation);
+    shard_leave(sh);
+    *out = g;
+    return 0;
+}
+
+/* The handle's slot, looked up again when it was freed or reused. */
+static group_slot *group_slot_of(comet_group *g, int *rc)
+{
+    group_slot *s = slot_at(g->sh, g->index);
+    if (atomic_load_explicit(&s->state, memory_order_acquire) == 1 &&
+        atomic_load_explicit(&s->generation, memory_order_relaxed) == g->generation)
+        return s;
+    int64_t i = lookup(g->sh, g->name, g->len, 0);
+    if (i < 0) {
+        *rc = set_error(COMET_E_NO_GROUP, "group '%s' was deleted from %s", g->name, g->sh->dir);
+        return NULL;
+    }
+    g->index = (uint32_t)i;
+    s = slot_at(g->sh, g->index);
+    g->generation = atomic_load(&s->generation);
+    return s;
+}
+
+/* ---- offsets --------------------------------------------------------------- */
+
+/* Moves the offset forward to want (clamped to the committed entry). */
+static int64_t advance(shard *sh, group_slot *s, uint64_t want)
+{
+    uint64_t committed = atomic_load_explicit(&sh->st->next_entry, memory_order_acquire);
+    if (want > committed)
+        want = committed;
+    uint64_t cur = atomic_load_explicit(&s->offset, memory_order_relaxed);
+    while (cur < want &&
+           !atomic_compare_exchange_weak_explicit(&s->offset, &cur, want, memory_order_release,
+                                                  memory_order_relaxed))
+        ;
+    if (cur < want) {
+        atomic_store_explicit(&s->last_ack_ns, coarse_now_ns(), memory_order_relaxed);
+        atomic_fetch_add_explicit(&s->acks, 1, memory_order_relaxed);
+        if (!atomic_load_explicit(&sh->offsets_dirty, memory_order_relaxed))
+            atomic_store_explicit(&sh->offsets_dirty, 1, memory_order_relaxed);
+        return (int64_t)want;
+    }
+    return (int64_t)cur;
+}
+
+int64_t comet_group_ack(comet_group *g, uint64_t entry)
+{
+    if (!g)
+        return set_error(COMET_E_INVALID, "null group");
+    int rc = shard_enter(g->sh);
+    if (rc)
+        return rc;
+    group_slot *s = group_slot_of(g, &rc);
+    int64_t r = s ? advance(g->sh, s, entry + 1) : rc;
+    shard_leave(g->sh);
+    return r;
+}
+
+int64_t comet_group_ack_range(comet_group *g, uint64_t from, uint64_t to)
+{
+    if (!g)
+        return set_error(COMET_E_INVALID, "null group");
+    if (from > to)
+        return set_error(COMET_E_INVALID, "ack_range: from (%" PRIu64 ") is after to (%" PRIu64 ")",
+                         from, to);
+    int rc = shard_enter(g->sh);
+    if (rc)
+        return rc;
+    group_slot *s = group_slot_of(g, &rc);
+    int64_t r = rc;
+    if (s) {
+        uint64_t cur = atomic_load(&s->offset);
+        if (from > cur)
+            r = set_error(COMET_E_ACK_GAP,
+                          "ack_range(%" PRIu64 ", %" PRIu64 ") would skip entries %" PRIu64
+                          "..%" PRIu64 " that group '%s' has not acknowledged in %s",
+                          from, to, cur, from - 1, g->name, g->sh->dir);
+        else
+            r = advance(g->sh, s, to + 1);
+    }
+    shard_leave(g->sh);
+    return r;
+}
+
+int64_t comet_group_reset(comet_group *g, int64_t offset)
+{
+    if (!g)
+        return set_error(COMET_E_INVALID, "null group");
+    int rc = shard_enter(g->sh);
+    if (rc)
+        return rc;
+    group_slot *s = group_slot_of(g, &rc);
+    int64_t r = rc;
+    if (s) {
+        int64_t committed = (int64_t)atomic_load_explicit(&g->sh->st->next_entry, memory_order_acquire);
+        int64_t want = offset < 0 ? committed + offset : offset;
+        if (want < 0)
+            want = 0;
+        if (want > committed)
+            want = committed;
+        atomic_store_explicit(&s->offset, (uint64_t)want, memory_order_release);
+        atomic_store(&g->sh->offsets_dirty, 1);
+        r = want;
+    }
+    shard_leave(g->sh);
+    return r;
+}
+
+int64_t comet_group_offset(comet_group *g)
+{
+    if (!g)
+        return set_error(COMET_E_INVALID, "null group");
+    int rc = shard_enter(g->sh);
+    if (rc)
+        return rc;
+    group_slot *s = group_slot_of(g, &rc);
+    int64_t r = s ? (int64_t)atomic_load_explicit(&s->offset, memory_order_acquire) : rc;
+    shard_leave(g->sh);
+    return r;
+}
+
+int64_t comet_group_lag(comet_group *g)
+{
+    int64_t off = comet_group_offset(g);
+    if (off < 0)
+        return off;
+    int64_t committed = (int64_t)atomic_load_explicit(&g->sh->st->next_entry, memory_order_acquire);
+    return committed > off ? committed - off : 0;
+}
+
+int comet_group_delete(comet_stream *s, const char *name, size_t len)
+{
+    int rc = comet_validate_group_name(name, len);
+    if (rc)
+        return rc;
+    int found = 0;
+    for (uint32_t id = 0; id < (s ? s->shard_count : 0); id++) {
+        shard *sh;
+        rc = shard_acquire(s, id, &sh);
+        if (rc)
+            return rc;
+        rc = lock_groups(sh);
+        if (!rc) {
+            int64_t i = find_slot(sh, name, len);
+            if (i >= 0) {
+                group_slot *slot = slot_at(sh, (uint32_t)i);
+                atomic_store_explicit(&slot->state, 0, memory_order_release);
+                atomic_fetch_add(&slot->generation, 1);
+                found = 1;
+            }
+            pthread_mutex_unlock(&sh->st->groups_lock.mutex);
+        }
+        shard_leave(sh);
+        if (rc)
+            return rc;
+    }
+    if (!s)
+        return set_error(COMET_E_INVALID, "null stream");
+    return found ? 0 : set_error(COMET_E_NO_GROUP, "group '%.*s' is not registered in stream '%s'",
+                                 (int)len, name, s->name);
+}
+
+int comet_group_list(comet_stream *s, uint32_t shard_id, comet_group_info *out, uint32_t cap)
+{
+    shard *sh;
+    int rc = shard_acquire(s, shard_id, &sh);
+    if (rc)
+        return rc;
+    uint32_t n = 0;
+    uint64_t committed = atomic_load_explicit(&sh->st->next_entry, memory_order_acquire);
+    for (uint32_t i = 0; i < OFFSETS_GROUPS; i++) {
+        group_slot *slot = slot_at(sh, i);
+        if (atomic_load_explicit(&slot->state, memory_order_acquire) != 1)
+            continue;
+        if (out && n < cap) {
+            comet_group_info *info = &out[n];
+            memset(info, 0, sizeof *info);
+            memcpy(info->name, slot->name, slot->name_len);
+            info->offset = atomic_load(&slot->offset);
+            info->lag = committed > info->offset ? committed - info->offset : 0;
+            info->last_ack_ns = atomic_load(&slot->last_ack_ns);
+            info->registered_ns = slot->registered_ns;
+            info->acks = atomic_load(&slot->acks);
+        }
+        n++;
+    }
+    shard_leave(sh);
+    return (int)n;
+}

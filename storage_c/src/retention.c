@@ -1,0 +1,272 @@
+/*
+ * retention.c - bounded disk use: deleting whole sealed segments, oldest
+ * first, by age, by shard size and by the size of the whole data directory.
+ *
+ * Deletion always takes a prefix of a shard's segments (the numbering never
+ * gets a hole), never the active segment, and leaves at least min_segments.
+ * With protect_unconsumed, a segment holding entries that some registered
+ * group has not acknowledged stops the deletion, until its newest entry is
+ * older than force_delete_after: then it goes anyway and the entries lost to
+ * the laggiest group are counted.
+ *
+ * Deleting is unlinking under the shard's append lock.  A reader in another
+ * process that still maps the segment keeps reading it (the kernel keeps the
+ * pages until the last mapping goes); a reader whose position was deleted
+ * resumes at the first surviving entry and reports what it skipped.  The
+ * active generation is bumped so every process lists the segments again.
+ *
+ * The whole-directory limit is also a budget: a rotation that would pass it
+ * first deletes what the policy allows from its own shard, and when nothing
+ * may go, the append fails with COMET_E_STORAGE_FULL instead of filling the
+ * disk (shard.c).
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "errors.h"
+#include "internal.h"
+
+static uint64_t size_of(const char *dir, uint64_t base, const char *suffix)
+{
+    char path[COMET_PATH_MAX];
+    struct stat sb;
+    segment_path(path, dir, base, suffix);
+    return stat(path, &sb) ? 0 : (uint64_t)sb.st_size;
+}
+
+uint64_t retention_shard_bytes(shard *sh)
+{
+    uint64_t *bases, total = 0;
+    size_t n;
+    if (shard_segment_bases(sh, &bases, &n))
+        return 0;
+    for (size_t i = 0; i < n; i++)
+        total += size_of(sh->dir, bases[i], SEGMENT_SUFFIX) + size_of(sh->dir, bases[i], INDEX_SUFFIX);
+    free(bases);
+    return total;
+}
+
+static int ends_with(const char *s, const char *suffix)
+{
+    size_t a = strlen(s), b = strlen(suffix);
+    return a > b && strcmp(s + a - b, suffix) == 0;
+}
+
+static uint64_t dir_log_bytes(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return 0;
+    uint64_t total = 0;
+    char path[COMET_PATH_MAX];
+    struct dirent *de;
+    struct stat sb;
+    while ((de = readdir(d)))
+        if ((ends_with(de->d_name, SEGMENT_SUFFIX) || ends_with(de->d_name, INDEX_SUFFIX)) &&
+            !path_format(path, "%s/%s", dir, de->d_name) && !stat(path, &sb))
+            total += (uint64_t)sb.st_size;
+    closedir(d);
+    return total;
+}
+
+uint64_t retention_total_bytes(comet_db *db)
+{
+    DIR *d = opendir(db->path);
+    if (!d)
+        return 0;
+    uint64_t total = 0;
+    char path[COMET_PATH_MAX];
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        if (comet_validate_stream_name(de->d_name, strlen(de->d_name)))
+            continue;
+        if (path_format(path, "%s/%s", db->path, de->d_name))
+            continue;
+        DIR *s = opendir(path);
+        if (!s)
+            continue;
+        struct dirent *sd;
+        char shard_dir[COMET_PATH_MAX];
+        while ((sd = readdir(s)))
+            if (strncmp(sd->d_name, "shard-", 6) == 0 &&
+                !path_format(shard_dir, "%s/%s", path, sd->d_name))
+                total += dir_log_bytes(shard_dir);
+        closedir(s);
+    }
+    closedir(d);
+    return total;
+}
+
+/* Timestamp of a segment's first entry, -1 when it cannot be read. */
+static int64_t first_timestamp(shard *sh, uint64_t base)
+{
+    segment *seg = shard_segment_by_base(sh, base);
+    if (!seg)
+        return -1;
+    int64_t ts = -1;
+    uint32_t lf;
+    if (entry_validate(seg, SEGMENT_DATA_OFFSET, base, ENTRY_LEN_MASK, &lf) == ENTRY_OK)
+        memcpy(&ts, seg->map + SEGMENT_DATA_OFFSET + 12, 8);
+    shard_segment_release(sh, seg);
+    return ts;
+}
+
+static void delete_segment(shard *sh, uint64_t base)
+{
+    char path[COMET_PATH_MAX];
+    segment_path(path, sh->dir, base, SEGMENT_SUFFIX);
+    unlink(path);
+    segment_path(path, sh->dir, base, INDEX_SUFFIX);
+    unlink(path); /* an index left by a crash here has no segment: it is never read */
+}
+
+int retention_shard(shard *sh, uint64_t need, int64_t now, comet_retention_report *rep)
+{
+    const comet_config *cfg = &sh->stream->db->cfg;
+    state_file *st = sh->st;
+    int rc = shard_refresh_segments(sh);
+    uint64_t *bases = NULL;
+    size_t n = 0;
+    if (!rc)
+        rc = shard_segment_bases(sh, &bases, &n);
+    if (rc)
+        return rc;
+    uint64_t active = atomic_load(&st->active_end) ? atomic_load(&st->active_base) : UINT64_MAX;
+    uint64_t keep = cfg->retention_min_segments > 1 ? cfg->retention_min_segments : 1;
+    uint64_t total = 0;
+    uint64_t *sizes = calloc(n ? n : 1, sizeof *sizes);
+    if (!sizes) {
+        free(bases);
+        return set_error(COMET_E_NOMEM, "out of memory");
+    }
+    for (size_t i = 0; i < n; i++) {
+        sizes[i] = size_of(sh->dir, bases[i], SEGMENT_SUFFIX) + size_of(sh->dir, bases[i], INDEX_SUFFIX);
+        total += sizes[i];
+    }
+    int registered = 0;
+    uint64_t min_offset = cfg->retention_protect_unconsumed ? offsets_min(sh, &registered) : UINT64_MAX;
+    int64_t age_cut = cfg->retention_max_age_ms ? now - (int64_t)cfg->retention_max_age_ms * 1000000 : INT64_MIN;
+    int64_t force_cut = cfg->retention_force_delete_after_ms
+                            ? now - (int64_t)cfg->retention_force_delete_after_ms * 1000000
+                            : INT64_MIN;
+    uint64_t freed = 0, deleted = 0, lost = 0;
+    for (size_t i = 0; i + 1 < n && bases[i] < active && n - deleted > keep; i++) {
+        uint64_t end = bases[i + 1];
+        int64_t newest = first_timestamp(sh, end); /* no entry of segment i is newer */
+        int by_age = newest >= 0 && newest < age_cut;
+        int by_size = cfg->retention_max_shard_bytes && total - freed > cfg->retention_max_shard_bytes;
+        int by_need = freed < need;
+        if (!by_age && !by_size && !by_need)
+            break;
+        uint64_t lost_here = 0;
+        if (min_offset < end) {
+            if (!(newest >= 0 && newest < force_cut)) {
+                if (rep)
+                    rep->protected_segments++;
+                break;
+            }
+            lost_here = end - (min_offset > bases[i] ? min_offset : bases[i]);
+        }
+        delete_segment(sh, bases[i]);
+        freed += sizes[i];
+        deleted++;
+        lost += lost_here;
+    }
+    if (deleted) {
+        atomic_store(&st->first_entry, bases[deleted]);
+        wc_add(st, WC_RETENTION_DELETED_SEGMENTS, deleted);
+        wc_add(st, WC_RETENTION_DELETED_BYTES, freed);
+        wc_add(st, WC_RETENTION_LOST_ENTRIES, lost);
+        atomic_fetch_add_explicit(&st->active_gen, 1, memory_order_release);
+        shard_refresh_segments(sh);
+        if (rep) {
+            rep->deleted_segments += deleted;
+            rep->deleted_bytes += freed;
+            rep->lost_entries += lost;
+        }
+    }
+    free(sizes);
+    free(bases);
+    return 0;
+}
+
+static int owned(const comet_db *db, uint32_t shard_id)
+{
+    return db->slot < 0 || shard_id % db->cfg.process_count == (uint32_t)db->slot;
+}
+
+/* One pass over a stream's existing shards that this process owns. */
+static int retention_stream(comet_db *db, comet_stream *s, uint64_t *excess, int64_t now,
+                            comet_retention_report *rep)
+{
+    for (uint32_t id = 0; id < s->shard_count; id++) {
+        char dir[COMET_PATH_MAX];
+        struct stat sb;
+        if (!owned(db, id) || path_format(dir, "%s/shard-%04u", s->dir, id) || stat(dir, &sb))
+            continue; /* never created: nothing to delete, and nothing to create */
+        shard *sh;
+        int rc = shard_acquire(s, id, &sh);
+        if (rc)
+            return rc;
+        rc = shard_lock(sh);
+        if (!rc) {
+            comet_retention_report here = {0};
+            rc = retention_shard(sh, *excess, now, &here);
+            shard_unlock(sh);
+            *excess = here.deleted_bytes >= *excess ? 0 : *excess - here.deleted_bytes;
+            if (rep) {
+                rep->deleted_segments += here.deleted_segments;
+                rep->deleted_bytes += here.deleted_bytes;
+                rep->lost_entries += here.lost_entries;
+                rep->protected_segments += here.protected_segments;
+            }
+        }
+        shard_leave(sh);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+int comet_run_retention(comet_db *db, comet_retention_report *out)
+{
+    if (!db)
+        return set_error(COMET_E_INVALID, "comet_run_retention: null db");
+    int rc = db_enter(db);
+    if (rc)
+        return rc;
+    if (out)
+        memset(out, 0, sizeof *out);
+    uint64_t excess = 0;
+    if (db->cfg.retention_max_total_bytes) {
+        uint64_t used = retention_total_bytes(db);
+        excess = used > db->cfg.retention_max_total_bytes ? used - db->cfg.retention_max_total_bytes : 0;
+    }
+    int64_t now = now_ns();
+    DIR *d = opendir(db->path);
+    if (!d) {
+        rc = set_errno_error(errno, "cannot list %s", db->path);
+        db_leave(db);
+        return rc;
+    }
+    struct dirent *de;
+    while (!rc && (de = readdir(d))) {
+        size_t len = strlen(de->d_name);
+        if (comet_validate_stream_name(de->d_name, len))
+            continue;
+        comet_stream *s;
+        if (comet_stream_open(db, de->d_name, len, 0, 0, &s))
+            continue; /* a directory that is not a stream */
+        rc = retention_stream(db, s, &excess, now, out);
+    }
+    closedir(d);
+    if (!rc)
+        clear_error();
+    db_leave(db);
+    return rc;
+}

@@ -1,0 +1,214 @@
+"""comet ship: NDJSON.zst objects in a directory or S3, exactly once (SPEC 5)."""
+
+from __future__ import annotations
+
+import random
+import re
+import signal
+import subprocess
+import sys
+import time
+from array import array
+from pathlib import Path
+from typing import Iterator
+
+import orjson
+import pytest
+import zstandard
+
+from consumers import Consumer, DirectorySink, S3Sink, ShipConfig, Shipper, object_key
+from consumers.ship import HOUR_NS
+from storage_c import Config, Log, ReadBatch
+
+from .conftest import read_all
+
+KEY = re.compile(r"^(?P<stream>[^/]+)/dt=(?P<dt>\d{4}-\d\d-\d\d)/hour=(?P<hour>\d\d)/"
+                 r"shard=(?P<shard>\d{4})/(?P<first>\d{20})-(?P<last>\d{20})\.ndjson\.zst$")
+CFG = Config(shards=4, segment_bytes=1 << 20)
+COMET = Path(sys.executable).with_name("comet")
+
+
+def events(shard: int, start: int, n: int) -> list[bytes]:
+    rng = random.Random(shard * 100_000 + start)
+    return [orjson.dumps({"shard": shard, "n": start + i, "msg": "x" * rng.randrange(50, 400)})
+            for i in range(n)]
+
+
+def fill(log: Log, per_shard: int, start: int = 0) -> None:
+    log.create_stream("ev", 4)
+    for shard in range(4):
+        log.append_batch("ev", events(shard, start, per_shard), shard=shard)
+
+
+def check_objects(log: Log, sink: DirectorySink | S3Sink, stream: str = "ev") -> int:
+    """Objects cover every shipped entry once, in order, with nothing overlapping."""
+    by_shard: dict[int, list[tuple[int, int, list[bytes]]]] = {}
+    for key in sink.keys(stream + "/"):
+        m = KEY.match(key)
+        assert m, f"unexpected key {key}"
+        lines = zstandard.ZstdDecompressor().decompress(sink.get(key)).split(b"\n")
+        assert lines[-1] == b""
+        by_shard.setdefault(int(m["shard"]), []).append((int(m["first"]), int(m["last"]), lines[:-1]))
+    total = 0
+    for shard, objects in by_shard.items():
+        objects.sort()
+        shipped = [line for _, _, lines in objects for line in lines]
+        expect = 0
+        for first, last, lines in objects:
+            assert first == expect, f"shard {shard}: gap or overlap before {first}"
+            assert len(lines) == last - first + 1
+            expect = last + 1
+        stored = [p for _, _, p in read_all(log, stream, shard)][: len(shipped)]
+        assert shipped == stored, f"shard {shard}: objects differ from the log"
+        assert log.group(stream, shard, "ship").offset == expect
+        total += len(shipped)
+    return total
+
+
+def test_ship_to_a_directory(data_dir: Path, tmp_path: Path) -> None:
+    sink = DirectorySink(tmp_path / "lake")
+    with Log(data_dir, CFG) as log:
+        fill(log, 3000)
+        with Consumer(log, "ev", "ship") as c:
+            stats = Shipper(c, sink, ShipConfig(max_object_bytes=100_000)).run(once=True)
+        assert check_objects(log, sink) == 12_000
+        assert stats.objects == len(sink.keys()) > 12
+        assert all(len(zstandard.ZstdDecompressor().decompress(sink.get(k))) <= 100_000
+                   for k in sink.keys())
+        fill(log, 500, start=3000)  # a second run ships only what is new
+        with Consumer(log, "ev", "ship") as c:
+            Shipper(c, sink, ShipConfig(max_object_bytes=100_000)).run(once=True)
+        assert check_objects(log, sink) == 14_000
+        assert all(g.lag == 0 for g in log.groups("ev") if g.name == "ship")
+
+
+def test_cuts_at_hour_boundaries_and_names_objects_by_offsets(tmp_path: Path, data_dir: Path) -> None:
+    sink = DirectorySink(tmp_path / "lake")
+    with Log(data_dir, CFG) as log:
+        log.create_stream("ev", 4)
+        with Consumer(log, "ev", "ship") as c:
+            shipper = Shipper(c, sink, ShipConfig())
+            base = (1_800_000_000 * 10**9 // HOUR_NS) * HOUR_NS
+            stamps = [base - 2, base - 1, base, base + 5, base + HOUR_NS + 1]
+            payloads = [b'{"a":%d}' % i for i in range(5)]
+            data = b"".join(payloads)
+            offsets = array("i", [0])
+            for p in payloads:
+                offsets.append(offsets[-1] + len(p))
+            batch = ReadBatch("ev", 2, data, offsets, array("q", range(5)), array("q", stamps), 5, 0)
+            log.append_batch("ev", payloads, shard=2)  # so that acks are not clamped away
+            shipper.take(2, batch, lambda: False)
+            shipper.flush(2, lambda: False)
+    keys = sink.keys()
+    assert keys == sorted([object_key("ev", 2, (base - 1) // HOUR_NS, 0, 1),
+                           object_key("ev", 2, base // HOUR_NS, 2, 3),
+                           object_key("ev", 2, base // HOUR_NS + 1, 4, 4)])
+    assert keys[0].startswith("ev/dt=2027-01-15/hour=07/shard=0002/")
+
+
+def test_payloads_with_newlines_stay_exact(tmp_path: Path, data_dir: Path) -> None:
+    sink = DirectorySink(tmp_path / "lake")
+    with Log(data_dir, CFG) as log:
+        log.append_batch("nl", [b"one\ntwo", b"\x00\xff binary"], shard=0)
+        with Consumer(log, "nl", "ship") as c:
+            Shipper(c, sink).run(once=True)
+    [key] = sink.keys()
+    lines = zstandard.ZstdDecompressor().decompress(sink.get(key)).split(b"\n")[:-1]
+    import base64
+
+    assert base64.b64decode(orjson.loads(lines[0])["comet_base64"]) == b"one\ntwo"
+    assert lines[1] == b"\x00\xff binary"
+
+
+class FlakySink(DirectorySink):
+    def __init__(self, root: Path, failures: int) -> None:
+        super().__init__(root)
+        self.failures = failures
+
+    def put(self, key: str, data: bytes) -> None:
+        if self.failures:
+            self.failures -= 1
+            raise ConnectionError("the network is down")
+        super().put(key, data)
+
+
+def test_sink_failures_are_retried(tmp_path: Path, data_dir: Path) -> None:
+    sink = FlakySink(tmp_path / "lake", failures=3)
+    with Log(data_dir, CFG) as log:
+        fill(log, 100)
+        with Consumer(log, "ev", "ship") as c:
+            stats = Shipper(c, sink, ShipConfig(retry_backoff_s=0.01)).run(once=True)
+        assert stats.upload_errors == 3
+        assert check_objects(log, sink) == 400
+
+
+@pytest.fixture
+def moto_s3() -> Iterator[str]:
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()
+
+
+def test_ship_to_s3(moto_s3: str, data_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import boto3
+
+    for var, value in {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
+                       "AWS_DEFAULT_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(var, value)
+    boto3.client("s3", endpoint_url=moto_s3).create_bucket(Bucket="edge")
+    with Log(data_dir, CFG) as log:
+        fill(log, 1000)
+    out = subprocess.run([str(COMET), "ship", str(data_dir), "ev", "s3://edge/lake",
+                          "--endpoint-url", moto_s3, "--max-object-bytes", "50000", "--once"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    sink = S3Sink("edge", "lake", endpoint_url=moto_s3)
+    with Log(data_dir, CFG) as log:
+        assert check_objects(log, sink) == 4000
+    assert all(k.startswith("ev/dt=") for k in sink.keys())
+
+
+def ship_command(data_dir: Path, lake: Path, *extra: str) -> list[str]:
+    return [str(COMET), "ship", str(data_dir), "ev", str(lake), "--max-object-bytes", "20000",
+            "--max-object-age", "0.05", *extra]
+
+
+def test_kill_9_twenty_times(data_dir: Path, tmp_path: Path) -> None:
+    lake = tmp_path / "lake"
+    rng = random.Random(11)
+    start = 0
+    with Log(data_dir, CFG) as log:
+        fill(log, 400)
+        start = 400
+        for _ in range(20):
+            shipper = subprocess.Popen(ship_command(data_dir, lake), stderr=subprocess.DEVNULL)
+            time.sleep(rng.uniform(0.3, 0.9))
+            fill(log, 150, start=start)  # the log keeps growing meanwhile
+            start += 150
+            time.sleep(rng.uniform(0.0, 0.3))
+            shipper.send_signal(signal.SIGKILL)
+            shipper.wait()
+        final = subprocess.run(ship_command(data_dir, lake, "--once"), capture_output=True,
+                               text=True, timeout=120)
+        assert final.returncode == 0, final.stderr
+        assert check_objects(log, DirectorySink(lake)) == 4 * start
+        keys = DirectorySink(lake).keys()
+        assert len(keys) == len(set(keys))
+
+
+def test_sigterm_finishes_the_current_object(data_dir: Path, tmp_path: Path) -> None:
+    lake = tmp_path / "lake"
+    with Log(data_dir, CFG) as log:
+        fill(log, 200)
+        shipper = subprocess.Popen([str(COMET), "ship", str(data_dir), "ev", str(lake),
+                                    "--max-object-age", "3600"], stderr=subprocess.PIPE)
+        time.sleep(1.5)  # everything read, nothing old enough to cut yet
+        shipper.send_signal(signal.SIGTERM)
+        _, err = shipper.communicate(timeout=60)
+        assert shipper.returncode == 0
+        assert b'"event": "stopped"' in err
+        assert check_objects(log, DirectorySink(lake)) == 800  # the open objects were shipped
