@@ -42,6 +42,7 @@ import zstandard
 from storage_c import ReadBatch
 
 from .consumer import Consumer
+from .files import write_durably
 from .loop import backoff, sleep_unless, stopper
 from .sinks import Sink
 
@@ -254,19 +255,8 @@ class Shipper:
         return self.intents / f"shard-{shard:04d}.intent"
 
     def write_intent(self, shard: int, first: int, last: int, key: str) -> None:
-        path = self.intent_path(shard)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        with open(tmp, "wb") as f:
-            f.write(orjson.dumps({"first": first, "last": last, "key": key}))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        write_durably(self.intent_path(shard),
+                      orjson.dumps({"first": first, "last": last, "key": key}))
 
     def resume(self, stopped: Callable[[], bool]) -> bool:
         """Finishes the object each shard's last run had decided on; False

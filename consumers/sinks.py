@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlparse
 
+from .files import write_durably
+
 
 class Sink(Protocol):
     def put(self, key: str, data: bytes) -> None: ...
@@ -36,19 +38,7 @@ class DirectorySink:
 
     def put(self, key: str, data: bytes) -> None:
         _check_key(key)
-        path = self.root / key
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        write_durably(self.root / key, data)
 
     def keys(self, prefix: str = "") -> list[str]:
         """Stored keys (temporary files excluded), sorted."""

@@ -164,8 +164,10 @@ void shard_segment_release(shard *sh, segment *seg);
 int shard_segment_fd(shard *sh, segment *seg); /* opened once, kept */
 int shard_refresh_segments(shard *sh);
 void shard_segments_clear(shard *sh);
-/* Snapshot of the segment bases; caller frees. */
+/* Snapshot of the segment bases; caller frees.  _list reads the directory
+ * again first (repair and retention); _bases trusts the cache. */
 int shard_segment_bases(shard *sh, uint64_t **bases, size_t *count);
+int shard_list_segments(shard *sh, uint64_t **bases, size_t *count);
 
 /* ---- offsets.c ----------------------------------------------------------- */
 

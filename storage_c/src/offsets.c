@@ -307,6 +307,22 @@ static group_slot *group_slot_of(comet_group *g, int *rc)
 
 /* ---- offsets --------------------------------------------------------------- */
 
+/* Holds the shard and returns the handle's slot; NULL (and *rc) on failure,
+ * with nothing held.  Pair a non-NULL result with shard_leave(g->sh). */
+static group_slot *group_enter(comet_group *g, int *rc)
+{
+    if (!g) {
+        *rc = set_error(COMET_E_INVALID, "null group");
+        return NULL;
+    }
+    if ((*rc = shard_enter(g->sh)))
+        return NULL;
+    group_slot *s = group_slot_of(g, rc);
+    if (!s)
+        shard_leave(g->sh);
+    return s;
+}
+
 /* Moves the offset forward to want (clamped to the committed entry). */
 static int64_t advance(shard *sh, group_slot *s, uint64_t want)
 {
@@ -330,76 +346,59 @@ static int64_t advance(shard *sh, group_slot *s, uint64_t want)
 
 int64_t comet_group_ack(comet_group *g, uint64_t entry)
 {
-    if (!g)
-        return set_error(COMET_E_INVALID, "null group");
-    int rc = shard_enter(g->sh);
-    if (rc)
+    int rc;
+    group_slot *s = group_enter(g, &rc);
+    if (!s)
         return rc;
-    group_slot *s = group_slot_of(g, &rc);
-    int64_t r = s ? advance(g->sh, s, entry + 1) : rc;
+    int64_t r = advance(g->sh, s, entry + 1);
     shard_leave(g->sh);
     return r;
 }
 
 int64_t comet_group_ack_range(comet_group *g, uint64_t from, uint64_t to)
 {
-    if (!g)
-        return set_error(COMET_E_INVALID, "null group");
     if (from > to)
         return set_error(COMET_E_INVALID, "ack_range: from (%" PRIu64 ") is after to (%" PRIu64 ")",
                          from, to);
-    int rc = shard_enter(g->sh);
-    if (rc)
+    int rc;
+    group_slot *s = group_enter(g, &rc);
+    if (!s)
         return rc;
-    group_slot *s = group_slot_of(g, &rc);
-    int64_t r = rc;
-    if (s) {
-        uint64_t cur = atomic_load(&s->offset);
-        if (from > cur)
-            r = set_error(COMET_E_ACK_GAP,
-                          "ack_range(%" PRIu64 ", %" PRIu64 ") would skip entries %" PRIu64
-                          "..%" PRIu64 " that group '%s' has not acknowledged in %s",
-                          from, to, cur, from - 1, g->name, g->sh->dir);
-        else
-            r = advance(g->sh, s, to + 1);
-    }
+    uint64_t cur = atomic_load(&s->offset);
+    int64_t r = from > cur ? set_error(COMET_E_ACK_GAP,
+                                       "ack_range(%" PRIu64 ", %" PRIu64 ") would skip entries %" PRIu64
+                                       "..%" PRIu64 " that group '%s' has not acknowledged in %s",
+                                       from, to, cur, from - 1, g->name, g->sh->dir)
+                           : advance(g->sh, s, to + 1);
     shard_leave(g->sh);
     return r;
 }
 
 int64_t comet_group_reset(comet_group *g, int64_t offset)
 {
-    if (!g)
-        return set_error(COMET_E_INVALID, "null group");
-    int rc = shard_enter(g->sh);
-    if (rc)
+    int rc;
+    group_slot *s = group_enter(g, &rc);
+    if (!s)
         return rc;
-    group_slot *s = group_slot_of(g, &rc);
-    int64_t r = rc;
-    if (s) {
-        int64_t committed = (int64_t)atomic_load_explicit(&g->sh->st->next_entry, memory_order_acquire);
-        int64_t want = offset < 0 ? committed + offset : offset;
-        if (want < 0)
-            want = 0;
-        if (want > committed)
-            want = committed;
-        atomic_store_explicit(&s->offset, (uint64_t)want, memory_order_release);
-        atomic_store(&g->sh->offsets_dirty, 1);
-        r = want;
-    }
+    int64_t committed = (int64_t)atomic_load_explicit(&g->sh->st->next_entry, memory_order_acquire);
+    int64_t want = offset < 0 ? committed + offset : offset;
+    if (want < 0)
+        want = 0;
+    if (want > committed)
+        want = committed;
+    atomic_store_explicit(&s->offset, (uint64_t)want, memory_order_release);
+    atomic_store(&g->sh->offsets_dirty, 1);
     shard_leave(g->sh);
-    return r;
+    return want;
 }
 
 int64_t comet_group_offset(comet_group *g)
 {
-    if (!g)
-        return set_error(COMET_E_INVALID, "null group");
-    int rc = shard_enter(g->sh);
-    if (rc)
+    int rc;
+    group_slot *s = group_enter(g, &rc);
+    if (!s)
         return rc;
-    group_slot *s = group_slot_of(g, &rc);
-    int64_t r = s ? (int64_t)atomic_load_explicit(&s->offset, memory_order_acquire) : rc;
+    int64_t r = (int64_t)atomic_load_explicit(&s->offset, memory_order_acquire);
     shard_leave(g->sh);
     return r;
 }

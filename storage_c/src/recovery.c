@@ -238,11 +238,9 @@ int recovery_repair_tail(shard *sh, int state_rebuilt)
 {
     state_file *st = sh->st;
     remove_temp_files(sh->dir);
-    int rc = shard_refresh_segments(sh);
-    uint64_t *bases = NULL;
-    size_t n = 0;
-    if (!rc)
-        rc = shard_segment_bases(sh, &bases, &n);
+    uint64_t *bases;
+    size_t n;
+    int rc = shard_list_segments(sh, &bases, &n);
     if (rc)
         return rc;
     if (n == 0) {

@@ -129,11 +129,9 @@ int retention_shard(shard *sh, uint64_t need, int64_t now, comet_retention_repor
 {
     const comet_config *cfg = &sh->stream->db->cfg;
     state_file *st = sh->st;
-    int rc = shard_refresh_segments(sh);
-    uint64_t *bases = NULL;
-    size_t n = 0;
-    if (!rc)
-        rc = shard_segment_bases(sh, &bases, &n);
+    uint64_t *bases;
+    size_t n;
+    int rc = shard_list_segments(sh, &bases, &n);
     if (rc)
         return rc;
     uint64_t active = atomic_load(&st->active_end) ? atomic_load(&st->active_base) : UINT64_MAX;

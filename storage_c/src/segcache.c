@@ -277,6 +277,14 @@ void shard_segment_release(shard *sh, segment *seg)
     pthread_mutex_unlock(&sh->cache_lock);
 }
 
+int shard_list_segments(shard *sh, uint64_t **bases, size_t *count)
+{
+    *bases = NULL;
+    *count = 0;
+    int rc = shard_refresh_segments(sh);
+    return rc ? rc : shard_segment_bases(sh, bases, count);
+}
+
 int shard_segment_bases(shard *sh, uint64_t **bases, size_t *count)
 {
     pthread_mutex_lock(&sh->cache_lock);
