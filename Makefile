@@ -19,8 +19,7 @@ CTESTS := $(patsubst storage_c/tests/%.c,$(BUILD)/%,$(wildcard storage_c/tests/t
 test: system-deps $(STAMP) ctest pytest
 
 serve: system-deps $(STAMP)
-	@echo "not yet: the gateway lands with its own issue; the storage CLI is ready:"
-	@echo "  $(VENV)/bin/comet stat ./data"
+	$(VENV)/bin/comet serve --data-dir ./data --host 127.0.0.1 --port 8080
 
 # Debian packages the C core builds against (idempotent; needs root or sudo).
 system-deps:

@@ -32,7 +32,7 @@ from .errors import (
     StreamNotFound,
 )
 from .groups import Group
-from .log import Log
+from .log import Log, check_stream_name
 from .records import (
     BatchResult,
     Entry,
@@ -80,4 +80,5 @@ __all__ = [
     "StreamStats",
     "TooManyGroups",
     "VerifyReport",
+    "check_stream_name",
 ]

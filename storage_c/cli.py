@@ -5,6 +5,7 @@
     comet verify  <data-dir> [--stream S]
     comet consume <data-dir> <stream> --group G [-n N] [-f]
     comet ship    <data-dir> <stream> <sink> [--group ship] [--max-object-bytes ...]
+    comet serve   [--config FILE] [--data-dir D] [--host H] [--port P] [--workers N]
 
 The inspection commands open the directory without creating anything, claim
 no process slot and run no flusher, so they are safe next to running writers.
@@ -290,6 +291,28 @@ def ship(data_dir: str, stream: str, sink: str, group: str, max_object_bytes: in
     click.echo(json.dumps({"event": "stopped", "objects": stats.objects, "entries": stats.entries,
                            "raw_bytes": stats.raw_bytes, "stored_bytes": stats.stored_bytes,
                            "upload_errors": stats.upload_errors}), err=True)
+
+
+@main.command()
+@click.option("--config", "config_file", type=click.Path(dir_okay=False), envvar="COMET_CONFIG",
+              help="TOML configuration file.")
+@click.option("--data-dir", help="Data directory (default ./data).")
+@click.option("--host", help="Address to bind (default 127.0.0.1).")
+@click.option("--port", type=int, help="Port (default 8080).")
+@click.option("--workers", type=int, help="Worker processes (default: one per CPU).")
+def serve(config_file: str | None, data_dir: str | None, host: str | None, port: int | None,
+          workers: int | None) -> None:
+    """Runs the HTTP ingest gateway (gunicorn + uvicorn workers).
+
+    HUP reloads the workers gracefully; TERM drains and stops."""
+    from gateway.config import ConfigError
+    from gateway.serve import exec_gunicorn
+
+    try:
+        exec_gunicorn(config_file, {"data_dir": data_dir, "host": host, "port": port,
+                                    "workers": workers})
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
 
 
 if __name__ == "__main__":

@@ -123,6 +123,14 @@ class _Codec(threading.local):
         self.compressor = zstandard.ZstdCompressor(level=level, write_content_size=True)
 
 
+def check_stream_name(name: str) -> None:
+    """Raises StreamNameError unless ``name`` is a valid stream name."""
+    raw = name.encode("utf-8", "surrogateescape")
+    rc = lib.comet_validate_stream_name(raw, len(raw))
+    if rc < 0:
+        raise_for(rc)
+
+
 def _as_bytes(payload: object) -> bytes:
     if isinstance(payload, bytes):
         return payload

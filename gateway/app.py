@@ -1,0 +1,120 @@
+"""The Starlette application: routes, the worker's lifespan, errors as JSON.
+
+    app = create_app(gateway.config.load())
+
+Every route is a thin function over ``ingest`` (writes) or ``reads``; the
+worker's state lives in one ``Runtime`` on ``app.state``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from contextlib import asynccontextmanager
+from typing import AsyncIterator, Awaitable, Callable
+
+import orjson
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from . import auth, logs, metrics, openapi, reads
+from .config import GatewayConfig
+from .errors import HTTPError, error_response, response_for
+from .ingest import Outcome, ingest
+from .runtime import Runtime
+
+log = logging.getLogger("comet.gateway")
+
+def create_app(config: GatewayConfig, *, access_log: bool = True) -> Starlette:
+    runtime = Runtime(config)
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        runtime.claim_slot()  # already under way when gunicorn's post_worker_init ran
+        deadline = time.monotonic() + config.slot_wait_s
+        while runtime.metrics is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        yield
+        await run_in_threadpool(runtime.drain_and_close)
+
+    def guarded(handler: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
+        async def endpoint(request: Request) -> Response:
+            try:
+                auth.check(request, config)
+                return await handler(request)
+            except HTTPError as exc:
+                return response_for(exc)
+            except Exception:  # a bug, not the client's fault: say so, keep serving
+                log.exception('{"event": "internal_error", "path": %s}', orjson.dumps(request.url.path).decode())
+                return error_response(500, "internal", "unexpected error; see the gateway's log")
+        return endpoint
+
+    async def post_stream(request: Request) -> Response:
+        t0 = time.perf_counter()
+        outcome = Outcome()
+        try:
+            response = await ingest(request, runtime, outcome)
+        except HTTPError as exc:
+            response = response_for(exc)
+        outcome.status = response.status_code
+        seconds = time.perf_counter() - t0
+        if runtime.metrics is not None:
+            received = request.headers.get("content-length")
+            runtime.metrics.observe(outcome.status, seconds,
+                                    outcome.events if outcome.status == 202 else 0,
+                                    int(received) if received and received.isdigit() else 0)
+        if access_log:
+            logs.access({"event": "request", "method": "POST", "path": request.url.path,
+                         "status": outcome.status, "events": outcome.events,
+                         "ms": round(seconds * 1000, 3), "slot": runtime.slot})
+        return response
+
+    async def get_metrics(request: Request) -> Response:
+        assert runtime.log is not None
+        text = await run_in_threadpool(metrics.render, runtime.log, config.data_dir)
+        return Response(text, media_type="text/plain; version=0.0.4")
+
+    async def get_openapi(request: Request) -> Response:
+        return reads.json(openapi.document(config))
+
+    async def get_health(request: Request) -> Response:
+        return reads.healthz(runtime)
+
+    async def get_ready(request: Request) -> Response:
+        return reads.readyz(runtime)
+
+    async def get_streams(request: Request) -> Response:
+        return reads.list_streams(runtime)
+
+    async def get_stream(request: Request) -> Response:
+        return reads.describe_stream(runtime, request.path_params["name"])
+
+    async def get_entries(request: Request) -> Response:
+        return reads.peek(request, runtime, request.path_params["name"])
+
+    # {name:path} takes slashes too, so that "a/b" or "..%2Fetc" reach the
+    # name check (400) instead of missing every route (404).
+    routes = [
+        Route("/streams/{name:path}/entries", guarded(get_entries), methods=["GET"]),
+        Route("/streams/{name:path}", guarded(post_stream), methods=["POST"]),
+        Route("/streams/{name:path}", guarded(get_stream), methods=["GET"]),
+        Route("/streams", guarded(get_streams), methods=["GET"]),
+        Route("/healthz", guarded(get_health), methods=["GET"]),
+        Route("/readyz", guarded(get_ready), methods=["GET"]),
+        Route("/metrics", guarded(get_metrics), methods=["GET"]),
+        Route("/openapi.json", guarded(get_openapi), methods=["GET"]),
+    ]
+    async def not_found(request: Request, exc: Exception) -> Response:
+        return error_response(404, "not_found", f"no route for {request.url.path}")
+
+    async def bad_method(request: Request, exc: Exception) -> Response:
+        return error_response(405, "method_not_allowed", f"{request.method} is not allowed here")
+
+    app = Starlette(routes=routes, lifespan=lifespan,
+                    exception_handlers={404: not_found, 405: bad_method})
+    app.state.runtime = runtime
+    return app

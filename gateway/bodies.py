@@ -1,0 +1,91 @@
+"""Request bodies: reading them within a size limit, and decompressing them
+within another, so that neither a large upload nor a decompression bomb can
+take a worker's memory."""
+
+from __future__ import annotations
+
+import zlib
+from typing import AsyncIterator
+
+import zstandard
+
+from .errors import HTTPError
+
+ENCODINGS = ("identity", "gzip", "zstd")
+CHUNK = 1 << 16
+
+
+async def read_limited(chunks: AsyncIterator[bytes], limit: int) -> bytes:
+    """The whole body, or 413 as soon as it passes ``limit`` bytes."""
+    parts: list[bytes] = []
+    size = 0
+    async for chunk in chunks:
+        size += len(chunk)
+        if size > limit:
+            raise HTTPError(413, "body_too_large",
+                            f"request body is larger than max_body_bytes ({limit})")
+        parts.append(chunk)
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+def encoding_of(header: str | None) -> str:
+    value = (header or "identity").strip().lower()
+    if value not in ENCODINGS:
+        raise HTTPError(415, "unsupported_encoding",
+                        f"Content-Encoding {value!r} is not supported; use gzip, zstd or identity")
+    return value
+
+
+def _too_big(limit: int) -> HTTPError:
+    return HTTPError(413, "decompressed_too_large",
+                     f"decompressed body is larger than max_decompressed_bytes ({limit})")
+
+
+def decompress(body: bytes, encoding: str, limit: int) -> bytes:
+    """The decoded body; 413 the moment it would pass ``limit`` bytes, 400 if
+    it is not valid data of that encoding."""
+    if encoding == "identity":
+        return body
+    if encoding == "gzip":
+        d = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+        try:
+            out = d.decompress(body, limit + 1)
+            if len(out) > limit or d.unconsumed_tail:
+                raise _too_big(limit)
+            out += d.flush()
+        except zlib.error as exc:
+            raise HTTPError(400, "bad_encoding", f"body is not valid gzip: {exc}") from None
+        if len(out) > limit:
+            raise _too_big(limit)
+        if not d.eof:
+            raise HTTPError(400, "bad_encoding", "gzip body is truncated")
+        if d.unused_data:
+            raise HTTPError(400, "bad_encoding", "bytes after the end of the gzip stream")
+        return out
+    return _zstd(body, limit)
+
+
+def _zstd(body: bytes, limit: int) -> bytes:
+    """One zstd frame.  When the frame does not record its size, a bounded
+    stream read first proves the output fits (a small frame can claim
+    gigabytes); the decoding proper then also proves the frame is complete."""
+    try:
+        size = zstandard.frame_content_size(body)
+        if size > limit:
+            raise _too_big(limit)
+        if size < 0:
+            seen = 0
+            with zstandard.ZstdDecompressor().stream_reader(body) as reader:
+                while chunk := reader.read(CHUNK):
+                    seen += len(chunk)
+                    if seen > limit:
+                        raise _too_big(limit)
+        d = zstandard.ZstdDecompressor().decompressobj()
+        out = d.decompress(body)
+    except zstandard.ZstdError as exc:
+        raise HTTPError(400, "bad_encoding", f"body is not valid zstd: {exc}") from None
+    if not d.eof:
+        raise HTTPError(400, "bad_encoding", "zstd body is truncated")
+    if d.unused_data:
+        raise HTTPError(400, "bad_encoding", "bytes after the end of the zstd frame")
+    return out

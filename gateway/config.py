@@ -1,0 +1,181 @@
+"""Gateway configuration: a TOML file, then ``COMET_*`` environment variables.
+
+    data_dir = "/var/lib/comet"
+    host = "0.0.0.0"
+    port = 8080
+    workers = 2                 # 0: one per CPU
+    auth = "auto"               # "auto": tokens required unless bound to loopback; "on"; "off"
+    tokens = ["s3cret"]
+    max_body_bytes = 16777216
+    max_decompressed_bytes = 67108864
+    inflight_bytes = 67108864   # per worker; above it requests get 429
+    validate = true             # parse JSON and NDJSON bodies before storing
+    auto_create = true
+
+    [storage]                   # any field of storage_c.Config
+    shards = 16
+    durability = "interval"
+
+    [streams.metrics]           # per-stream overrides
+    validate = false
+
+Every top-level key has an environment variable ``COMET_<KEY>`` (``COMET_TOKENS``
+is comma-separated), every storage key ``COMET_STORAGE_<KEY>``; the
+environment wins over the file.  ``COMET_CONFIG`` names the file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from storage_c import Config
+
+MiB = 1 << 20
+LOOPBACK_NAMES = {"localhost", "ip6-localhost"}
+
+
+class ConfigError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class StreamPolicy:
+    validate: bool = True
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    data_dir: str = "./data"
+    host: str = "127.0.0.1"
+    port: int = 8080
+    workers: int = 0
+    auth: str = "auto"
+    tokens: tuple[str, ...] = ()
+    max_body_bytes: int = 16 * MiB
+    max_decompressed_bytes: int = 64 * MiB
+    inflight_bytes: int = 64 * MiB
+    max_entries_per_read: int = 1000
+    validate: bool = True
+    auto_create: bool = True
+    retry_after_s: int = 1
+    slot_wait_s: float = 10.0
+    """How long a starting worker waits for a free process slot before serving (with 503s)."""
+    storage: Config = field(default_factory=Config)
+    streams: Mapping[str, StreamPolicy] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.auth not in ("auto", "on", "off"):
+            raise ConfigError(f"auth must be 'auto', 'on' or 'off', not {self.auth!r}")
+        if self.auth == "on" and not self.tokens:
+            raise ConfigError("auth is on but no tokens are configured")
+        for name in ("max_body_bytes", "max_decompressed_bytes", "inflight_bytes", "port"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be positive")
+        if self.workers < 0:
+            raise ConfigError("workers must be >= 0 (0: one per CPU)")
+
+    @property
+    def worker_count(self) -> int:
+        return self.workers or os.cpu_count() or 1
+
+    @property
+    def auth_required(self) -> bool:
+        """Tokens are needed when auth is on, or when auth is auto and the
+        gateway listens beyond loopback."""
+        if self.auth == "off":
+            return False
+        return self.auth == "on" or not is_loopback(self.host)
+
+    def validates(self, stream: str) -> bool:
+        policy = self.streams.get(stream)
+        return self.validate if policy is None else policy.validate
+
+    def storage_config(self) -> Config:
+        """The storage settings every worker uses: one slot per worker."""
+        return dataclasses.replace(self.storage, process_count=self.worker_count,
+                                   auto_create_streams=self.auto_create)
+
+
+def is_loopback(host: str) -> bool:
+    if host in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+TOP_LEVEL = {f.name: f for f in dataclasses.fields(GatewayConfig) if f.name not in ("storage", "streams")}
+STORAGE = {f.name: f for f in dataclasses.fields(Config)}
+
+
+def _coerce(name: str, value: Any, kind: Any) -> Any:
+    """Turns a TOML or environment value into the field's type."""
+    kind = str(kind)
+    try:
+        if kind.startswith("tuple"):
+            if isinstance(value, str):
+                return tuple(v.strip() for v in value.split(",") if v.strip())
+            return tuple(str(v) for v in value)
+        if kind == "bool":
+            if isinstance(value, str):
+                if value.lower() in ("1", "true", "yes", "on"):
+                    return True
+                if value.lower() in ("0", "false", "no", "off"):
+                    return False
+                raise ValueError(value)
+            return bool(value)
+        if kind == "int":
+            return int(value)
+        if kind == "float":
+            return float(value)
+        return str(value) if kind in ("str", "Durability") else value
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name}: cannot use {value!r} as {kind}") from None
+
+
+def load(path: str | os.PathLike[str] | None = None,
+         env: Mapping[str, str] | None = None) -> GatewayConfig:
+    """The file (``path`` or ``$COMET_CONFIG``, optional), then the environment."""
+    env = os.environ if env is None else env
+    path = path or env.get("COMET_CONFIG")
+    raw: dict[str, Any] = {}
+    if path:
+        try:
+            raw = tomllib.loads(Path(path).read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"config file {path} does not exist") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {path}: {exc}") from None
+    top: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key in ("storage", "streams"):
+            continue
+        if key not in TOP_LEVEL:
+            raise ConfigError(f"unknown setting {key!r} in {path}")
+        top[key] = _coerce(key, value, TOP_LEVEL[key].type)
+    storage: dict[str, Any] = {}
+    for key, value in raw.get("storage", {}).items():
+        if key not in STORAGE:
+            raise ConfigError(f"unknown storage setting {key!r} in {path}")
+        storage[key] = _coerce(f"storage.{key}", value, STORAGE[key].type)
+    streams = {name: StreamPolicy(**{k: bool(v) for k, v in policy.items()})
+               for name, policy in raw.get("streams", {}).items()}
+    for key, f in TOP_LEVEL.items():
+        var = f"COMET_{key.upper()}"
+        if var in env:
+            top[key] = _coerce(var, env[var], f.type)
+    for key, f in STORAGE.items():
+        var = f"COMET_STORAGE_{key.upper()}"
+        if var in env:
+            storage[key] = _coerce(var, env[var], f.type)
+    try:
+        return GatewayConfig(**top, storage=Config(**storage), streams=streams)
+    except TypeError as exc:
+        raise ConfigError(str(exc)) from None

@@ -1,0 +1,114 @@
+"""What one gateway worker holds: the opened data directory, its process slot,
+the in-flight byte budget, and whether it is starting, serving or draining.
+
+The slot is claimed from gunicorn's ``post_worker_init`` hook (in the worker,
+after its signal handlers are set up).  When every slot is still held - a
+reload starts the new workers while the old ones drain - a background thread
+keeps trying every 100 ms instead of blocking, and the worker answers 503
+until it has one.  Without gunicorn (tests, a single uvicorn), the ASGI
+lifespan claims it.  Shutdown, in the lifespan's shutdown (gunicorn's
+``worker_exit`` never runs under the uvicorn worker), stops taking writes,
+waits for the ones in flight, syncs, and releases the slot by closing.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from storage_c import Log, NoFreeSlot
+
+from .config import GatewayConfig
+from .metrics import WorkerMetrics
+
+log = logging.getLogger("comet.gateway")
+
+
+class Runtime:
+    def __init__(self, config: GatewayConfig) -> None:
+        self.config = config
+        self.log: Log | None = None
+        self.metrics: WorkerMetrics | None = None
+        self.draining = False
+        self.inflight = 0
+        self._claiming: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+
+    # ---- lifecycle -------------------------------------------------------------------
+
+    def open(self) -> None:
+        with self._lock:
+            if self.log is None:
+                self.log = Log(self.config.data_dir, self.config.storage_config())
+
+    def claim_slot(self) -> None:
+        """Claims a slot now, or keeps trying in the background."""
+        self.open()
+        with self._lock:
+            if self.slot is not None or self._claiming is not None:
+                return
+            self._claiming = threading.Thread(target=self._claim_loop, name="comet-slot",
+                                              daemon=True)
+            self._claiming.start()
+
+    def _claim_loop(self) -> None:
+        waited = 0.0
+        while not self._stop.is_set():
+            try:
+                assert self.log is not None
+                slot = self.log.claim_slot()
+            except NoFreeSlot:
+                if waited == 0.0:
+                    log.info('{"event": "waiting_for_slot"}')
+                self._stop.wait(0.1)
+                waited += 0.1
+                continue
+            except Exception as exc:  # a closed log or an I/O error: say it, stop trying
+                log.error('{"event": "slot_claim_failed", "error": %r}', str(exc))
+                return
+            self.metrics = WorkerMetrics.open(self.config.data_dir, slot)
+            log.info('{"event": "slot_claimed", "slot": %d, "waited_s": %.1f}', slot, waited)
+            return
+
+    def wait_until_ready(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while self.slot is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return self.slot is not None
+
+    @property
+    def slot(self) -> int | None:
+        return None if self.log is None else self.log.slot
+
+    @property
+    def ready(self) -> bool:
+        return self.metrics is not None and not self.draining
+
+    def drain_and_close(self, timeout: float = 30.0) -> None:
+        """Stops taking writes, lets the ones in flight finish, syncs, closes."""
+        self.draining = True
+        self._stop.set()
+        deadline = time.monotonic() + timeout
+        while self.inflight and time.monotonic() < deadline:
+            time.sleep(0.01)
+        with self._lock:
+            if self.log is not None:
+                self.log.sync()
+                self.log.close()
+        if self.metrics is not None:
+            self.metrics.close()
+
+    # ---- the in-flight budget --------------------------------------------------------
+
+    def reserve(self, nbytes: int) -> bool:
+        """Takes nbytes of the worker's in-flight budget (always allowed when
+        nothing is in flight, so one large request can pass)."""
+        if self.inflight and self.inflight + nbytes > self.config.inflight_bytes:
+            return False
+        self.inflight += nbytes
+        return True
+
+    def release(self, nbytes: int) -> None:
+        self.inflight -= nbytes
