@@ -48,8 +48,10 @@ def document(config: GatewayConfig) -> dict[str, Any]:
              "schema": {"type": "string", "enum": ["identity", "gzip", "zstd"]}},
         ],
         "requestBody": {"required": True, "content": {
-            "application/json": {"schema": {},
-                                 "description": "One JSON value (one event), or an array (one event per element)."},
+            "application/json": {"schema": {"anyOf": [{"not": {"type": "array"}},
+                                                      {"type": "array", "minItems": 1}]},
+                                 "description": "One JSON value (one event), or a non-empty array "
+                                                "(one event per element)."},
             "application/x-ndjson": {"schema": {"type": "string"},
                                      "description": "One JSON value per non-empty line."},
             "application/jsonl": {"schema": {"type": "string"}},
