@@ -26,7 +26,6 @@ framing; it is written as ``{"comet_base64": "..."}`` instead.
 from __future__ import annotations
 
 import base64
-import bisect
 import json
 import logging
 import os

@@ -1,9 +1,11 @@
-"""The Starlette application: routes, the worker's lifespan, errors as JSON.
+"""The gateway application: routes, the worker's lifespan, errors as JSON.
 
     app = create_app(gateway.config.load())
 
-Every route is a thin function over ``ingest`` (writes) or ``reads``; the
-worker's state lives in one ``Runtime`` on ``app.state``.
+``POST /streams/{name}`` - nearly every request - goes straight to the plain
+ASGI ``Ingest`` application; everything else (reads, health, metrics,
+OpenAPI, the lifespan) is a small Starlette app.  The worker's state lives in
+one ``Runtime`` on ``app.state``.
 """
 
 from __future__ import annotations
@@ -20,16 +22,33 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
-from . import auth, logs, metrics, openapi, reads
+from . import auth, metrics, openapi, reads
 from .config import GatewayConfig
 from .errors import HTTPError, error_response, response_for
-from .ingest import Outcome, ingest
+from .ingest import PREFIX, Ingest
 from .runtime import Runtime
 
 log = logging.getLogger("comet.gateway")
 
-def create_app(config: GatewayConfig, *, access_log: bool = True) -> Starlette:
+class Gateway:
+    """Sends POST /streams/... to the ingest path, the rest to Starlette."""
+
+    def __init__(self, app: Starlette, ingest: Ingest) -> None:
+        self.app = app
+        self.ingest = ingest
+        self.state = app.state
+        self.router = app.router
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST" and scope["path"].startswith(PREFIX):
+            await self.ingest(scope, receive, send)
+        else:
+            await self.app(scope, receive, send)
+
+
+def create_app(config: GatewayConfig, *, access_log: bool = True) -> Gateway:
     runtime = Runtime(config)
 
     @asynccontextmanager
@@ -52,26 +71,6 @@ def create_app(config: GatewayConfig, *, access_log: bool = True) -> Starlette:
                 log.exception('{"event": "internal_error", "path": %s}', orjson.dumps(request.url.path).decode())
                 return error_response(500, "internal", "unexpected error; see the gateway's log")
         return endpoint
-
-    async def post_stream(request: Request) -> Response:
-        t0 = time.perf_counter()
-        outcome = Outcome()
-        try:
-            response = await ingest(request, runtime, outcome)
-        except HTTPError as exc:
-            response = response_for(exc)
-        outcome.status = response.status_code
-        seconds = time.perf_counter() - t0
-        if runtime.metrics is not None:
-            received = request.headers.get("content-length")
-            runtime.metrics.observe(outcome.status, seconds,
-                                    outcome.events if outcome.status == 202 else 0,
-                                    int(received) if received and received.isdigit() else 0)
-        if access_log:
-            logs.access({"event": "request", "method": "POST", "path": request.url.path,
-                         "status": outcome.status, "events": outcome.events,
-                         "ms": round(seconds * 1000, 3), "slot": runtime.slot})
-        return response
 
     async def get_metrics(request: Request) -> Response:
         assert runtime.log is not None
@@ -100,7 +99,6 @@ def create_app(config: GatewayConfig, *, access_log: bool = True) -> Starlette:
     # name check (400) instead of missing every route (404).
     routes = [
         Route("/streams/{name:path}/entries", guarded(get_entries), methods=["GET"]),
-        Route("/streams/{name:path}", guarded(post_stream), methods=["POST"]),
         Route("/streams/{name:path}", guarded(get_stream), methods=["GET"]),
         Route("/streams", guarded(get_streams), methods=["GET"]),
         Route("/healthz", guarded(get_health), methods=["GET"]),
@@ -117,4 +115,4 @@ def create_app(config: GatewayConfig, *, access_log: bool = True) -> Starlette:
     app = Starlette(routes=routes, lifespan=lifespan,
                     exception_handlers={404: not_found, 405: bad_method})
     app.state.runtime = runtime
-    return app
+    return Gateway(app, Ingest(runtime, access_log))

@@ -15,9 +15,13 @@ OPEN_PATHS = ("/healthz", "/readyz")
 
 
 def check(request: Request, config: GatewayConfig) -> None:
-    if not config.auth_required or request.url.path in OPEN_PATHS:
+    if request.url.path not in OPEN_PATHS:
+        check_header(request.headers.get("authorization", ""), config)
+
+
+def check_header(header: str, config: GatewayConfig) -> None:
+    if not config.auth_required:
         return
-    header = request.headers.get("authorization", "")
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         raise HTTPError(401, "unauthorized", "send 'Authorization: Bearer <token>'",

@@ -1,31 +1,15 @@
-"""Request bodies: reading them within a size limit, and decompressing them
-within another, so that neither a large upload nor a decompression bomb can
-take a worker's memory."""
+"""Decompressing request bodies within a size limit, so that a decompression
+bomb is refused with 413 instead of taking a worker's memory."""
 
 from __future__ import annotations
 
 import zlib
-from typing import AsyncIterator
-
 import zstandard
 
 from .errors import HTTPError
 
 ENCODINGS = ("identity", "gzip", "zstd")
 CHUNK = 1 << 16
-
-
-async def read_limited(chunks: AsyncIterator[bytes], limit: int) -> bytes:
-    """The whole body, or 413 as soon as it passes ``limit`` bytes."""
-    parts: list[bytes] = []
-    size = 0
-    async for chunk in chunks:
-        size += len(chunk)
-        if size > limit:
-            raise HTTPError(413, "body_too_large",
-                            f"request body is larger than max_body_bytes ({limit})")
-        parts.append(chunk)
-    return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
 def encoding_of(header: str | None) -> str:

@@ -27,6 +27,7 @@ environment wins over the file.  ``COMET_CONFIG`` names the file.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import ipaddress
 import os
 import tomllib
@@ -84,7 +85,7 @@ class GatewayConfig:
     def worker_count(self) -> int:
         return self.workers or os.cpu_count() or 1
 
-    @property
+    @functools.cached_property
     def auth_required(self) -> bool:
         """Tokens are needed when auth is on, or when auth is auto and the
         gateway listens beyond loopback."""

@@ -28,5 +28,9 @@ def error_response(status: int, code: str, detail: str, headers: dict[str, str] 
                     headers=headers)
 
 
+def error_body(exc: HTTPError) -> bytes:
+    return orjson.dumps({"error": exc.code, "detail": exc.detail, **exc.extra})
+
+
 def response_for(exc: HTTPError) -> Response:
     return error_response(exc.status, exc.code, exc.detail, exc.headers, exc.extra)

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qsl
 
 import orjson
 from starlette.concurrency import run_in_threadpool
-from starlette.requests import Request
-from starlette.responses import Response
+from starlette.types import Receive, Send
 
 from storage_c import (
     BatchResult,
@@ -28,9 +29,12 @@ from storage_c import (
     check_stream_name,
 )
 
-from .bodies import decompress, encoding_of, read_limited
-from .errors import HTTPError
+from . import auth, logs
+from .bodies import decompress, encoding_of
+from .errors import HTTPError, error_body
 from .runtime import Runtime
+
+PREFIX = "/streams/"
 
 JSON_TYPES = ("application/json",)
 NDJSON_TYPES = ("application/x-ndjson", "application/jsonl", "application/json-lines",
@@ -42,15 +46,6 @@ BYTES_TYPES = ("application/octet-stream",)
 class Outcome:
     status: int = 500
     events: int = 0
-
-
-def media_type(request: Request) -> str:
-    value = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
-    if value in JSON_TYPES or value in NDJSON_TYPES or value in BYTES_TYPES:
-        return value
-    raise HTTPError(415, "unsupported_media_type",
-                    f"Content-Type {value or '(none)'!r} is not accepted; use application/json, "
-                    "application/x-ndjson (or application/jsonl) or application/octet-stream")
 
 
 def bad_event(index: int, exc: Exception) -> HTTPError:
@@ -92,56 +87,154 @@ def ndjson_lines(body: bytes) -> list[bytes]:
     return lines
 
 
-def key_of(request: Request) -> str | None:
-    key = request.query_params.get("key")
-    return key if key is not None else request.headers.get("x-comet-key")
+@dataclass
+class Head:
+    """What the ingest path needs from the request line and headers, read in
+    one pass over the raw header list (Starlette's Headers would scan it once
+    per lookup)."""
+
+    stream: str
+    content_type: str = ""
+    encoding: str = "identity"
+    length: int | None = None
+    key: str | None = None
+    authorization: str = ""
+
+    @classmethod
+    def parse(cls, scope: dict[str, Any]) -> Head:
+        head = cls(scope["path"][len(PREFIX):])
+        for name, value in scope["headers"]:
+            if name == b"content-type":
+                head.content_type = value.split(b";", 1)[0].strip().lower().decode("latin-1")
+            elif name == b"content-length":
+                head.length = int(value) if value.isdigit() else None
+            elif name == b"content-encoding":
+                head.encoding = value.decode("latin-1")
+            elif name == b"x-comet-key":
+                head.key = value.decode("utf-8", "replace")
+            elif name == b"authorization":
+                head.authorization = value.decode("latin-1")
+        query = scope.get("query_string", b"")
+        if b"key=" in query:
+            for k, v in parse_qsl(query.decode("latin-1"), keep_blank_values=True):
+                if k == "key":
+                    head.key = v
+                    break
+        return head
 
 
-def accepted(stream: str, res: BatchResult) -> Response:
-    body = orjson.dumps({"stream": stream, "shard": res.shard, "first": res.first,
-                         "last": res.last, "count": res.count})
-    return Response(body, status_code=202, media_type="application/json")
+def check_media_type(value: str) -> str:
+    if value in JSON_TYPES or value in NDJSON_TYPES or value in BYTES_TYPES:
+        return value
+    raise HTTPError(415, "unsupported_media_type",
+                    f"Content-Type {value or '(none)'!r} is not accepted; use application/json, "
+                    "application/x-ndjson (or application/jsonl) or application/octet-stream")
 
 
-async def ingest(request: Request, runtime: Runtime, outcome: Outcome) -> Response:
-    config = runtime.config
-    stream = request.path_params["name"]
-    try:
-        check_stream_name(stream)
-    except StreamNameError as exc:
-        raise HTTPError(400, "invalid_stream_name", str(exc)) from None
-    if not runtime.ready:
-        raise HTTPError(503, "draining" if runtime.draining else "starting",
-                        "the worker is shutting down" if runtime.draining
-                        else "the worker has not claimed its process slot yet",
-                        retry_after=config.retry_after_s)
-    kind = media_type(request)
-    encoding = encoding_of(request.headers.get("content-encoding"))
-    declared = request.headers.get("content-length")
-    limit = config.max_body_bytes
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise HTTPError(413, "body_too_large",
-                        f"Content-Length {declared} is above max_body_bytes ({limit})")
-    reserved = int(declared) if declared and declared.isdigit() else limit
-    if not runtime.reserve(reserved):
-        raise HTTPError(429, "busy", "this worker's in-flight byte budget is spent; retry later",
-                        retry_after=config.retry_after_s)
-    try:
-        body = await read_limited(request.stream(), limit)
-        body = decompress(body, encoding, config.max_decompressed_bytes)
-        if not body.strip():
-            raise HTTPError(400, "empty_body", "the body holds no event")
-        return await store(request, runtime, stream, kind, body, outcome)
-    finally:
-        runtime.release(reserved)
+async def read_body(receive: Receive, limit: int) -> bytes:
+    """The whole body, or 413 as soon as it passes ``limit`` bytes."""
+    parts: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientGone()
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise HTTPError(413, "body_too_large",
+                            f"request body is larger than max_body_bytes ({limit})")
+        parts.append(chunk)
+        if not message.get("more_body", False):
+            return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
-async def store(request: Request, runtime: Runtime, stream: str, kind: str, body: bytes,
-                outcome: Outcome) -> Response:
+class ClientGone(Exception):
+    """The client disconnected before its body arrived: nothing to answer."""
+
+
+class Ingest:
+    """POST /streams/{name} as a plain ASGI application: the gateway's hot
+    path, without Starlette's request and response objects."""
+
+    def __init__(self, runtime: Runtime, access_log: bool) -> None:
+        self.runtime = runtime
+        self.access_log = access_log
+        self.valid_names: set[str] = set()
+
+    async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        t0 = time.perf_counter()
+        head = Head.parse(scope)
+        outcome = Outcome()
+        try:
+            auth.check_header(head.authorization, self.runtime.config)
+            body, headers = await self.handle(head, receive, outcome)
+            outcome.status = 202
+        except HTTPError as exc:
+            outcome.status, body, headers = exc.status, error_body(exc), exc.headers
+        except ClientGone:
+            return
+        raw_headers = [(b"content-type", b"application/json"),
+                       (b"content-length", str(len(body)).encode())]
+        raw_headers += [(k.lower().encode(), v.encode()) for k, v in headers.items()]
+        await send({"type": "http.response.start", "status": outcome.status, "headers": raw_headers})
+        await send({"type": "http.response.body", "body": body})
+        seconds = time.perf_counter() - t0
+        metrics = self.runtime.metrics
+        if metrics is not None:
+            metrics.observe(outcome.status, seconds, outcome.events, head.length or 0)
+        if self.access_log:
+            logs.access({"event": "request", "method": "POST", "path": scope["path"],
+                         "status": outcome.status, "events": outcome.events,
+                         "ms": round(seconds * 1000, 3), "slot": self.runtime.slot})
+
+    def check_name(self, stream: str) -> None:
+        if stream in self.valid_names:
+            return
+        try:
+            check_stream_name(stream)
+        except StreamNameError as exc:
+            raise HTTPError(400, "invalid_stream_name", str(exc)) from None
+        if len(self.valid_names) < 10_000:
+            self.valid_names.add(stream)
+
+    async def handle(self, head: Head, receive: Receive, outcome: Outcome) -> tuple[bytes, dict[str, str]]:
+        runtime = self.runtime
+        config = runtime.config
+        self.check_name(head.stream)
+        if not runtime.ready:
+            raise HTTPError(503, "draining" if runtime.draining else "starting",
+                            "the worker is shutting down" if runtime.draining
+                            else "the worker has not claimed its process slot yet",
+                            retry_after=config.retry_after_s)
+        kind = check_media_type(head.content_type)
+        encoding = encoding_of(head.encoding)
+        limit = config.max_body_bytes
+        if head.length is not None and head.length > limit:
+            raise HTTPError(413, "body_too_large",
+                            f"Content-Length {head.length} is above max_body_bytes ({limit})")
+        reserved = head.length if head.length is not None else limit
+        if not runtime.reserve(reserved):
+            raise HTTPError(429, "busy", "this worker's in-flight byte budget is spent; retry later",
+                            retry_after=config.retry_after_s)
+        try:
+            body = await read_body(receive, limit)
+            body = decompress(body, encoding, config.max_decompressed_bytes)
+            if not body.strip():
+                raise HTTPError(400, "empty_body", "the body holds no event")
+            res = await store(runtime, head.stream, kind, body, head.key)
+        finally:
+            runtime.release(reserved)
+        outcome.events = res.count
+        return orjson.dumps({"stream": head.stream, "shard": res.shard, "first": res.first,
+                             "last": res.last, "count": res.count}), {}
+
+
+async def store(runtime: Runtime, stream: str, kind: str, body: bytes,
+                key: str | None) -> BatchResult:
     log = runtime.log
     assert log is not None
     validate = runtime.config.validates(stream)
-    key = key_of(request)
     always = runtime.config.storage.durability == "always"
     try:
         if kind in NDJSON_TYPES:
@@ -161,9 +254,8 @@ async def store(request: Request, runtime: Runtime, stream: str, kind: str, body
             call = (log.append_batch, stream, [body])
         fn, name, payload = call
         if always:  # an fdatasync must not hold the event loop
-            res = await run_in_threadpool(fn, name, payload, key=key)  # type: ignore[operator]
-        else:
-            res = fn(name, payload, key=key)  # type: ignore[operator]
+            return await run_in_threadpool(fn, name, payload, key=key)  # type: ignore[operator,no-any-return]
+        return fn(name, payload, key=key)  # type: ignore[operator,no-any-return]
     except StorageFull as exc:
         raise HTTPError(507, "storage_full", str(exc), retry_after=runtime.config.retry_after_s) from None
     except EntryTooLarge as exc:
@@ -172,9 +264,3 @@ async def store(request: Request, runtime: Runtime, stream: str, kind: str, body
         raise HTTPError(404, "unknown_stream", f"{exc}; auto-create is off") from None
     except CometError as exc:
         raise HTTPError(500, "storage_error", str(exc)) from None
-    outcome.events = res.count
-    return accepted(stream, res)
-
-
-def now() -> float:
-    return time.perf_counter()

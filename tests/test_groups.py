@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from consumers import Consumer
-from storage_c import AckGapError, Config, GroupNameError, GroupNotFound, InvalidArgument, Log
+from storage_c import AckGapError, GroupNameError, GroupNotFound, InvalidArgument, Log
 from storage_c import TooManyGroups
 
 from .conftest import SMALL, run_worker, worker
