@@ -50,9 +50,21 @@ pytest: $(STAMP)
 	@set +e; $(PY) -m pytest $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "no tests selected"; rc=0; fi; exit $$rc
 
-bench: system-deps $(STAMP)
+bench: system-deps bench-deps $(STAMP)
 	$(PY) loadtests/bench_storage.py
 	$(PY) loadtests/bench_consumers.py
+	$(PY) loadtests/bench_gateway.py
 
 clean:
 	rm -rf build $(VENV) storage_c/_comet*.so storage_c/_comet.c .pytest_cache .bench-tmp
+
+# wrk, the HTTP load generator of loadtests/bench_gateway.py (idempotent; needs root or sudo).
+# The benchmark runs the same steps itself when wrk is missing.
+.PHONY: bench-deps
+bench-deps:
+	@if ! command -v wrk >/dev/null 2>&1; then \
+	  echo "installing wrk"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get install -y -q wrk >/dev/null 2>&1 || \
+	  { $$SUDO apt-get update -q >/dev/null && $$SUDO apt-get install -y -q wrk >/dev/null; }; \
+	fi

@@ -8,12 +8,16 @@ lifespan, because gunicorn's worker_exit does not run under the uvicorn worker.
 
 from __future__ import annotations
 
+import ctypes
+import os
+import signal
 from typing import Any
 
 from gateway.config import load
 from gateway.logs import LOGCONFIG
 
 _config = load()
+PR_SET_PDEATHSIG = 1
 
 bind = [f"{_config.host}:{_config.port}"]
 workers = _config.worker_count
@@ -28,4 +32,17 @@ proc_name = "comet-gateway"
 
 
 def post_worker_init(worker: Any) -> None:
+    # The uvicorn worker never checks that its master is alive: a master
+    # killed with SIGKILL would leave workers holding the port and the slots
+    # forever.  Ask the kernel for a SIGTERM (a graceful stop) when it dies.
+    if not set_parent_death_signal(signal.SIGTERM) or os.getppid() != worker.ppid:
+        os.kill(os.getpid(), signal.SIGTERM)
     worker.wsgi.state.runtime.claim_slot()
+
+
+def set_parent_death_signal(sig: int) -> bool:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False

@@ -39,7 +39,8 @@ class Server:
         self.proc = subprocess.Popen(
             [str(COMET), "serve", "--data-dir", str(data_dir), "--port", str(self.port),
              "--workers", str(workers)],
-            stdout=open(self.out, "wb"), stderr=subprocess.STDOUT, env=environ)
+            stdout=open(self.out, "wb"), stderr=subprocess.STDOUT, env=environ,
+            start_new_session=True)
 
     def request(self, method: str, path: str, body: bytes | None = None,
                 headers: dict[str, str] | None = None, timeout: float = 10) -> tuple[int, bytes, dict[str, str]]:
@@ -97,6 +98,10 @@ class Server:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+        try:  # and whatever is left of its workers
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 @dataclass

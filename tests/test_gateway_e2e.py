@@ -109,3 +109,30 @@ def test_hup_reload_and_term_under_load(data_dir: Path) -> None:
             assert set(p.statuses) <= {202, 503}, p.statuses  # no 5xx but 503
         acked = check_stored_once(data_dir, posters)
         assert acked > 0 and sum(p.statuses.get(202, 0) for p in posters) > 10
+
+
+def test_workers_stop_when_the_master_is_killed(data_dir: Path) -> None:
+    """A master killed with SIGKILL must not leave workers holding the port and
+    the process slots: they get SIGTERM from the kernel and drain."""
+    import os
+
+    with Server(data_dir) as server:
+        server.wait_ready()
+        workers = server.worker_pids()
+        assert len(workers) == 2
+        os.kill(server.proc.pid, signal.SIGKILL)
+        server.proc.wait()
+
+        def alive(pid: int) -> bool:
+            try:
+                stat = Path(f"/proc/{pid}/stat").read_text()
+            except FileNotFoundError:
+                return False
+            return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+        deadline = time.monotonic() + 30
+        while any(alive(p) for p in workers):
+            assert time.monotonic() < deadline, "workers outlived their master"
+            time.sleep(0.1)
+        with Log(data_dir, Config(process_count=2, background_flush=False)) as log:
+            assert log.claim_slot() in (0, 1)  # the slots came back
