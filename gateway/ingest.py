@@ -71,14 +71,19 @@ def ndjson_lines(body: bytes) -> list[bytes]:
     """Non-empty lines, each checked to hold exactly one JSON value."""
     if b"\r" in body:
         body = body.replace(b"\r\n", b"\n")
-    lines = [line for line in body.split(b"\n") if line.strip()]
-    # One parse for the whole body: the lines joined as an array.  If that
-    # fails or finds another count of values, look line by line for the culprit.
+    # The common body first: no blank line, so every line is an event and one
+    # parse of the lines joined as an array checks them all.  A blank line
+    # makes that parse fail (",,"), as does a bad event or a line holding two
+    # values ("1,2" changes the count): then filter and look line by line.
+    lines = body.split(b"\n")
+    if not lines[-1]:
+        lines.pop()
     try:
         if len(orjson.loads(b"[" + b",".join(lines) + b"]")) == len(lines):
             return lines
     except orjson.JSONDecodeError:
         pass
+    lines = [line for line in lines if line.strip()]
     for i, line in enumerate(lines):  # a line such as "1,2" fails here too
         try:
             orjson.loads(line)
