@@ -48,3 +48,39 @@ def read_all(log: Log, stream: str, shard: int) -> list[tuple[int, int, bytes]]:
     for batch in log.iter_entries(stream, shard):
         out.extend(zip(batch.entries, batch.timestamps, batch.payloads))
     return out
+
+
+@pytest.fixture
+def moto_s3() -> Iterator[str]:
+    """A local S3 (moto's server) on 127.0.0.1; the endpoint URL."""
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()
+
+
+@pytest.fixture
+def aws_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Dummy credentials, so no test ever talks to real AWS with real ones."""
+    for var, value in {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
+                       "AWS_DEFAULT_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(var, value)
+    for var in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_PROFILE"):
+        monkeypatch.delenv(var, raising=False)
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[object]:
+    """One SparkSession for the whole run (starting one costs seconds)."""
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+    from spark_jobs.session import spark_session
+
+    session = spark_session("local[2]", app="comet-tests",
+                            conf=[("spark.sql.shuffle.partitions", "4"),
+                                  ("spark.driver.memory", "2g")])
+    yield session
+    session.stop()

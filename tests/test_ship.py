@@ -10,7 +10,6 @@ import sys
 import time
 from array import array
 from pathlib import Path
-from typing import Iterator
 
 import orjson
 import pytest
@@ -140,17 +139,6 @@ def test_sink_failures_are_retried(tmp_path: Path, data_dir: Path) -> None:
             stats = Shipper(c, sink, ShipConfig(retry_backoff_s=0.01)).run(once=True)
         assert stats.upload_errors == 3
         assert check_objects(log, sink) == 400
-
-
-@pytest.fixture
-def moto_s3() -> Iterator[str]:
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
 
 
 def test_ship_to_s3(moto_s3: str, data_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:

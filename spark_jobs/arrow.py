@@ -1,0 +1,183 @@
+"""Log reads as Arrow record batches, built from the C reader's buffers.
+
+Raw mode: the reader fills one payload buffer plus int32 offsets (Arrow's
+binary layout), entry numbers and timestamps; each becomes an Arrow buffer
+as it is, so a batch costs a few numpy operations, not work per row.
+Spark takes ``binary`` (int32 offsets), never ``large_binary``, which is why
+batches stay well under 2 GiB (``batch_bytes``).
+
+Parsed mode (a value schema is given): the reader joins the payloads with
+newlines in one buffer and pyarrow's C++ JSON reader turns it into typed
+columns, which are smaller than JSON text for Spark to move and need no
+parsing in the JVM.  Entries that do not parse (not JSON, not an object,
+a field of the wrong type, a payload holding two values or a newline) are
+found by bisection - only the failing halves are parsed again - and come
+out as rejects: a null ``value``, the raw bytes in ``_corrupt_record`` and
+the parser's message in ``_error``.  Nothing is dropped.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.json as pajson
+
+from storage_c import Log, ReadBatch
+
+TIMESTAMP = pa.timestamp("us", tz="UTC")
+META_FIELDS = [
+    pa.field("stream", pa.string()),
+    pa.field("shard", pa.int32()),
+    pa.field("entry", pa.int64()),
+    pa.field("timestamp", TIMESTAMP),
+]
+RAW_SCHEMA = pa.schema(META_FIELDS + [pa.field("value", pa.binary())])
+RAW_DDL = "stream string, shard int, entry long, timestamp timestamp, value binary"
+ERROR_FIELDS = [pa.field("_error", pa.string()), pa.field("_corrupt_record", pa.binary())]
+
+
+def parsed_schema(value_type: pa.StructType) -> pa.Schema:
+    return pa.schema(META_FIELDS + [pa.field("value", value_type)] + ERROR_FIELDS)
+
+
+def _meta_columns(stream: str, shard: int, entries: pa.Array, timestamps_ns: np.ndarray) -> list[pa.Array]:
+    n = len(entries)
+    name = stream.encode()
+    offsets = np.arange(0, (n + 1) * len(name), len(name) or 1, dtype=np.int32)[: n + 1] \
+        if name else np.zeros(n + 1, dtype=np.int32)
+    streams = pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(offsets),
+                                                     pa.py_buffer(name * n)])
+    shards = pa.Array.from_buffers(pa.int32(), n, [None, pa.py_buffer(np.full(n, shard, np.int32))])
+    micros = timestamps_ns // 1000
+    times = pa.Array.from_buffers(TIMESTAMP, n, [None, pa.py_buffer(micros)])
+    return [streams, shards, entries, times]
+
+
+def _int64s(values: object) -> np.ndarray:
+    return np.frombuffer(memoryview(values), dtype=np.int64)  # type: ignore[arg-type]
+
+
+def raw_batch(batch: ReadBatch) -> pa.RecordBatch:
+    n = len(batch)
+    entries = pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(batch.entries)])
+    values = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(batch.offsets),
+                                                    pa.py_buffer(batch.data)])
+    columns = _meta_columns(batch.stream, batch.shard, entries, _int64s(batch.timestamps))
+    return pa.RecordBatch.from_arrays(columns + [values], schema=RAW_SCHEMA)
+
+
+def read_range(log: Log, stream: str, shard: int, start: int, end: int, rows: int,
+               max_bytes: int, newlines: bool = False) -> Iterator[object]:
+    """Reads of at most ``rows`` entries from ``start`` up to ``end``
+    (exclusive).  Entries deleted by retention are skipped by the reader
+    (it counts them in the shard's stats)."""
+    position = start
+    while position < end:
+        want = min(rows, end - position)
+        got = (log.read_ndjson if newlines else log.read)(stream, shard, position, want, max_bytes)
+        if not len(got.entries):
+            return
+        # A read may run past `end` only if entries were skipped; cut it there.
+        yield got
+        position = got.next_entry
+
+
+def raw_batches(log: Log, stream: str, shard: int, start: int, end: int, rows: int,
+                max_bytes: int) -> Iterator[pa.RecordBatch]:
+    for got in read_range(log, stream, shard, start, end, rows, max_bytes):
+        batch = raw_batch(got)  # type: ignore[arg-type]
+        yield _cut(batch, end)
+
+
+def _cut(batch: pa.RecordBatch, end: int) -> pa.RecordBatch:
+    entries = batch.column(2)
+    if len(entries) and entries[-1].as_py() >= end:
+        keep = int(np.searchsorted(entries.to_numpy(), end))
+        return batch.slice(0, keep)
+    return batch
+
+
+# ---- parsed mode ------------------------------------------------------------------------
+
+class JsonParser:
+    """Parses newline-joined JSON objects against one value type."""
+
+    def __init__(self, value_type: pa.StructType) -> None:
+        self.value_type = value_type
+        self.schema = parsed_schema(value_type)
+        value_schema = pa.schema(list(value_type))
+        self._options = pajson.ParseOptions(explicit_schema=value_schema,
+                                            unexpected_field_behavior="ignore")
+        self._one_options = pajson.ParseOptions(explicit_schema=value_schema,
+                                                unexpected_field_behavior="ignore",
+                                                newlines_in_values=True)
+        self._read = pajson.ReadOptions(use_threads=False, block_size=4 << 20)
+
+    def parse(self, data: bytes, count: int, single: bool = False) -> pa.StructArray | str:
+        """The values as one struct array, or why not (exactly ``count``
+        objects are expected)."""
+        if not data.strip():
+            return "empty payload" if count == 1 else "empty lines"
+        try:
+            table = pajson.read_json(pa.BufferReader(data), read_options=self._read,
+                                     parse_options=self._one_options if single else self._options)
+        except pa.ArrowInvalid as exc:
+            return str(exc)
+        if table.num_rows != count:
+            return (f"holds {table.num_rows} JSON values, not one" if single
+                    else "value count differs from entry count")
+        columns = [table.column(f.name).combine_chunks() for f in self.value_type]
+        return pa.StructArray.from_arrays(columns, fields=list(self.value_type))
+
+    def batch(self, got: object, log: Log, max_bytes: int) -> pa.RecordBatch:
+        """One NdjsonBatch as a parsed record batch (rejects included)."""
+        n = len(got.entries)  # type: ignore[attr-defined]
+        stream, shard = got.stream, got.shard  # type: ignore[attr-defined]
+        entries = pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(got.entries)])  # type: ignore[attr-defined]
+        meta = _meta_columns(stream, shard, entries, _int64s(got.timestamps))  # type: ignore[attr-defined]
+        parsed = None if got.newline_payloads else self.parse(got.data, n)  # type: ignore[attr-defined]
+        if isinstance(parsed, pa.StructArray):
+            nulls = [pa.nulls(n, pa.string()), pa.nulls(n, pa.binary())]
+            return pa.RecordBatch.from_arrays(meta + [parsed] + nulls, schema=self.schema)
+        # Something in this batch does not parse: read it again with entry
+        # bounds and find the culprits.
+        return self._bisected(log.read(stream, shard, got.entries[0], n, max_bytes))  # type: ignore[attr-defined]
+
+    def _bisected(self, raw: ReadBatch) -> pa.RecordBatch:
+        n = len(raw)
+        entries = pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(raw.entries)])
+        meta = _meta_columns(raw.stream, raw.shard, entries, _int64s(raw.timestamps))
+        payloads = raw.payloads
+        pieces: list[pa.StructArray] = []
+        errors: list[str | None] = []
+        corrupt: list[bytes | None] = []
+
+        def solve(lo: int, hi: int) -> None:
+            single = hi - lo == 1
+            got = self.parse(b"\n".join(payloads[lo:hi]) + b"\n", hi - lo, single)
+            if isinstance(got, pa.StructArray):
+                pieces.append(got)
+                errors.extend([None] * (hi - lo))
+                corrupt.extend([None] * (hi - lo))
+            elif single:
+                pieces.append(pa.nulls(1, self.value_type))  # type: ignore[arg-type]
+                errors.append(got)
+                corrupt.append(payloads[lo])
+            else:
+                mid = (lo + hi) // 2
+                solve(lo, mid)
+                solve(mid, hi)
+
+        solve(0, len(payloads))
+        value = pa.concat_arrays(pieces)
+        return pa.RecordBatch.from_arrays(
+            meta + [value, pa.array(errors, pa.string()), pa.array(corrupt, pa.binary())],
+            schema=self.schema)
+
+
+def parsed_batches(log: Log, parser: JsonParser, stream: str, shard: int, start: int, end: int,
+                   rows: int, max_bytes: int) -> Iterator[pa.RecordBatch]:
+    for got in read_range(log, stream, shard, start, end, rows, max_bytes, newlines=True):
+        yield _cut(parser.batch(got, log, max_bytes), end)

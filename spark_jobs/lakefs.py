@@ -1,0 +1,177 @@
+"""Where the lake lives: a local directory or ``s3://bucket/prefix``, both as a
+pyarrow filesystem plus a base path, so the job, its Spark tasks and the
+reader helper write and read through one code path.
+
+Spark's own ``s3a://`` needs the Hadoop AWS jars, which cannot be fetched
+here (no Maven); pyarrow's S3 filesystem is native code with no jars.  The
+endpoint, region and credentials come from the standard AWS settings
+(``AWS_ENDPOINT_URL``, ``AWS_DEFAULT_REGION``, ``AWS_ACCESS_KEY_ID``...)
+unless given; connections time out and retry a bounded number of times, so
+an unreachable endpoint is an error within seconds, not a hang.
+
+A ``Lake`` is a small picklable value (URL + endpoint), not an open
+connection: Spark ships it to the tasks, which open their own filesystem.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import shutil
+from dataclasses import dataclass, field
+from urllib.parse import urlparse
+
+import pyarrow.fs as pafs
+
+CONNECT_TIMEOUT_S = 5.0
+REQUEST_TIMEOUT_S = 60.0
+S3_ATTEMPTS = 3
+
+
+class LakeError(Exception):
+    """The lake cannot be reached or used (bad URL, endpoint down, no bucket)."""
+
+
+@dataclass(frozen=True)
+class Lake:
+    url: str
+    endpoint_url: str | None = None
+    region: str | None = None
+    access_key: str | None = field(default=None, repr=False)
+    """Explicit credentials travel with the Lake to the Spark tasks; without
+    them each task uses the standard AWS chain of its own process."""
+    secret_key: str | None = field(default=None, repr=False)
+    session_token: str | None = field(default=None, repr=False)
+    _fs: list[pafs.FileSystem] = field(default_factory=list, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        parsed = urlparse(self.url)
+        if parsed.scheme not in ("", "file", "s3"):
+            raise LakeError(f"lake {self.url!r}: use a local path or s3://bucket/prefix")
+        if parsed.scheme == "s3" and not parsed.netloc:
+            raise LakeError(f"lake {self.url!r}: no bucket")
+
+    def __getstate__(self) -> dict[str, object]:
+        return {"url": self.url, "endpoint_url": self.endpoint_url, "region": self.region,
+                "access_key": self.access_key, "secret_key": self.secret_key,
+                "session_token": self.session_token}
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        for key, value in state.items():
+            object.__setattr__(self, key, value)
+        object.__setattr__(self, "_fs", [])
+
+    @property
+    def is_s3(self) -> bool:
+        return self.url.startswith("s3://")
+
+    @property
+    def root(self) -> str:
+        """The lake's base path inside ``fs`` (``bucket/prefix`` or an absolute directory)."""
+        if self.is_s3:
+            parsed = urlparse(self.url)
+            return posixpath.join(parsed.netloc, parsed.path.strip("/")).rstrip("/")
+        path = self.url[len("file://"):] if self.url.startswith("file://") else self.url
+        return os.path.abspath(path)
+
+    @property
+    def fs(self) -> pafs.FileSystem:
+        if not self._fs:
+            self._fs.append(self._open())
+        return self._fs[0]
+
+    def _open(self) -> pafs.FileSystem:
+        if not self.is_s3:
+            return pafs.LocalFileSystem()
+        endpoint = (self.endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3")
+                    or os.environ.get("AWS_ENDPOINT_URL"))
+        kwargs: dict[str, object] = {
+            "region": self.region or os.environ.get("AWS_REGION")
+            or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1",
+            "connect_timeout": CONNECT_TIMEOUT_S,
+            "request_timeout": REQUEST_TIMEOUT_S,
+            "retry_strategy": pafs.AwsStandardS3RetryStrategy(max_attempts=S3_ATTEMPTS),
+        }
+        if self.access_key:
+            kwargs.update(access_key=self.access_key, secret_key=self.secret_key,
+                          session_token=self.session_token)
+        if endpoint:
+            parsed = urlparse(endpoint)
+            kwargs["endpoint_override"] = parsed.netloc or parsed.path
+            kwargs["scheme"] = parsed.scheme or "https"
+        return pafs.S3FileSystem(**kwargs)  # type: ignore[arg-type]
+
+    def path(self, *parts: str) -> str:
+        return posixpath.join(self.root, *parts)
+
+    def uri(self, *parts: str) -> str:
+        """The URL of a path in the lake, as Spark or a user would write it."""
+        return ("s3://" if self.is_s3 else "") + self.path(*parts)
+
+    # ---- small documents (plans, manifests) -------------------------------------------
+
+    def write_atomically(self, rel: str, data: bytes) -> None:
+        """A whole document or none: S3 PUTs are atomic; locally, a temporary
+        name, fsync, rename, fsync of the directory."""
+        if self.is_s3:
+            with self.fs.open_output_stream(self.path(rel)) as out:
+                out.write(data)
+            return
+        from consumers.files import write_durably
+        from pathlib import Path
+
+        write_durably(Path(self.path(rel)), data)
+
+    def read(self, rel: str) -> bytes | None:
+        try:
+            with self.fs.open_input_stream(self.path(rel)) as f:
+                return f.read()  # type: ignore[no-any-return]
+        except FileNotFoundError:
+            return None
+
+    def list(self, rel: str) -> list[str]:
+        """Names of the files directly under ``rel`` (none if it does not exist)."""
+        selector = pafs.FileSelector(self.path(rel), allow_not_found=True)
+        return sorted(posixpath.basename(i.path) for i in self.fs.get_file_info(selector)
+                      if i.type == pafs.FileType.File)
+
+    def check(self) -> None:
+        """Fails with a clear LakeError when the lake cannot be used (run first)."""
+        try:
+            if self.is_s3:
+                bucket = self.root.split("/", 1)[0]
+                info = self.fs.get_file_info(bucket)
+                if info.type == pafs.FileType.NotFound:
+                    raise LakeError(f"lake {self.url}: bucket {bucket!r} does not exist")
+            else:
+                os.makedirs(self.root, exist_ok=True)
+        except LakeError:
+            raise
+        except OSError as exc:
+            raise LakeError(f"lake {self.url} is not reachable: {exc}") from None
+
+    def move(self, src_rel: str, dst_rel: str) -> None:
+        """Publishes a staged file under its final name (replacing one there)."""
+        src, dst = self.path(src_rel), self.path(dst_rel)
+        if self.is_s3:
+            self.fs.copy_file(src, dst)
+            self.fs.delete_file(src)
+            return
+        os.makedirs(posixpath.dirname(dst), exist_ok=True)
+        os.replace(src, dst)
+
+    def delete_tree(self, rel: str) -> None:
+        """Removes a directory and everything under it (none: nothing to do).
+
+        On S3, one DELETE per object: the batch DeleteObjects call that
+        pyarrow's delete_dir uses needs a Content-MD5 that current AWS SDKs
+        no longer send, which stores such as OpenStack Swift 2.30 refuse."""
+        path = self.path(rel)
+        if not self.is_s3:
+            shutil.rmtree(path, ignore_errors=True)
+            return
+        selector = pafs.FileSelector(path, recursive=True, allow_not_found=True)
+        infos = self.fs.get_file_info(selector)
+        for info in sorted(infos, key=lambda i: i.path.count("/"), reverse=True):
+            if info.type == pafs.FileType.File:
+                self.fs.delete_file(info.path)

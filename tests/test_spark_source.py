@@ -1,0 +1,179 @@
+"""The ``comet`` PySpark data source: batch and streaming reads of the log."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import orjson
+import pytest
+
+from storage_c import Config, Log
+from spark_jobs.offsets import SourceOptions
+from spark_jobs.source import CometStreamReader, cap
+
+from .conftest import read_all
+
+CFG = Config(shards=4, segment_bytes=1 << 20, compression_threshold=256)
+
+
+def fill(log: Log, n: int, start: int = 0) -> None:
+    """Events of varied size: the large ones are stored compressed."""
+    for i in range(start, start + n):
+        event = {"n": i, "device": f"dev-{i % 7}", "pad": "x" * (i % 600)}
+        log.append_batch("ev", [orjson.dumps(event)], key=f"k{i}")
+
+
+def expected_rows(log: Log, shards: range | list[int]) -> list[tuple[int, int, int, bytes]]:
+    out = []
+    for shard in shards:
+        out += [(shard, e, t // 1000, p) for e, t, p in read_all(log, "ev", shard)]
+    return out
+
+
+def rows_of(df) -> list[tuple[int, int, int, bytes]]:  # type: ignore[no-untyped-def]
+    from pyspark.sql import functions as F
+
+    got = df.select("shard", "entry", F.unix_micros("timestamp").alias("us"), "value").collect()
+    return sorted((r.shard, r.entry, r.us, bytes(r.value)) for r in got)
+
+
+def comet(spark, data_dir: Path, **options: str):  # type: ignore[no-untyped-def]
+    reader = spark.read.format("comet").option("path", str(data_dir)).option("stream", "ev")
+    for key, value in options.items():
+        reader = reader.option(key, value)
+    return reader.load()
+
+
+def test_batch_read_equals_the_storage_api(spark, data_dir: Path) -> None:  # type: ignore[no-untyped-def]
+    with Log(data_dir, CFG) as log:
+        fill(log, 2000)
+        assert sum(log.shard_stats("ev", s).compressed_entries for s in range(4)) > 100
+        want = sorted(expected_rows(log, range(4)))
+    df = comet(spark, data_dir)
+    assert df.columns == ["stream", "shard", "entry", "timestamp", "value"]
+    assert df.rdd.getNumPartitions() == 4  # one per shard range
+    assert rows_of(df) == want
+    assert {r.stream for r in df.select("stream").distinct().collect()} == {"ev"}
+
+
+def test_offsets_shards_and_partition_size(spark, data_dir: Path) -> None:  # type: ignore[no-untyped-def]
+    with Log(data_dir, CFG) as log:
+        fill(log, 800)
+        everything = expected_rows(log, range(4))
+        group = log.group("ev", 2, "lake")
+        group.ack(49)  # shard 2 consumed up to 49
+    only = comet(spark, data_dir, shards="1,3")
+    assert rows_of(only) == sorted(r for r in everything if r[0] in (1, 3))
+    ranged = comet(spark, data_dir, startingOffsets='{"0": 10, "1": -1}', endingOffsets='{"0": 20}')
+    assert rows_of(ranged) == sorted(r for r in everything if (r[0] == 0 and 10 <= r[1] < 20)
+                                     or r[0] in (2, 3))
+    by_group = comet(spark, data_dir, startingOffsets="group:lake", shards="2")
+    assert rows_of(by_group) == sorted(r for r in everything if r[0] == 2 and r[1] >= 50)
+    latest = comet(spark, data_dir, startingOffsets="latest")
+    assert latest.count() == 0
+    split = comet(spark, data_dir, shards="0", maxEntriesPerPartition="30")
+    count0 = sum(1 for r in everything if r[0] == 0)
+    assert split.rdd.getNumPartitions() == -(-count0 // 30)
+    assert rows_of(split) == sorted(r for r in everything if r[0] == 0)
+
+
+def test_parsed_values_and_rejects(spark, data_dir: Path) -> None:  # type: ignore[no-untyped-def]
+    with Log(data_dir, CFG) as log:
+        fill(log, 300)
+        bad = [log.append("ev", payload, shard=shard)
+               for shard, payload in enumerate([b"not json", b"", b'{"n": "text"}',
+                                                b'{"n": 1}\n{"n": 2}'])]
+        log.append("ev", b'{"n":\n 7, "device": "pretty"}', shard=3)  # JSON with a newline inside
+    df = comet(spark, data_dir, valueSchema="n long, device string")
+    assert df.columns == ["stream", "shard", "entry", "timestamp", "value", "_error", "_corrupt_record"]
+    good = df.where("_error is null").select("value.*").collect()
+    assert len(good) == 301
+    assert sorted(r.n for r in good) == sorted(list(range(300)) + [7])
+    rejects = df.where("_error is not null").collect()
+    assert {(r.shard, r.entry) for r in rejects} == set(bad)
+    assert all(r.value is None and r._corrupt_record is not None for r in rejects)
+    assert {bytes(r._corrupt_record) for r in rejects} == {b"not json", b"", b'{"n": "text"}',
+                                                          b'{"n": 1}\n{"n": 2}'}
+
+
+def test_bad_options_are_clear_errors(spark, data_dir: Path) -> None:  # type: ignore[no-untyped-def]
+    with Log(data_dir, CFG) as log:
+        fill(log, 10)
+    cases = {
+        "does not exist": dict(stream="nope"),
+        "neither earliest": dict(startingOffsets="{bad json"),
+        "not a shard number": dict(startingOffsets='{"x": 1}'),
+        "has 4 shards": dict(shards="0,9"),
+        "positive integer": dict(maxEntriesPerPartition="0"),
+    }
+    for message, options in cases.items():
+        reader = spark.read.format("comet").option("path", str(data_dir)).option("stream", "ev")
+        for key, value in options.items():
+            reader = reader.option(key, value)
+        with pytest.raises(Exception, match=message):
+            reader.load().collect()
+    with pytest.raises(Exception, match="'path'"):
+        spark.read.format("comet").option("stream", "ev").load().collect()
+
+
+def test_streaming_read_with_a_checkpoint_reads_only_new_rows(spark, data_dir: Path,
+                                                              tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
+
+    def run_until_caught_up() -> None:
+        query = (spark.readStream.format("comet").option("path", str(data_dir))
+                 .option("stream", "ev").option("maxEntriesPerTrigger", "150").load()
+                 .writeStream.format("parquet").option("path", str(out))
+                 .option("checkpointLocation", str(checkpoint))
+                 .trigger(availableNow=True).start())
+        query.awaitTermination(180)
+        assert query.exception() is None
+
+    with Log(data_dir, CFG) as log:
+        fill(log, 400)
+    run_until_caught_up()
+    first = rows_of(spark.read.parquet(str(out)))
+    batches = len(list((checkpoint / "offsets").iterdir()))
+    assert batches >= 3  # 400 entries, at most 150 per micro-batch
+    with Log(data_dir, CFG) as log:
+        assert first == sorted(expected_rows(log, range(4)))
+        fill(log, 250, start=400)
+        want = sorted(expected_rows(log, range(4)))
+    run_until_caught_up()
+    assert rows_of(spark.read.parquet(str(out))) == want  # exactly the new rows were added
+
+
+def test_stream_reader_works_without_4_2_arguments(data_dir: Path) -> None:
+    """Spark 4.0/4.1 call latestOffset() with no arguments."""
+    from pyspark.sql.types import StructType
+
+    with Log(data_dir, CFG) as log:
+        fill(log, 100)
+        ends = {str(s): log.shard_stats("ev", s).next_entry for s in range(4)}
+    schema = StructType.fromJson(json.loads(
+        '{"type":"struct","fields":[{"name":"stream","type":"string","nullable":true,"metadata":{}},'
+        '{"name":"shard","type":"integer","nullable":true,"metadata":{}},'
+        '{"name":"entry","type":"long","nullable":true,"metadata":{}},'
+        '{"name":"timestamp","type":"timestamp","nullable":true,"metadata":{}},'
+        '{"name":"value","type":"binary","nullable":true,"metadata":{}}]}'))
+    opts = SourceOptions.parse({"path": str(data_dir), "stream": "ev", "maxEntriesPerTrigger": "40"})
+    reader = CometStreamReader(opts, schema)
+    start = reader.initialOffset()
+    assert start == {str(s): 0 for s in range(4)}
+    seen = 0
+    position = start
+    while position != ends:
+        nxt = reader.latestOffset()
+        taken = sum(nxt[k] - position[k] for k in nxt)
+        assert 0 < taken <= 40
+        seen += taken
+        position = nxt
+    assert seen == 100
+
+
+def test_cap_shares_the_limit_between_shards() -> None:
+    assert cap({0: 0, 1: 0}, {0: 100, 1: 100}, 10) == {0: 5, 1: 5}
+    assert cap({0: 0, 1: 98}, {0: 100, 1: 100}, 10) == {0: 8, 1: 100}
+    assert cap({0: 5}, {0: 7}, None) == {0: 7}
+    assert cap({0: 7}, {0: 7}, 10) == {0: 7}
