@@ -74,9 +74,12 @@ def read_range(log: Log, stream: str, shard: int, start: int, end: int, rows: in
     (exclusive).  Entries deleted by retention are skipped by the reader
     (it counts them in the shard's stats)."""
     position = start
+    read = log.read_ndjson if newlines else log.read
     while position < end:
         want = min(rows, end - position)
-        got = (log.read_ndjson if newlines else log.read)(stream, shard, position, want, max_bytes)
+        # The reader fills an Arrow buffer that the batch then owns: no copy.
+        # Pages of it that the read does not reach are never touched.
+        got = read(stream, shard, position, want, max_bytes, into=pa.allocate_buffer(max_bytes))
         if not len(got.entries):
             return
         # A read may run past `end` only if entries were skipped; cut it there.
@@ -115,10 +118,10 @@ class JsonParser:
                                                 newlines_in_values=True)
         self._read = pajson.ReadOptions(use_threads=False, block_size=4 << 20)
 
-    def parse(self, data: bytes, count: int, single: bool = False) -> pa.StructArray | str:
+    def parse(self, data: bytes | memoryview, count: int, single: bool = False) -> pa.StructArray | str:
         """The values as one struct array, or why not (exactly ``count``
         objects are expected)."""
-        if not data.strip():
+        if isinstance(data, bytes) and not data.strip():  # a view: the parser finds out
             return "empty payload" if count == 1 else "empty lines"
         try:
             table = pajson.read_json(pa.BufferReader(data), read_options=self._read,

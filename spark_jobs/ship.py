@@ -37,8 +37,8 @@ from .plan import (
     read_plan,
     staging_rel,
 )
-from .source import cap
-from .writer import FILE_DDL, WriteTask
+from .source import cap, split
+from .writer import ShipTask
 
 log = logging.getLogger("comet.spark_ship")
 
@@ -47,7 +47,6 @@ DEFAULT_SAMPLE = 1000
 DEFAULT_ENTRIES_PER_TASK = 1_000_000
 RESERVED_PREFIX = "_comet_"
 EVENT_TIME_UNITS = ("s", "ms", "us", "ns")
-ARROW_BATCH_ROWS = 50_000  # rows per Arrow batch into the writer (one Parquet row group each)
 
 
 @dataclass
@@ -241,20 +240,14 @@ def _execute(spark: Any, lake: Lake, opts: ShipOptions, plan: RunPlan) -> Manife
     lake.delete_tree(staging)  # what a crashed attempt left is rewritten whole
     live = {s: r for s, r in plan.ranges.items() if r[0] < r[1]}
     value_type = to_arrow_type(struct_of(spark, plan.value_ddl), timezone="UTC")
-    df = (spark.read.format("comet")
-          .option("path", os.path.abspath(opts.data_dir))
-          .option("stream", plan.stream)
-          .option("shards", ",".join(str(s) for s in sorted(live)))
-          .option("startingOffsets", json.dumps({str(s): a for s, (a, _) in live.items()}))
-          .option("endingOffsets", json.dumps({str(s): b for s, (_, b) in live.items()}))
-          .option("maxEntriesPerPartition", str(plan.entries_per_task))
-          .option("valueSchema", plan.value_ddl)
-          .load())
-    task = WriteTask(lake, plan.stream, plan.run, value_type, plan.event_time_field,
-                     plan.event_time_unit)
-    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", str(ARROW_BATCH_ROWS))
-    rows = df.mapInArrow(task, FILE_DDL).collect()
-    files = sorted((ShippedFile(**r.asDict()) for r in rows), key=lambda f: f.path)
+    starts = {s: a for s, (a, _) in live.items()}
+    ends = {s: b for s, (_, b) in live.items()}
+    tasks = list(enumerate(split(starts, ends, plan.entries_per_task)))
+    job = ShipTask(os.path.abspath(opts.data_dir), lake, plan.stream, plan.run, value_type,
+                   plan.event_time_field, plan.event_time_unit)
+    rows = (spark.sparkContext.parallelize(tasks, len(tasks)).mapPartitions(job).collect()
+            if tasks else [])
+    files = sorted((ShippedFile(**r) for r in rows), key=lambda f: f.path)  # type: ignore[arg-type]
     crash_point("written")
     _publish(lake, staging, files)
     crash_point("published")

@@ -14,7 +14,7 @@ import os
 import threading
 import weakref
 from array import array
-from typing import Iterable, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 import zstandard
 
@@ -393,34 +393,38 @@ class Log:
     # ---- reads ---------------------------------------------------------------------
 
     def read(self, stream: str, shard: int, from_entry: int = 0, max_entries: int = 1000,
-             max_bytes: int = DEFAULT_READ_BYTES, *, durable_only: bool = False) -> ReadBatch:
+             max_bytes: int = DEFAULT_READ_BYTES, *, durable_only: bool = False,
+             into: Any = None) -> ReadBatch:
         """Up to ``max_entries`` entries of one shard from ``from_entry``, lock-free.
 
         Payloads come back decompressed.  At least one entry is returned when
-        one exists, even if it is larger than ``max_bytes``.
+        one exists, even if it is larger than ``max_bytes``.  ``into``, a
+        writable buffer (a bytearray, a pyarrow buffer...), receives the
+        payloads directly and ``data`` is then a view of it instead of a copy
+        (unless the first entry alone does not fit in it).
         """
         flags = lib.COMET_READ_DURABLE_ONLY if durable_only else 0
-        scratch, res = self._read(stream, shard, from_entry, max_entries, max_bytes, flags)
+        scratch, res, data = self._read(stream, shard, from_entry, max_entries, max_bytes, flags,
+                                        into)
         n = res.count
-        return ReadBatch(stream, shard, bytes(memoryview(scratch.data)[:res.data_bytes]),
-                         scratch.offsets[: n + 1], scratch.entries[:n], scratch.timestamps[:n],
-                         res.next_entry, res.skipped)
+        return ReadBatch(stream, shard, data, scratch.offsets[: n + 1], scratch.entries[:n],
+                         scratch.timestamps[:n], res.next_entry, res.skipped)
 
     def read_ndjson(self, stream: str, shard: int, from_entry: int = 0, max_entries: int = 1000,
-                    max_bytes: int = DEFAULT_READ_BYTES) -> NdjsonBatch:
+                    max_bytes: int = DEFAULT_READ_BYTES, *, into: Any = None) -> NdjsonBatch:
         """Like ``read``, with the payloads joined by newlines in one buffer
         (each followed by ``\n``) - ready to ship when ``newline_payloads``
         is 0, with no per-entry work in Python."""
-        scratch, res = self._read(stream, shard, from_entry, max_entries, max_bytes,
-                                  lib.COMET_READ_NEWLINES)
+        scratch, res, data = self._read(stream, shard, from_entry, max_entries, max_bytes,
+                                        lib.COMET_READ_NEWLINES, into)
         n = res.count
-        return NdjsonBatch(stream, shard, bytes(memoryview(scratch.data)[:res.data_bytes]),
-                           scratch.entries[:n], scratch.timestamps[:n], res.next_entry,
-                           res.skipped, res.newline_payloads)
+        return NdjsonBatch(stream, shard, data, scratch.entries[:n], scratch.timestamps[:n],
+                           res.next_entry, res.skipped, res.newline_payloads)
 
     def _read(self, stream: str, shard: int, from_entry: int, max_entries: int, max_bytes: int,
-              flags: int) -> tuple[_Scratch, object]:
-        """One comet_read into this thread's scratch buffers (grown as needed)."""
+              flags: int, into: Any = None) -> tuple[_Scratch, Any, bytes | memoryview]:
+        """One comet_read into this thread's scratch buffers (grown as needed),
+        or its payloads into ``into``; returns the payload bytes as well."""
         s = self._streams.get(stream) or self._open_stream(stream, create=False)
         if max_entries <= 0:
             raise ValueError("max_entries must be positive")
@@ -433,6 +437,24 @@ class Log:
         req.max_entries = max_entries
         req.max_bytes = max_bytes
         req.flags = flags
+        if into is not None:
+            view = memoryview(into)
+            if view.readonly:
+                raise TypeError("read(into=...) needs a writable buffer, such as a bytearray")
+            req.data = ffi.cast("uint8_t *", ffi.from_buffer(view, require_writable=True))
+            req.data_capacity = len(view)
+            try:
+                rc = lib.comet_read(s.ptr, shard, req, res)
+            except OverflowError:
+                raise ShardRangeError(f"shard {shard} is out of range: stream {stream!r} has "
+                                      f"{s.shards} shards") from None
+            finally:
+                req.data = ffi.cast("uint8_t *", scratch._data_ptr)
+                req.data_capacity = scratch.capacity
+            if rc >= 0:
+                return scratch, res, view[: res.data_bytes]
+            if rc != _BUFFER_TOO_SMALL:
+                raise_for(rc)
         while True:
             try:
                 rc = lib.comet_read(s.ptr, shard, req, res)
@@ -444,7 +466,7 @@ class Log:
             scratch.ensure(res.needed_bytes, max_entries)
         if rc < 0:
             raise_for(rc)
-        return scratch, res
+        return scratch, res, bytes(memoryview(scratch.data)[: res.data_bytes])
 
     def iter_entries(self, stream: str, shard: int, from_entry: int = 0,
                      batch: int = 1000) -> Iterator[ReadBatch]:

@@ -35,7 +35,8 @@ class Entry(NamedTuple):
 class ReadBatch:
     """Entries of one shard from one read, kept columnar.
 
-    ``data`` holds the payloads back to back and ``offsets`` (int32, count + 1,
+    ``data`` (bytes, or a view of the caller's buffer after ``read(into=...)``)
+    holds the payloads back to back and ``offsets`` (int32, count + 1,
     Arrow's binary layout) delimits them; ``payloads`` slices them into bytes
     objects on first use.  ``next_entry`` is where the following read starts;
     ``skipped`` counts entries that could not be returned (damaged, or deleted
@@ -67,7 +68,7 @@ class ReadBatch:
     @property
     def payloads(self) -> list[bytes]:
         if self._payloads is None:
-            data = self.data
+            data = self.data if type(self.data) is bytes else bytes(self.data)
             bounds = self.offsets.tolist()  # a comprehension over ints beats map(slice, ...)
             following = iter(bounds)
             next(following, None)

@@ -165,3 +165,21 @@ def test_reads_do_not_take_the_append_lock(log: Log) -> None:
         stop.set()
         t.join()
     assert seen % 50 == 0  # a batch becomes visible whole, never in part
+
+
+def test_read_into_a_callers_buffer(log: Log) -> None:
+    payloads = [bytes([i % 251]) * (i * 37 % 3000) for i in range(200)]
+    log.append_batch("ev", payloads, shard=0)
+    copied = log.read("ev", 0, 0, 200, 1 << 20)
+    into = bytearray(1 << 20)
+    viewed = log.read("ev", 0, 0, 200, 1 << 20, into=into)
+    assert isinstance(viewed.data, memoryview) and viewed.data.obj is into  # no copy
+    assert viewed.payloads == copied.payloads == payloads
+    assert list(viewed.entries) == list(copied.entries)
+    lines = log.read_ndjson("ev", 0, 0, 200, 1 << 20, into=bytearray(1 << 20))
+    assert bytes(lines.data) == b"".join(p + b"\n" for p in payloads)
+    # A buffer too small for even the first entry: the read still succeeds, copied.
+    small = log.read("ev", 0, 1, 5, 1 << 20, into=bytearray(10))
+    assert small.payloads == payloads[1:6] and isinstance(small.data, bytes)
+    with pytest.raises(TypeError):
+        log.read("ev", 0, 0, 5, into=b"read-only")
