@@ -14,9 +14,9 @@ SAN := -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize
 BUILD := build/c
 CTESTS := $(patsubst storage_c/tests/%.c,$(BUILD)/%,$(wildcard storage_c/tests/test_*.c))
 
-.PHONY: test serve system-deps venv ctest pytest bench clean
+.PHONY: test serve system-deps test-deps venv ctest pytest bench clean
 
-test: system-deps $(STAMP) ctest pytest
+test: system-deps test-deps $(STAMP) ctest pytest
 
 serve: system-deps $(STAMP)
 	$(VENV)/bin/comet serve --data-dir ./data --host 127.0.0.1 --port 8080
@@ -29,6 +29,18 @@ system-deps:
 	  $$SUDO apt-get install -y -q libzstd-dev >/dev/null 2>&1 || \
 	  { $$SUDO apt-get update -q >/dev/null && $$SUDO apt-get install -y -q libzstd-dev >/dev/null; }; \
 	fi
+
+# What only the tests need (idempotent): Java for Spark's JVM, and OpenStack
+# Swift for the object-store integration test (its test skips, saying why, if
+# Swift cannot be installed).
+test-deps:
+	@if ! command -v java >/dev/null 2>&1; then \
+	  echo "installing Java (for Spark)"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get install -y -q openjdk-17-jre-headless >/dev/null 2>&1 || \
+	  { $$SUDO apt-get update -q >/dev/null && $$SUDO apt-get install -y -q openjdk-17-jre-headless >/dev/null; }; \
+	fi
+	@scripts/install-swift.sh || echo "warning: OpenStack Swift is not installed; its test will be skipped"
 
 venv: $(STAMP)
 

@@ -6,9 +6,7 @@ One call is one run (see ``plan.py`` for the protocol): finish what a
 crashed run left, or plan a new run from the group's offsets to the
 committed ends, read it through the ``comet`` source with the values
 parsed by pyarrow in the source, write Parquet through ``writer.WriteTask``,
-publish, write the manifest, ack.  Also runnable with spark-submit::
-
-    spark-submit --master yarn spark_jobs/ship.py ./data events s3://bucket/lake
+publish, write the manifest, ack.  Under spark-submit: ``submit.py``.
 """
 
 from __future__ import annotations
@@ -16,7 +14,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -285,18 +282,3 @@ def _ack(storage: Log, stream: str, group: str, ranges: dict[int, tuple[int, int
         g = storage.group(stream, shard, group)
         out[shard] = g.ack(end - 1) if end > start else g.offset
     return out
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Entry point under spark-submit: the same arguments as ``comet spark-ship``."""
-    from storage_c.cli import main as cli
-
-    try:
-        cli(["spark-ship", *(sys.argv[1:] if argv is None else argv)], standalone_mode=True)
-    except SystemExit as exc:
-        return int(exc.code or 0)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -383,7 +383,7 @@ def submit_to_cluster(master: str, confs: tuple[str, ...]) -> None:
     import os
     import shutil
 
-    import spark_jobs.ship as job
+    import spark_jobs.submit as job
 
     submit = shutil.which("spark-submit")
     if submit is None:

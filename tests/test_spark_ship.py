@@ -239,3 +239,26 @@ def test_exactly_once_under_sigkill(data_dir: Path, tmp_path: Path) -> None:
     runs = [m.run for m in manifests(lake, "ev")]
     assert runs == sorted(set(runs))
     assert sum(m.rows for m in manifests(lake, "ev")) == produced
+
+
+def test_a_cluster_master_goes_through_spark_submit(tmp_path: Path) -> None:
+    """--master other than local[...] re-runs the job with spark-submit."""
+    import spark_jobs.submit
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    record = tmp_path / "args.json"
+    fake = bin_dir / "spark-submit"
+    fake.write_text(f"#!{sys.executable}\nimport json, sys\n"
+                    f"open({str(record)!r}, 'w').write(json.dumps(sys.argv[1:]))\n")
+    fake.chmod(0o755)
+    (tmp_path / "data").mkdir()
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}")
+    out = subprocess.run([str(COMET), "spark-ship", str(tmp_path / "data"), "ev", "s3://b/lake",
+                          "--master", "yarn", "--conf", "spark.executor.memory=2g", "--group", "g1"],
+                         env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    args = orjson.loads(record.read_bytes())
+    assert args == ["--master", "yarn", "--conf", "spark.executor.memory=2g",
+                    spark_jobs.submit.__file__, str(tmp_path / "data"), "ev", "s3://b/lake",
+                    "--conf", "spark.executor.memory=2g", "--group", "g1"]

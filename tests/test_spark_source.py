@@ -177,3 +177,15 @@ def test_cap_shares_the_limit_between_shards() -> None:
     assert cap({0: 0, 1: 98}, {0: 100, 1: 100}, 10) == {0: 8, 1: 100}
     assert cap({0: 5}, {0: 7}, None) == {0: 7}
     assert cap({0: 7}, {0: 7}, 10) == {0: 7}
+
+
+def test_value_schema_as_ddl_or_structtype_json() -> None:
+    from pyspark.sql.types import LongType, StringType, StructField, StructType
+
+    from spark_jobs.source import value_ddl
+
+    struct = StructType([StructField("id", LongType()), StructField("odd name", StringType())])
+    assert value_ddl(struct.json()) == "`id` bigint, `odd name` string"
+    assert value_ddl(" a int, b string ") == "a int, b string"
+    with pytest.raises(ValueError, match="StructType's JSON"):
+        value_ddl('{"type": "struct"}')
