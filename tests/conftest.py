@@ -70,6 +70,7 @@ def aws_env(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setenv(var, value)
     for var in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_PROFILE"):
         monkeypatch.delenv(var, raising=False)
+    _fresh_boto3_session(monkeypatch)
 
 
 @pytest.fixture(scope="session")
@@ -84,3 +85,37 @@ def spark() -> Iterator[object]:
                                   ("spark.driver.memory", "2g")])
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def swift() -> Iterator[object]:
+    """OpenStack Swift with s3api on 127.0.0.1 (tests/swift_server.py), one per run."""
+    from .swift_server import SwiftS3Server, SwiftUnavailable
+
+    try:
+        server = SwiftS3Server().start()
+    except SwiftUnavailable as exc:
+        pytest.skip(f"OpenStack Swift cannot be installed here: {exc.reason}")
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def s3env(swift: object, monkeypatch: pytest.MonkeyPatch) -> object:
+    """The AWS_* environment of the Swift server (checksum settings included) for this test."""
+    for name, value in swift.env().items():  # type: ignore[attr-defined]
+        monkeypatch.setenv(name, value)
+    for stray in ("AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_ENDPOINT_URL_S3"):
+        monkeypatch.delenv(stray, raising=False)
+    _fresh_boto3_session(monkeypatch)
+    return swift
+
+
+def _fresh_boto3_session(monkeypatch: pytest.MonkeyPatch) -> None:
+    """boto3's default session keeps the credentials it first found: start
+    this test with one that reads the environment just set."""
+    import boto3
+
+    monkeypatch.setattr(boto3, "DEFAULT_SESSION", None)

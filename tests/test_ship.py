@@ -141,12 +141,9 @@ def test_sink_failures_are_retried(tmp_path: Path, data_dir: Path) -> None:
         assert check_objects(log, sink) == 400
 
 
-def test_ship_to_s3(moto_s3: str, data_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_ship_to_s3(moto_s3: str, data_dir: Path, aws_env: None) -> None:
     import boto3
 
-    for var, value in {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
-                       "AWS_DEFAULT_REGION": "us-east-1"}.items():
-        monkeypatch.setenv(var, value)
     boto3.client("s3", endpoint_url=moto_s3).create_bucket(Bucket="edge")
     with Log(data_dir, CFG) as log:
         fill(log, 1000)

@@ -11,31 +11,17 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Iterator
 
 import orjson
-import pytest
 
 from storage_c import Config, Log
 from spark_jobs.lake import read_table, unmanifested_files
 from spark_jobs.lakefs import Lake
 
-from .swift_server import SwiftS3Server, SwiftUnavailable
+from .swift_server import SwiftS3Server
 
 COMET = Path(sys.executable).with_name("comet")
 CFG = Config(shards=3, segment_bytes=1 << 20)
-
-
-@pytest.fixture(scope="module")
-def swift() -> Iterator[SwiftS3Server]:
-    try:
-        server = SwiftS3Server().start()
-    except SwiftUnavailable as exc:
-        pytest.skip(f"OpenStack Swift cannot be installed here: {exc.reason}")
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 def fill(log: Log, start: int, n: int) -> None:
@@ -52,11 +38,10 @@ def ship(swift: SwiftS3Server, data_dir: Path) -> dict:  # type: ignore[type-arg
     return orjson.loads(out.stdout.splitlines()[-1])  # type: ignore[no-any-return]
 
 
-def test_ship_to_swift(swift: SwiftS3Server, data_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_ship_to_swift(s3env: SwiftS3Server, data_dir: Path) -> None:
     import boto3
 
-    for key, value in swift.env().items():  # this process reads the lake back through pyarrow
-        monkeypatch.setenv(key, value)
+    swift = s3env
 
     client = boto3.client("s3", endpoint_url=swift.endpoint_url, aws_access_key_id=swift.access_key,
                           aws_secret_access_key=swift.secret_key, region_name=swift.region)

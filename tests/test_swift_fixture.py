@@ -4,7 +4,6 @@ uses: boto3 and pyarrow's S3 filesystem."""
 from __future__ import annotations
 
 import uuid
-from typing import Iterator
 
 import boto3
 import pyarrow as pa
@@ -13,29 +12,7 @@ import pytest
 from botocore.config import Config as BotoConfig
 from pyarrow import fs
 
-from .swift_server import SwiftS3Server, SwiftUnavailable
-
-
-@pytest.fixture(scope="module")
-def swift() -> Iterator[SwiftS3Server]:
-    try:
-        server = SwiftS3Server().start()
-    except SwiftUnavailable as e:
-        pytest.skip(f"Swift S3 fixture unavailable: {e.reason}")
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture
-def s3env(swift: SwiftS3Server, monkeypatch: pytest.MonkeyPatch) -> SwiftS3Server:
-    """The AWS_* environment of the fixture (checksum settings included) for this test."""
-    for name, value in swift.env().items():
-        monkeypatch.setenv(name, value)
-    for stray in ("AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_ENDPOINT_URL_S3"):
-        monkeypatch.delenv(stray, raising=False)
-    return swift
+from .swift_server import SwiftS3Server
 
 
 def bucket_name() -> str:
