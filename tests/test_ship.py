@@ -12,7 +12,6 @@ from array import array
 from pathlib import Path
 
 import orjson
-import pytest
 import zstandard
 
 from consumers import Consumer, DirectorySink, S3Sink, ShipConfig, Shipper, object_key
