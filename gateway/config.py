@@ -75,6 +75,11 @@ class GatewayConfig:
             raise ConfigError(f"auth must be 'auto', 'on' or 'off', not {self.auth!r}")
         if self.auth == "on" and not self.tokens:
             raise ConfigError("auth is on but no tokens are configured")
+        if self.auth_required and not self.tokens:
+            # Starting would refuse every write: say so now instead of with 401s.
+            raise ConfigError(f"host {self.host} is not loopback, so tokens are required "
+                              "(auth = \"auto\"): set tokens (COMET_TOKENS), or "
+                              "auth = \"off\" (COMET_AUTH=off) to accept writes from anyone")
         for name in ("max_body_bytes", "max_decompressed_bytes", "inflight_bytes", "port"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive")
@@ -154,6 +159,9 @@ def load(path: str | os.PathLike[str] | None = None,
             raise ConfigError(f"config file {path} does not exist") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"config file {path}: {exc}") from None
+    for table in ("storage", "streams"):
+        if not isinstance(raw.get(table, {}), dict):
+            raise ConfigError(f"{table} in {path} must be a table ([{table}])")
     top: dict[str, Any] = {}
     for key, value in raw.items():
         if key in ("storage", "streams"):
@@ -166,7 +174,7 @@ def load(path: str | os.PathLike[str] | None = None,
         if key not in STORAGE:
             raise ConfigError(f"unknown storage setting {key!r} in {path}")
         storage[key] = _coerce(f"storage.{key}", value, STORAGE[key].type)
-    streams = {name: StreamPolicy(**{k: bool(v) for k, v in policy.items()})
+    streams = {name: _stream_policy(name, policy, path)
                for name, policy in raw.get("streams", {}).items()}
     for key, f in TOP_LEVEL.items():
         var = f"COMET_{key.upper()}"
@@ -178,5 +186,18 @@ def load(path: str | os.PathLike[str] | None = None,
             storage[key] = _coerce(var, env[var], f.type)
     try:
         return GatewayConfig(**top, storage=Config(**storage), streams=streams)
-    except TypeError as exc:
+    except (TypeError, ValueError) as exc:  # the storage Config's own checks raise ValueError
         raise ConfigError(str(exc)) from None
+
+
+POLICY = {f.name: f for f in dataclasses.fields(StreamPolicy)}
+
+
+def _stream_policy(name: str, policy: Any, path: Any) -> StreamPolicy:
+    if not isinstance(policy, dict):
+        raise ConfigError(f"[streams.{name}] in {path} must be a table")
+    for key in policy:
+        if key not in POLICY:
+            raise ConfigError(f"unknown setting {key!r} in [streams.{name}] of {path}")
+    return StreamPolicy(**{k: _coerce(f"streams.{name}.{k}", v, POLICY[k].type)
+                           for k, v in policy.items()})

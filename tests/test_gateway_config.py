@@ -76,3 +76,30 @@ def test_serve_refuses_a_bad_config_before_starting(tmp_path: Path) -> None:
     out = subprocess.run([str(comet), "serve", "--config", str(tmp_path / "bad.toml")],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode != 0 and "workers must be >= 0" in out.stderr
+
+
+def test_non_loopback_bind_without_tokens_is_refused_at_start() -> None:
+    with pytest.raises(ConfigError, match="not loopback, so tokens are required"):
+        load(None, env={"COMET_HOST": "0.0.0.0"})
+    assert not load(None, env={"COMET_HOST": "0.0.0.0", "COMET_AUTH": "off"}).auth_required
+    assert load(None, env={"COMET_HOST": "0.0.0.0", "COMET_TOKENS": "t"}).auth_required
+
+
+@pytest.mark.parametrize("text, message", [
+    ('[storage]\ndurability = "sometimes"\n', "durability must be"),
+    ('[streams.metrics]\nvalidat = false\n', "unknown setting 'validat' in \\[streams.metrics\\]"),
+    ('[streams.metrics]\nvalidate = "maybe"\n', "streams.metrics.validate: cannot use 'maybe'"),
+    ("streams = 3\n", "must be a table"),
+    ("storage = 3\n", "must be a table"),
+])
+def test_bad_settings_are_config_errors(tmp_path: Path, text: str, message: str) -> None:
+    toml = tmp_path / "comet.toml"
+    toml.write_text(text)
+    with pytest.raises(ConfigError, match=message):
+        load(toml, env={})
+
+
+def test_stream_policy_strings_are_parsed(tmp_path: Path) -> None:
+    toml = tmp_path / "comet.toml"
+    toml.write_text('[streams.metrics]\nvalidate = "false"\n')
+    assert not load(toml, env={}).validates("metrics")
