@@ -182,6 +182,60 @@ class Row:
     anchor: str
 
 
+@dataclass(frozen=True)
+class RowSpec:
+    """A row of the table: its target (op, value in the series' unit) and its anchor."""
+
+    case: str
+    series: str
+    target_text: str = "—"
+    target: tuple[str, float] | None = None
+    anchor: str | None = None        # series measured in the same run
+    anchor_name: str = ""
+    reference: str | None = None     # a figure quoted, not measured here
+
+
+ROW_SPECS = (
+    RowSpec("Python: Group.ack(entry)", "ack_group", "≤ 400 ns", ("<=", 400),
+            reference="Go Comet 30–200 ns (reference, not measured)"),
+    RowSpec("Python: Consumer.ack(shard, entry)", "ack_consumer", "≤ 400 ns", ("<=", 400)),
+    RowSpec("Python: read(1000) + payloads + ack", "read_ack", "≥ 3 M entries/s", (">=", 3e6)),
+    RowSpec("comet ship → directory, 1 KiB JSON", "ship_dir", "≥ 150 MB/s", (">=", 150),
+            "compress_write", "zstd-1 + write of the same bytes"),
+    RowSpec("Anchor: zstd level 1 + write, no shipper", "compress_write"),
+)
+
+
+def structured_rows(series: dict[str, dict[str, object]]) -> list[dict[str, object]]:
+    """The table's rows as loadtests/report.py reads them (benchlib.result_row), from the
+    "series" section of consumers.json (all figures here: higher is better except ns/call)."""
+    out = []
+    for spec in ROW_SPECS:
+        if spec.series not in series:
+            continue
+        s = series[spec.series]
+        value, unit = float(s["median"]), str(s["unit"])  # type: ignore[arg-type]
+        anchor, ratio = None, None
+        if spec.anchor is not None and spec.anchor in series:
+            a = series[spec.anchor]
+            a_value, a_unit = float(a["median"]), str(a["unit"])  # type: ignore[arg-type]
+            anchor = benchlib.anchor_ref(spec.anchor, spec.anchor_name, a_value, a_unit,
+                                         fmt(a_value, a_unit))
+            ratio = value / a_value if unit != "ns/call" else a_value / value
+        passed = None
+        if spec.target is not None:
+            op, bound = spec.target
+            passed = value <= bound if op == "<=" else value >= bound
+        out.append(benchlib.result_row(
+            spec.case, spec.series, value, unit, fmt(value, unit),
+            role="anchor" if spec.case.startswith("Anchor:") else "case", anchor=anchor,
+            ratio=ratio, ratio_text="—" if ratio is None else f"{ratio:.2f}×",
+            target=None if spec.target is None else {"op": spec.target[0],
+                                                     "value": spec.target[1], "unit": unit},
+            target_text=spec.target_text, passed=passed, reference=spec.reference))
+    return out
+
+
 def run(scale: Scale) -> tuple[dict[str, benchlib.Series], list[Row]]:
     series = {
         "ack_group": benchlib.repeat("ack_group", "ns/call", scale.runs, lambda _i: ack_group(scale)),
@@ -193,19 +247,13 @@ def run(scale: Scale) -> tuple[dict[str, benchlib.Series], list[Row]]:
         "compress_write": benchlib.repeat("compress_write", "MB/s", scale.runs,
                                           lambda _i: compress_and_write(scale)),
     }
-    m = {k: v.median for k, v in series.items()}
-    rows = [
-        Row("Python: Group.ack(entry)", "ack_group", "ns/call", "≤ 400 ns", m["ack_group"] <= 400,
-            "Go Comet 30–200 ns (reference, not measured)"),
-        Row("Python: Consumer.ack(shard, entry)", "ack_consumer", "ns/call", "≤ 400 ns",
-            m["ack_consumer"] <= 400, "—"),
-        Row("Python: read(1000) + payloads + ack", "read_ack", "entries/s", "≥ 3 M entries/s",
-            m["read_ack"] >= 3e6, "—"),
-        Row("comet ship → directory, 1 KiB JSON", "ship_dir", "MB/s", "≥ 150 MB/s",
-            m["ship_dir"] >= 150,
-            f"{m['ship_dir'] / m['compress_write']:.2f}× zstd-1 + write of the same bytes"),
-        Row("Anchor: zstd level 1 + write, no shipper", "compress_write", "MB/s", "—", None, "—"),
-    ]
+    rows = []
+    for r in structured_rows({k: v.to_json() for k, v in series.items()}):
+        anchor = r["reference"] or "—"
+        if r["anchor"] is not None:
+            anchor = f"{r['ratio']:.2f}× {r['anchor']['name']}"  # type: ignore[index]
+        rows.append(Row(str(r["case"]), str(r["key"]), str(r["unit"]), str(r["target_text"]),
+                        r["pass"], anchor))  # type: ignore[arg-type]
     return series, rows
 
 
@@ -233,6 +281,11 @@ def report(series: dict[str, benchlib.Series], rows: list[Row], scale: Scale,
         f"Python {machine['python']}, scratch on {machine['scratch_filesystem']}; "
         f"{machine['date_utc']}.",
     ]
+    if "commit" in machine:
+        notes.append(f"- Code: commit {machine['commit']}; consumers/, storage_c/ changed since: "
+                     f"{machine['code_changed_since_commit']}"
+                     + ("; CHANGED DURING THE RUN" if machine.get("code_changed_during_run")
+                        else "") + ".")
     return "# Consumer benchmark\n\n" + table + "\n\nNotes:\n\n" + "\n".join(notes) + "\n"
 
 
@@ -242,15 +295,23 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     scale = QUICK if args.quick else FULL
     SCRATCH.mkdir(parents=True, exist_ok=True)
+    source = benchlib.source_state(HERE.parent, ["consumers", "storage_c"])
+    t0 = time.perf_counter()
     try:
         series, rows = run(scale)
         machine = benchlib.machine_info(SCRATCH)
+        machine.update(source)
+        machine["code_changed_during_run"] = benchlib.source_state(
+            HERE.parent, ["consumers", "storage_c"]) != source
         text = report(series, rows, scale, machine)
         print(text)
         benchlib.write_atomic(RESULTS / "consumers.md", text)
+        series_json = {k: v.to_json() for k, v in series.items()}
         benchlib.write_json(RESULTS / "consumers.json", {
-            "machine": machine, "scale": scale.__dict__,
-            "series": {k: v.to_json() for k, v in series.items()}})
+            "machine": machine, "mode": "quick" if args.quick else "default",
+            "scale": scale.__dict__, "series": series_json,
+            "rows": structured_rows(series_json),
+            "elapsed_s": round(time.perf_counter() - t0, 1)})
     finally:
         benchlib.clear_dir(SCRATCH)
     return 0

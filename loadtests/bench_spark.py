@@ -69,7 +69,6 @@ import os
 import random
 import shutil
 import string
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -84,6 +83,7 @@ import benchlib  # noqa: E402
 from storage_c import Config, Log  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
+MEASURED_CODE = ["spark_jobs", "storage_c", "consumers"]  # git paths whose changes make a run's figures stale
 LOADTESTS = REPO / "loadtests"
 SCRATCH = LOADTESTS / ".scratch" / "spark"
 RUNS_DIR = SCRATCH / "runs"
@@ -662,6 +662,36 @@ def table_rows(series: dict[str, benchlib.Series], rat: dict[str, Any],
     return rows
 
 
+def structured_rows(series: dict[str, dict[str, Any]], rat: dict[str, Any],
+                    table: list[list[str]]) -> list[dict[str, Any]]:
+    """The table's rows as loadtests/report.py reads them (benchlib.result_row), from
+    spark.json's "series", "ratios" and "table" rows (one per case of CASES, in order); the
+    ratio is the ratio of the medians (the one PASS is judged on)."""
+    out = []
+    for case, cells in zip(CASES, table):
+        s = series[case.key]
+        verdict = cells[3]
+        passed = True if verdict.startswith("PASS") else False if verdict.startswith("FAIL") \
+            else None
+        anchor, ratio = None, None
+        r = rat.get(case.key)
+        if case.anchor is not None and r is not None:
+            a = series[case.anchor]
+            anchor = benchlib.anchor_ref(case.anchor, next(c.title for c in CASES
+                                                           if c.key == case.anchor),
+                                         a["median"], a["unit"], fmt_rate(a["median"]))
+            ratio = r["of_medians"]
+        out.append(benchlib.result_row(
+            case.title, case.key, s["median"], s["unit"], cells[1],
+            role="anchor" if case.anchor is None else "case", anchor=anchor, ratio=ratio,
+            ratio_text=cells[4] if r is None else
+            f"{r['of_medians']:.2f}× (median of per-round ratios {r['paired_median']:.2f}×)",
+            target=None if case.target is None else {"op": ">=", "value": case.target,
+                                                     "unit": "x"},
+            target_text=cells[2], passed=passed, verdict=verdict))
+    return out
+
+
 def noisy_notes(records: list[dict[str, Any]]) -> list[str]:
     measured = [r for r in records if r["round"] >= 0]
     worst = max(measured, key=lambda r: r["cpu"]["other_share"])
@@ -750,19 +780,6 @@ def render(series: dict[str, benchlib.Series], rat: dict[str, Any],
     return "# Spark benchmark\n\n" + table + "\n\nNotes:\n\n" + "\n".join(notes) + "\n"
 
 
-def source_state() -> dict[str, str]:
-    """The commit measured, and whether the measured code differs from it."""
-    def git(*args: str) -> str:
-        try:
-            return subprocess.run(["git", "-C", str(REPO), *args], capture_output=True,
-                                  text=True, timeout=10).stdout.strip()
-        except (OSError, subprocess.SubprocessError):
-            return "unknown"
-    changed = git("status", "--porcelain", "--", "spark_jobs", "storage_c", "consumers")
-    return {"commit": git("rev-parse", "--short", "HEAD") or "unknown",
-            "code_changed_since_commit": " ".join(changed.split()) if changed else "no"}
-
-
 def versions() -> dict[str, str]:
     out = {}
     for name in ("pyspark", "pyarrow", "orjson", "numpy"):
@@ -813,7 +830,7 @@ def main(argv: list[str] | None = None) -> int:
     scale = Scale(entries=args.entries or scale.entries, rounds=args.rounds or scale.rounds,
                   warmup_rounds=args.warmup_rounds or scale.warmup_rounds)
     t_start = time.perf_counter()
-    source = source_state()
+    source = benchlib.source_state(REPO, MEASURED_CODE)
     SCRATCH.mkdir(parents=True, exist_ok=True)
     busy = benchlib.busy_processes(1.0)
     for line in busy:
@@ -838,13 +855,15 @@ def main(argv: list[str] | None = None) -> int:
         spark.stop()
         shutil.rmtree(RUNS_DIR, ignore_errors=True)
     elapsed = time.perf_counter() - t_start
-    machine["code_changed_during_run"] = source_state() != source
+    machine["code_changed_during_run"] = benchlib.source_state(REPO, MEASURED_CODE) != source
     series = build_series(records)
     rat = ratios(series, records)
     text = render(series, rat, records, checks, data, scale, args.quick, machine,
                   args.warm_mib, elapsed)
     print(text)
     benchlib.write_atomic(RESULTS / "spark.md", text)
+    series_json = {k: s.to_json() for k, s in series.items()}
+    table = table_rows(series, rat, records, checks, data.entries)
     benchlib.write_json(RESULTS / "spark.json", {
         "machine": machine,
         "mode": "quick" if args.quick else "default",
@@ -856,10 +875,10 @@ def main(argv: list[str] | None = None) -> int:
         "data": data.meta,
         "medians": {k: s.median for k, s in series.items()},
         "ratios": rat,
-        "series": {k: s.to_json() for k, s in series.items()},
+        "series": series_json,
         "scan_checks": checks,
-        "table": {"headers": HEADERS,
-                  "rows": table_rows(series, rat, records, checks, data.entries)},
+        "table": {"headers": HEADERS, "rows": table},
+        "rows": structured_rows(series_json, rat, table),
         "runs": records,
         "elapsed_s": round(elapsed, 1),
     })

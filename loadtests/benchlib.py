@@ -144,7 +144,8 @@ def _process_ticks() -> dict[int, tuple[int, str]]:
         except OSError:
             continue
         fields = stat.rsplit(")", 1)[1].split()
-        name = cmd.strip() or "[" + stat.split("(", 1)[1].rsplit(")", 1)[0] + "]"
+        cmd = " ".join(cmd.split())  # one line: a `python -c` program holds newlines
+        name = cmd or "[" + stat.split("(", 1)[1].rsplit(")", 1)[0] + "]"
         out[int(entry.name)] = (int(fields[11]) + int(fields[12]), name)
     return out
 
@@ -303,3 +304,47 @@ def write_atomic(path: Path, text: str) -> None:
 
 def write_json(path: Path, data: Any) -> None:
     write_atomic(path, json.dumps(data, indent=2, sort_keys=False) + "\n")
+
+
+def source_state(repo: Path, paths: Sequence[str]) -> dict[str, str]:
+    """The commit measured (short hash) and ``git status`` of ``paths`` ("no" if unchanged)."""
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(["git", "-C", str(repo), *args], capture_output=True,
+                                  text=True, timeout=10).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+    changed = git("status", "--porcelain", "--", *paths)
+    return {"commit": git("rev-parse", "--short", "HEAD") or "unknown",
+            "code_changed_since_commit": " ".join(changed.split()) if changed else "no"}
+
+
+def result_row(case: str, key: str | None, figure: float | None, unit: str, figure_text: str, *,
+               role: str = "case", anchor: dict[str, Any] | None = None,
+               ratio: float | None = None, ratio_text: str = "—",
+               target: dict[str, Any] | None = None, target_text: str = "—",
+               passed: bool | None = None, verdict: str | None = None,
+               reference: str | None = None) -> dict[str, Any]:
+    """One row of a benchmark's results in the structured form ``loadtests/report.py`` reads
+    (the ``rows`` list of each ``loadtests/results/<area>.json``).
+
+    ``role`` is "case" or "anchor"; ``anchor`` is ``anchor_ref(...)`` of the row this one is
+    compared with; ``ratio`` is always in throughput terms: this case's entries (requests,
+    rows, bytes) per second ÷ the anchor's for the same work, so > 1 means faster than the
+    anchor; ``target`` is ``{"op": "<=" | ">=", "value": float, "unit": str}`` when the target
+    is a plain bound on the figure (or on the ratio, unit "x"), None otherwise; ``passed`` is
+    None when the row has no target; ``verdict`` is the area table's Pass cell;
+    ``reference`` is a figure quoted for comparison but not measured in the run."""
+    if verdict is None:
+        verdict = "—" if passed is None else ("PASS" if passed else "FAIL")
+    return {"case": case, "key": key, "role": role, "figure": figure, "unit": unit,
+            "figure_text": figure_text, "anchor": anchor, "ratio": ratio,
+            "ratio_text": ratio_text, "target": target, "target_text": target_text,
+            "pass": passed, "verdict": verdict, "reference": reference}
+
+
+def anchor_ref(key: str | None, name: str, figure: float | None, unit: str,
+               figure_text: str) -> dict[str, Any]:
+    """The ``anchor`` of a :func:`result_row`: which anchor, and its figure in the same run."""
+    return {"key": key, "name": name, "figure": figure, "unit": unit,
+            "figure_text": figure_text}
