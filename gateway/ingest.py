@@ -10,6 +10,7 @@ entry above the limit -> 413, an unknown stream with auto-create off -> 404.
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -61,10 +62,38 @@ def json_events(body: bytes, validate: bool) -> list[bytes] | bytes:
     try:
         value = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
+        index = failing_element(exc.doc, exc.pos)
+        if index is not None:
+            raise HTTPError(400, "invalid_json", f"event {index} (element {index} of the array) "
+                            f"is not valid JSON: {exc}", extra={"index": index}) from None
         raise HTTPError(400, "invalid_json", f"body is not valid JSON: {exc}") from None
     if isinstance(value, list):
         return [orjson.dumps(v) for v in value]
     return orjson.dumps(value)
+
+
+JSON_STRUCTURE = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{},]')
+
+
+def failing_element(doc: str, pos: int) -> int | None:
+    """The index of the top-level array element holding character ``pos`` of
+    ``doc`` (where the parser failed), or None when the body is not an array or
+    the failure lies outside it.  Only runs on the error path."""
+    start = len(doc) - len(doc.lstrip())
+    if doc[start:start + 1] != "[":
+        return None
+    depth = index = 0
+    for match in JSON_STRUCTURE.finditer(doc, start, pos):
+        token = match.group()
+        if token in "[{":
+            depth += 1
+        elif token in "]}":
+            depth -= 1
+            if depth == 0:
+                return None            # the array closed before the error
+        elif token == "," and depth == 1:
+            index += 1
+    return index
 
 
 def ndjson_lines(body: bytes) -> list[bytes]:

@@ -134,7 +134,15 @@ def test_malformed_event_57_of_100(client: TestClient, data_dir: Path) -> None:
     assert body["index"] == 56 and "event 56 (line 57)" in str(body["detail"])
     two = b'{"a":1}\n{"b":2},{"c":3}\n'
     assert assert_error(client.post("/streams/ev", content=two, headers=NDJSON), 400, "invalid_json")["index"] == 1
-    assert_error(client.post("/streams/ev", content=b'[{"a":1}, {"b":', headers=JSON), 400, "invalid_json")
+    assert assert_error(client.post("/streams/ev", content=b'[{"a":1}, {"b":', headers=JSON),
+                        400, "invalid_json")["index"] == 1
+    elements = [orjson.dumps({"i": i, "s": "é, [x]"}) for i in range(100)]
+    elements[56] = b'{"i": 56 "s": 1}'
+    body = assert_error(client.post("/streams/ev", content=b"[" + b",".join(elements) + b"]", headers=JSON),
+                        400, "invalid_json")
+    assert body["index"] == 56 and "event 56" in str(body["detail"])
+    no_index = assert_error(client.post("/streams/ev", content=b'[1, 2] 3', headers=JSON), 400, "invalid_json")
+    assert "index" not in no_index
     assert stored(data_dir, "ev") == []
     still_works(client)
 
