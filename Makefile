@@ -14,9 +14,9 @@ SAN := -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize
 BUILD := build/c
 CTESTS := $(patsubst storage_c/tests/%.c,$(BUILD)/%,$(wildcard storage_c/tests/test_*.c))
 
-.PHONY: test serve system-deps test-deps venv ctest pytest bench clean
+.PHONY: test serve system-deps test-deps venv ctest pytest bench clean locust-venv loadtest soak
 
-test: system-deps test-deps $(STAMP) ctest pytest
+test: system-deps test-deps $(STAMP) locust-venv ctest pytest
 
 serve: system-deps $(STAMP)
 	$(VENV)/bin/comet serve --data-dir ./data --host 127.0.0.1 --port 8080
@@ -62,14 +62,47 @@ pytest: $(STAMP)
 	@set +e; $(PY) -m pytest $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "no tests selected"; rc=0; fi; exit $$rc
 
+# locust in a virtualenv of its own (it monkey-patches the standard library with
+# gevent); idempotent: reinstalled only when loadtests/requirements-locust.txt changes.
+LOCUST_VENV := .venv-locust
+LOCUST_STAMP := $(LOCUST_VENV)/.installed
+locust-venv: $(LOCUST_STAMP)
+
+$(LOCUST_STAMP): loadtests/requirements-locust.txt
+	@test -x $(LOCUST_VENV)/bin/python || $(PYTHON) -m venv $(LOCUST_VENV)
+	$(LOCUST_VENV)/bin/python -m pip install -q --disable-pip-version-check --upgrade pip
+	$(LOCUST_VENV)/bin/python -m pip install -q --disable-pip-version-check -r loadtests/requirements-locust.txt
+	@touch $(LOCUST_STAMP)
+
+# Locust against `comet serve` (2 workers), then every acknowledged event checked in the log;
+# results in loadtests/results/loadtest.json and loadtest_*.csv.  LOADTEST_ARGS: more options
+# of loadtests/loadtest.py (--help), e.g. LOADTEST_ARGS="--max-p95-ms 200 BatchUser".
+LOADTEST_SECONDS ?= 60
+LOADTEST_USERS ?= 16
+SOAK_SECONDS ?= 300
+LOADTEST_ARGS ?=
+loadtest: system-deps $(STAMP) $(LOCUST_STAMP)
+	$(PY) loadtests/loadtest.py --run-time $(LOADTEST_SECONDS) --users $(LOADTEST_USERS) $(LOADTEST_ARGS)
+
+# The same, paced, for SOAK_SECONDS with retention on and `comet ship` draining into a
+# directory: disk use and the consumer's lag sampled and bounded (loadtests/results/soak*).
+soak: system-deps $(STAMP) $(LOCUST_STAMP)
+	$(PY) loadtests/loadtest.py --soak --run-time $(SOAK_SECONDS) $(LOADTEST_ARGS)
+
 bench: system-deps bench-deps $(STAMP)
 	$(PY) loadtests/bench_storage.py
 	$(PY) loadtests/bench_consumers.py
 	$(PY) loadtests/bench_gateway.py
 	$(PY) loadtests/bench_spark.py
+	$(PY) loadtests/report.py
+
+# loadtests/results/REPORT.md and storage_batch.png from the existing results (no benchmark run).
+.PHONY: report
+report: $(STAMP)
+	$(PY) loadtests/report.py
 
 clean:
-	rm -rf build $(VENV) storage_c/_comet*.so storage_c/_comet.c .pytest_cache .bench-tmp
+	rm -rf build $(VENV) $(LOCUST_VENV) storage_c/_comet*.so storage_c/_comet.c .pytest_cache .bench-tmp
 
 # wrk, the HTTP load generator of loadtests/bench_gateway.py (idempotent; needs root or sudo).
 # The benchmark runs the same steps itself when wrk is missing.
