@@ -22,8 +22,11 @@ from storage_c.errors import raise_for
 from .loop import ProcessStats, process_batches
 
 DEFAULT_BATCH = 1000
-# Consumers only read: no background retention or flushing of their own.
-READER_CONFIG = Config(background_flush=False, retention_interval_ms=0)
+# Consumers only read: no background retention of their own.  The background
+# flusher stays on for the acks: it fdatasyncs a shard's offsets file within
+# fsync_interval_ms of an ack, so a power failure rewinds a group by at most
+# that much (it never touches segments, which this process does not write).
+READER_CONFIG = Config(retention_interval_ms=0)
 
 
 def check_group_name(name: str) -> None:
