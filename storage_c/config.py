@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from ._comet import ffi, lib
+from .errors import raise_for
 
 Durability = Literal["none", "interval", "always"]
 
@@ -66,6 +67,10 @@ class Config:
             raise ValueError(f"durability must be 'none', 'interval' or 'always', not {self.durability!r}")
         if self.compression_threshold < 0:
             raise ValueError("compression_threshold must be >= 0")
+        # The C core's own limits (sizes, retention budget...), checked here so
+        # that a bad setting fails where it is made, not at the first open.
+        if lib.comet_config_check(self.to_c()) < 0:
+            raise_for(lib.COMET_E_INVALID)
 
     def to_c(self) -> object:
         """A ``comet_config *`` for comet_open (validated again in C)."""

@@ -133,14 +133,20 @@ def test_files_of_another_format_version(data_dir: Path, which: str) -> None:
 def test_bad_config_values(data_dir: Path) -> None:
     from storage_c import InvalidArgument
 
-    for bad in (Config(segment_bytes=10), Config(max_entry_bytes=0), Config(process_count=0),
-                Config(shards=0), Config(fsync_interval_ms=0)):
-        with pytest.raises(InvalidArgument):
-            Log(data_dir, bad)
+    from storage_c._comet import ffi, lib
+
+    for bad in ({"segment_bytes": 10}, {"max_entry_bytes": 0}, {"process_count": 0}, {"shards": 0},
+                {"fsync_interval_ms": 0}, {"segment_bytes": 1 << 20, "retention_max_total_bytes": 1 << 20}):
+        with pytest.raises(InvalidArgument):   # where the setting is made, before any open
+            Config(**bad)
     with pytest.raises(ValueError):
         Config(durability="sometimes")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="out of range"):
-        Log(data_dir, Config(segment_bytes=-1))
+        Config(segment_bytes=-1)
+    cfg = Config().to_c()                      # the C core checks again at open
+    cfg.segment_bytes = 10
+    assert lib.comet_open(str(data_dir).encode(), cfg, ffi.new("comet_db **")) == lib.COMET_E_INVALID
+    assert not data_dir.exists() or not any(data_dir.iterdir())
 
 
 def test_closed_log(data_dir: Path) -> None:

@@ -103,3 +103,9 @@ def test_stream_policy_strings_are_parsed(tmp_path: Path) -> None:
     toml = tmp_path / "comet.toml"
     toml.write_text('[streams.metrics]\nvalidate = "false"\n')
     assert not load(toml, env={}).validates("metrics")
+
+
+def test_storage_limits_of_the_c_core_fail_at_load() -> None:
+    with pytest.raises(ConfigError, match="room for two segments"):
+        load(None, env={"COMET_STORAGE_SEGMENT_BYTES": str(1 << 20),
+                        "COMET_STORAGE_RETENTION_MAX_TOTAL_BYTES": str(1 << 20)})

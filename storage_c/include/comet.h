@@ -219,6 +219,9 @@ const char *comet_last_error(void);
 
 /* Configuration and data directory. */
 void comet_config_default(comet_config *cfg);
+/* The checks comet_open makes of cfg, without opening anything:
+ * COMET_E_INVALID with the reason in comet_last_error(). */
+int comet_config_check(const comet_config *cfg);
 int comet_open(const char *path, const comet_config *cfg, comet_db **out);
 /* Waits for calls in progress, flushes, and releases every mapping, file,
  * lock and thread.  Later calls on the handle (or its streams and shards)

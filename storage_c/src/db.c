@@ -128,6 +128,11 @@ static void *flusher_main(void *arg)
     return NULL;
 }
 
+int comet_config_check(const comet_config *cfg)
+{
+    return cfg ? check_config(cfg) : set_error(COMET_E_INVALID, "comet_config_check: null config");
+}
+
 int comet_open(const char *path, const comet_config *cfg, comet_db **out)
 {
     if (!path || !out)

@@ -326,8 +326,23 @@ static void test_close_races_with_appends(void)
     rm_tree(dir);
 }
 
+static void test_config_check(void)
+{
+    comet_config cfg;
+    comet_config_default(&cfg);
+    CHECK(comet_config_check(&cfg) == 0);
+    cfg.segment_bytes = 10;
+    CHECK(comet_config_check(&cfg) == COMET_E_INVALID);
+    CHECK(strstr(comet_last_error(), "segment_bytes") != NULL);
+    comet_config_default(&cfg);
+    cfg.retention_max_total_bytes = cfg.segment_bytes;
+    CHECK(comet_config_check(&cfg) == COMET_E_INVALID);
+    CHECK(comet_config_check(NULL) == COMET_E_INVALID);
+}
+
 int main(void)
 {
+    RUN(test_config_check);
     RUN(test_round_trip_rotation_reopen);
     RUN(test_batches_and_framing);
     RUN(test_stream_names_and_counts);
