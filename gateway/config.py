@@ -88,7 +88,8 @@ class GatewayConfig:
 
     @property
     def worker_count(self) -> int:
-        return self.workers or os.cpu_count() or 1
+        # The CPUs this process may run on (a container's or taskset's), not the host's.
+        return self.workers or len(os.sched_getaffinity(0)) or 1
 
     @functools.cached_property
     def auth_required(self) -> bool:

@@ -109,3 +109,10 @@ def test_storage_limits_of_the_c_core_fail_at_load() -> None:
     with pytest.raises(ConfigError, match="room for two segments"):
         load(None, env={"COMET_STORAGE_SEGMENT_BYTES": str(1 << 20),
                         "COMET_STORAGE_RETENTION_MAX_TOTAL_BYTES": str(1 << 20)})
+
+
+def test_default_workers_follow_cpu_affinity() -> None:
+    import os
+
+    assert GatewayConfig().worker_count == len(os.sched_getaffinity(0))
+    assert GatewayConfig(workers=3).worker_count == 3
