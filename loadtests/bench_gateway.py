@@ -56,7 +56,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -158,12 +157,6 @@ class Server:
     seen: list[int] = field(default_factory=list)   # slots (gateway) or pids (anchor)
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
-
-
 def server_env(extra: Mapping[str, str]) -> dict[str, str]:
     """This process's environment without any COMET_* setting, plus the case's."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("COMET_")}
@@ -182,7 +175,7 @@ def comet_executable() -> str:
 
 
 def start_server(kind: ServerKind, env: Mapping[str, str], label: str) -> Server:
-    port = free_port()
+    port = benchlib.free_port()
     LOGS.mkdir(parents=True, exist_ok=True)
     log_path = LOGS / f"{label}.log"
     data_dir: Path | None = None

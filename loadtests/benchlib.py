@@ -13,6 +13,7 @@ import os
 import platform
 import shutil
 import statistics
+import socket
 import subprocess
 import sys
 import time
@@ -348,3 +349,10 @@ def anchor_ref(key: str | None, name: str, figure: float | None, unit: str,
     """The ``anchor`` of a :func:`result_row`: which anchor, and its figure in the same run."""
     return {"key": key, "name": name, "figure": figure, "unit": unit,
             "figure_text": figure_text}
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

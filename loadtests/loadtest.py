@@ -62,7 +62,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -79,7 +78,7 @@ REPO = HERE.parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
-from benchlib import machine_info  # noqa: E402
+from benchlib import free_port, machine_info  # noqa: E402
 
 from storage_c import CometError, Config, Log, StreamNotFound  # noqa: E402
 
@@ -118,12 +117,6 @@ def ensure_locust_venv(venv: Path = LOCUST_VENV) -> Path:
 
 
 # ---- processes -------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def stop_group(proc: subprocess.Popen[bytes] | None, sig: int = signal.SIGTERM,

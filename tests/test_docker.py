@@ -61,8 +61,9 @@ from typing import Any, Callable, Iterator
 
 import click
 import pytest
+import yaml
 
-yaml = pytest.importorskip("yaml")
+from .gatewayproc import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 DOCKER = REPO / "docker"
@@ -1234,12 +1235,6 @@ def _pypi_reachable() -> bool:
         return False
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @dataclasses.dataclass
 class EmulatedImage:
     root: Path                       # the containers' file system roots live under it
@@ -1397,7 +1392,7 @@ EVENTS = b"".join(json.dumps({"device": f"d{i}", "temp": 20 + i / 10}).encode() 
 def running_gateway(gateway_image: EmulatedImage) -> Iterator[dict[str, Any]]:
     """The image's ENTRYPOINT + CMD as `docker run -e COMET_TOKENS=... -e COMET_PORT=...` would."""
     image = gateway_image
-    port, token = _free_port(), "emulated-token"
+    port, token = free_port(), "emulated-token"
     env = {"COMET_TOKENS": token, "COMET_PORT": str(port), "COMET_WORKERS": "2"}
     proc = image.popen(image.dockerfile.entry_argv(), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     health = image.dockerfile.final.last("HEALTHCHECK")
@@ -1422,7 +1417,7 @@ def running_gateway(gateway_image: EmulatedImage) -> Iterator[dict[str, Any]]:
 
 @pytest.mark.slow
 def test_image_refuses_to_start_without_tokens(gateway_image: EmulatedImage) -> None:
-    done = gateway_image.run(gateway_image.dockerfile.entry_argv(), env={"COMET_PORT": str(_free_port())},
+    done = gateway_image.run(gateway_image.dockerfile.entry_argv(), env={"COMET_PORT": str(free_port())},
                              timeout=60)
     assert done.returncode != 0 and "no tokens" in done.stderr, done
 
