@@ -354,7 +354,7 @@ def _bound_met(value: float, target: dict[str, Any]) -> bool:
 
 @pytest.mark.parametrize("area", ["storage", "consumers", "gateway", "spark"])
 def test_real_results_parse(area: str) -> None:
-    """The committed results (when present) load as the report expects; every PASS meets
+    """The committed results load as the report expects; every PASS meets
     its stated bound."""
     path = REAL_RESULTS / f"{area}.json"
     assert path.exists(), f"{path} is committed with the benchmarks: run `make bench`"
