@@ -80,7 +80,9 @@ def stat(data_dir: str, only: str | None, shards: bool, as_json: bool) -> None:
         except CometError as exc:
             raise click.ClickException(str(exc)) from None
     if as_json:
-        click.echo(json.dumps({s.stream: [asdict(x) for x in s.shards] for s in all_stats}, indent=2))
+        click.echo(json.dumps({s.stream: {"shards": [asdict(x) for x in s.shards],
+                                          "groups": [asdict(g) for g in s.groups]}
+                               for s in all_stats}, indent=2))
         return
     if not all_stats:
         click.echo(f"{data_dir}: no streams")

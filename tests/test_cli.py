@@ -30,8 +30,12 @@ def test_stat(data_dir: Path) -> None:
     assert lines[0].split()[:3] == ["STREAM", "SHARDS", "ENTRIES"]
     assert lines[1].split()[:3] == ["events", "2", "30"]
     assert any(line.split()[:4] == ["events", "1", "0", "15"] for line in lines)
+    with Log(data_dir) as log:
+        log.group("events", 1, "indexer").ack(4)
     as_json = json.loads(CliRunner().invoke(main, ["stat", str(data_dir), "--json"]).output)
-    assert sum(s["next_entry"] for s in as_json["events"]) == 30
+    assert sum(s["next_entry"] for s in as_json["events"]["shards"]) == 30
+    [group] = as_json["events"]["groups"]
+    assert (group["name"], group["shard"], group["offset"], group["lag"]) == ("indexer", 1, 5, 10)
 
 
 def test_tail(data_dir: Path) -> None:
