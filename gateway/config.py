@@ -73,10 +73,10 @@ class GatewayConfig:
     def __post_init__(self) -> None:
         if self.auth not in ("auto", "on", "off"):
             raise ConfigError(f"auth must be 'auto', 'on' or 'off', not {self.auth!r}")
-        if self.auth == "on" and not self.tokens:
-            raise ConfigError("auth is on but no tokens are configured")
         if self.auth_required and not self.tokens:
             # Starting would refuse every write: say so now instead of with 401s.
+            if self.auth == "on":
+                raise ConfigError("auth is on but no tokens are configured")
             raise ConfigError(f"host {self.host} is not loopback, so tokens are required "
                               "(auth = \"auto\"): set tokens (COMET_TOKENS), or "
                               "auth = \"off\" (COMET_AUTH=off) to accept writes from anyone")

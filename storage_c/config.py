@@ -69,8 +69,9 @@ class Config:
             raise ValueError("compression_threshold must be >= 0")
         # The C core's own limits (sizes, retention budget...), checked here so
         # that a bad setting fails where it is made, not at the first open.
-        if lib.comet_config_check(self.to_c()) < 0:
-            raise_for(lib.COMET_E_INVALID)
+        rc = lib.comet_config_check(self.to_c())
+        if rc < 0:
+            raise_for(rc)
 
     def to_c(self) -> object:
         """A ``comet_config *`` for comet_open (validated again in C)."""
