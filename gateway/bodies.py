@@ -25,7 +25,7 @@ def _too_big(limit: int) -> HTTPError:
                      f"decompressed body is larger than max_decompressed_bytes ({limit})")
 
 
-def decompress(body: bytes, encoding: str, limit: int) -> bytes:
+def decompress(body: bytes | bytearray, encoding: str, limit: int) -> bytes | bytearray:
     """The decoded body; 413 the moment it would pass ``limit`` bytes, 400 if
     it is not valid data of that encoding."""
     if encoding == "identity":
@@ -49,7 +49,7 @@ def decompress(body: bytes, encoding: str, limit: int) -> bytes:
     return _zstd(body, limit)
 
 
-def _zstd(body: bytes, limit: int) -> bytes:
+def _zstd(body: bytes | bytearray, limit: int) -> bytes:
     """One zstd frame.  When the frame does not record its size, a bounded
     stream read first proves the output fits (a small frame can claim
     gigabytes); the decoding proper then also proves the frame is complete."""

@@ -9,6 +9,9 @@
 
 from .config import Config, Durability
 from .errors import (
+    BodyFault,
+    InvalidJSON,
+    NoEvents,
     BatchTooLarge,
     Closed,
     CometError,
@@ -32,7 +35,7 @@ from .errors import (
     StreamNotFound,
 )
 from .groups import Group
-from .log import Log, check_stream_name
+from .log import Log, check_stream_name, split_json
 from .records import (
     BatchResult,
     Entry,
@@ -48,6 +51,7 @@ from .records import (
 __all__ = [
     "AckGapError",
     "BatchResult",
+    "BodyFault",
     "BatchTooLarge",
     "Closed",
     "CometError",
@@ -63,7 +67,9 @@ __all__ = [
     "GroupNameError",
     "GroupNotFound",
     "InvalidArgument",
+    "InvalidJSON",
     "Log",
+    "NoEvents",
     "NoFreeSlot",
     "Problem",
     "ProcessCountMismatch",
@@ -81,4 +87,5 @@ __all__ = [
     "TooManyGroups",
     "VerifyReport",
     "check_stream_name",
+    "split_json",
 ]

@@ -6,20 +6,43 @@ stream, the shard, the limit, the file.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import NoReturn
 
 from ._comet import ffi, lib
 
 
+@dataclass(frozen=True)
+class BodyFault:
+    """Where an ingested body went wrong: the first bad event's index (None
+    when the fault lies outside every event), its 1-based line, the byte
+    offset of the fault in the decoded body, and what was wrong."""
+
+    index: int | None
+    line: int
+    offset: int
+    reason: str
+
+    def __str__(self) -> str:
+        where = f"line {self.line}, byte {self.offset}"
+        if self.index is not None:
+            where = f"event {self.index} ({where})"
+        return f"{where}: {self.reason}"
+
+
 class CometError(Exception):
-    """Base of every storage error."""
+    """Base of every storage error.  ``fault`` is set by ``Log.ingest`` for a
+    bad body (InvalidJSON, EntryTooLarge, NoEvents)."""
 
     code: int = 0
+    fault: BodyFault | None = None
 
-    def __init__(self, message: str, code: int | None = None) -> None:
+    def __init__(self, message: str, code: int | None = None,
+                 fault: BodyFault | None = None) -> None:
         super().__init__(message)
         if code is not None:
             self.code = code
+        self.fault = fault
 
 
 class InvalidArgument(CometError, ValueError):
@@ -108,6 +131,18 @@ class AckGapError(CometError, ValueError):
     code = lib.COMET_E_ACK_GAP
 
 
+class InvalidJSON(CometError, ValueError):
+    """An ingested body is not valid JSON; ``where`` says which event, line and byte."""
+
+    code = lib.COMET_E_BAD_JSON
+
+
+class NoEvents(CometError, ValueError):
+    """An ingested body holds no event (empty, only blank lines, or ``[]``)."""
+
+    code = lib.COMET_E_NO_EVENTS
+
+
 _BY_CODE: dict[int, type[CometError]] = {
     cls.code: cls
     for cls in (
@@ -131,6 +166,8 @@ _BY_CODE: dict[int, type[CometError]] = {
         TooManyGroups,
         GroupNotFound,
         AckGapError,
+        InvalidJSON,
+        NoEvents,
     )
 }
 _BY_CODE[lib.COMET_E_NOMEM] = CometError

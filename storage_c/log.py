@@ -20,7 +20,7 @@ import zstandard
 
 from ._comet import ffi, lib
 from .config import DURABILITY_CODES, Config
-from .errors import Closed, ShardRangeError, error_for, raise_for
+from .errors import BodyFault, Closed, CometError, ShardRangeError, error_for, raise_for
 from .groups import Group
 from .records import (
     BatchResult,
@@ -40,6 +40,9 @@ _BUFFER_TOO_SMALL = lib.COMET_E_BUFFER_TOO_SMALL
 _BAD_FRAMING = lib.COMET_E_BAD_FRAMING
 _COMPRESSED = lib.COMET_ENTRY_COMPRESSED
 _STAT_FIELDS = tuple(f for f in ShardStats.__dataclass_fields__ if f != "shard")
+
+_BODY_FORMATS = {"json": lib.COMET_BODY_JSON, "ndjson": lib.COMET_BODY_NDJSON}
+_BODY_ERRORS = (lib.COMET_E_BAD_JSON, lib.COMET_E_ENTRY_TOO_LARGE, lib.COMET_E_NO_EVENTS)
 
 DEFAULT_READ_BYTES = 4 << 20
 MAX_SCRATCH_BYTES = 64 << 20  # larger entries grow the buffer on demand
@@ -116,6 +119,56 @@ class _Scratch(threading.local):
             self.max_entries = max_entries
 
 
+class _IngestCall(threading.local):
+    """Per-thread request and result structs of comet_ingest."""
+
+    def __init__(self) -> None:
+        self.req = ffi.new("comet_ingest_request *")
+        self.res = ffi.new("comet_ingest_result *")
+
+
+def _body_format(name: str) -> int:
+    try:
+        return _BODY_FORMATS[name]
+    except KeyError:
+        raise ValueError(f"body format {name!r} is not 'json' or 'ndjson'") from None
+
+
+def _body_error(rc: int, res: Any) -> CometError:
+    """The exception for a failed ingest, with where the body went wrong."""
+    if rc not in _BODY_ERRORS:
+        return error_for(rc)
+    index = None if res.error_index == lib.COMET_NO_INDEX else int(res.error_index)
+    fault = BodyFault(index, int(res.error_line), int(res.error_offset),
+                      ffi.string(res.error_reason).decode("utf-8", "replace"))
+    exc = error_for(rc)
+    return type(exc)(str(fault), rc, fault)
+
+
+def split_json(body: bytes, format: str = "json", max_entry_bytes: int = 0) -> list[bytes]:
+    """The events ``Log.ingest`` would store for ``body``, without storing
+    anything: validated, split, insignificant whitespace removed.  Raises
+    InvalidJSON, EntryTooLarge or NoEvents with ``fault`` set."""
+    body = _as_bytes(body)
+    req = ffi.new("comet_ingest_request *")
+    res = ffi.new("comet_ingest_result *")
+    keep = ffi.from_buffer(body)
+    req.body = keep
+    req.len = len(body)
+    req.format = _body_format(format)
+    out = bytearray(len(body))
+    lens = array("I", bytes(4 * (len(body) // 2 + 2)))
+    rc = lib.comet_json_split(req, max_entry_bytes, ffi.from_buffer(out), len(out),
+                              ffi.from_buffer("uint32_t[]", lens), len(lens), res)
+    if rc < 0:
+        raise _body_error(rc, res)
+    events, at = [], 0
+    for n in lens[:rc]:
+        events.append(bytes(out[at:at + n]))
+        at += n
+    return events
+
+
 class _Codec(threading.local):
     """Per-thread zstd compressor (instances must not be shared by threads)."""
 
@@ -163,6 +216,7 @@ class Log:
         self._threshold = self.config.compression_threshold or (1 << 62)
         self._raw_limit = self.config.compression_threshold - 1 if self.config.compression_threshold else 0
         self._codec = _Codec(self.config.compression_level)
+        self._ingest = _IngestCall()
         self._scratch = _Scratch()
         self._finalizer = weakref.finalize(self, lib.comet_close, self._db)
         if claim_slot is not False:
@@ -299,7 +353,7 @@ class Log:
                      durability: str | None) -> int:
         payload = _as_bytes(payload)
         flags = 0
-        if len(payload) >= self._threshold:
+        if self._threshold <= len(payload) <= self.config.max_entry_bytes:
             payload, flags = self._compress(payload)
         try:
             return lib.comet_append(s.ptr, shard, payload, len(payload), flags,
@@ -365,6 +419,43 @@ class Log:
             raise_for(rc)
         return BatchResult(shard, rc, count[0])
 
+    def ingest(self, stream: str, body: bytes, format: str = "json", *,
+               shard: int | None = None, key: str | bytes | None = None,
+               durability: str | None = None) -> BatchResult:
+        """Validates a request body and appends its events as one atomic batch.
+
+        ``format`` "json": an array gives one event per element, any other
+        value one event; "ndjson": one event per line that is not blank.  The
+        body must be strict JSON (RFC 8259, UTF-8); events are stored exactly
+        as sent apart from insignificant whitespace; each is checked against
+        max_entry_bytes at its size as sent.  On a bad body nothing is stored
+        and InvalidJSON, EntryTooLarge or NoEvents is raised with ``fault``
+        (event index, line, byte offset, reason).  One C call, which releases
+        the GIL: run it off an event loop for large bodies.
+        """
+        s = self._streams.get(stream) or self._open_stream(stream)
+        if shard is None:
+            shard = s.pick(key)
+        call = self._ingest
+        req, res = call.req, call.res
+        keep = ffi.from_buffer(body)
+        req.body = keep
+        req.len = len(keep)
+        req.format = _body_format(format)
+        req.compress_above = self._raw_limit
+        req.compress_level = self.config.compression_level
+        req.durability = DURABILITY_CODES[durability]
+        try:
+            rc = lib.comet_ingest(s.ptr, shard, req, res)
+        except OverflowError:
+            raise ShardRangeError(f"shard {shard} is out of range: stream {stream!r} has "
+                                  f"{s.shards} shards") from None
+        finally:
+            req.body = ffi.NULL
+        if rc < 0:
+            raise _body_error(rc, res)
+        return BatchResult(shard, rc, res.count)
+
     def _compress(self, payload: bytes) -> tuple[bytes, int]:
         packed = self._codec.compressor.compress(payload)
         if len(packed) < len(payload):
@@ -378,7 +469,7 @@ class Log:
         flags = bytearray(len(payloads))
         for i, p in enumerate(payloads):
             p = _as_bytes(p)
-            if len(p) >= threshold:
+            if threshold <= len(p) <= self.config.max_entry_bytes:
                 p, flags[i] = self._compress(p)
             items.append(p)
         lens = array("I", map(len, items))

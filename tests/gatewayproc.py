@@ -34,8 +34,8 @@ class Server:
         self.workers = workers
         self.port = free_port()
         self.out = data_dir.parent / f"serve-{self.port}.log"
-        environ = dict(os.environ, COMET_ACCESS_LOG="0", COMET_STORAGE_SHARDS="8",
-                       COMET_STORAGE_SEGMENT_BYTES=str(1 << 20), **env)
+        environ = {**os.environ, "COMET_ACCESS_LOG": "0", "COMET_STORAGE_SHARDS": "8",
+                   "COMET_STORAGE_SEGMENT_BYTES": str(1 << 20), **env}
         self.proc = subprocess.Popen(
             [str(COMET), "serve", "--data-dir", str(data_dir), "--port", str(self.port),
              "--workers", str(workers)],

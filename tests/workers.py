@@ -51,8 +51,16 @@ def writer(path: str, process_count: str, own: str, keyed: str, out: str) -> Non
             log.append("mp", f"{slot}:o:{i}".encode())
             if i < int(keyed):
                 log.append("mp", f"{slot}:k:{i}".encode(), shard=foreign[i % len(foreign)])
-        with open(out, "w") as f:
+        with open(out + ".tmp", "w") as f:
             f.write(str(slot))
+        os.rename(out + ".tmp", out)
+        # Hold the slot until every writer has reported one: a writer that
+        # finished and closed first would free its slot for a late starter.
+        siblings = os.path.dirname(out) or "."
+        deadline = time.monotonic() + 60
+        while (sum(1 for n in os.listdir(siblings) if n.startswith("slot-") and not n.endswith(".tmp"))
+               < int(process_count) and time.monotonic() < deadline):
+            time.sleep(0.005)
 
 
 def hold_slot(path: str, process_count: str) -> None:

@@ -57,8 +57,10 @@ enum {
     COMET_E_TOO_MANY_GROUPS = -22,   /* every group slot of the shard is taken */
     COMET_E_NO_GROUP = -23,          /* group not registered (or deleted) */
     COMET_E_ACK_GAP = -24,           /* ack_range would skip unacknowledged entries */
+    COMET_E_BAD_JSON = -25,          /* an ingested body is not valid JSON (comet_ingest_result says where) */
+    COMET_E_NO_EVENTS = -26,         /* an ingested body holds no event (empty, blank lines, []) */
 };
-#define COMET_ERROR_COUNT 25
+#define COMET_ERROR_COUNT 27
 
 /* Durability, per data directory (config) and overridable per append. */
 enum {
@@ -271,6 +273,57 @@ int64_t comet_append_delimited(comet_stream *s, uint32_t shard, const void *buf,
  * u32 count, then per item 's' + u32 length + bytes. raw_limit as above. */
 int64_t comet_append_marshal(comet_stream *s, uint32_t shard, const void *buf, size_t len,
                              uint32_t raw_limit, int durability, uint32_t *count_out);
+
+/* JSON ingest: a request body in, its events appended as one atomic batch.
+ *
+ * In one linear pass over the (already decoded) body, comet_ingest checks
+ * strict RFC 8259 JSON, UTF-8 included; splits it into events - a JSON body
+ * that is an array gives one event per element, any other JSON value one
+ * event; an NDJSON body gives one event per line that is not blank; drops only
+ * insignificant whitespace, so every string and number token is stored byte
+ * for byte as sent (numbers are never converted; duplicate keys are kept as
+ * sent); checks each event's size as sent against max_entry_bytes; compresses
+ * events above compress_above; and appends them all, or nothing.  On a bad
+ * body it stores nothing and fills the result's error fields: the first bad
+ * event's index, its line, the byte offset of the fault and the reason.
+ * Nesting of arrays and objects within one event is limited to
+ * COMET_JSON_MAX_DEPTH levels (the event itself is level 1). */
+#define COMET_BODY_JSON 1u
+#define COMET_BODY_NDJSON 2u
+#define COMET_JSON_MAX_DEPTH 512
+#define COMET_NO_INDEX UINT64_MAX /* error_index of a fault outside every event */
+
+typedef struct comet_ingest_request {
+    const void *body;
+    size_t len;
+    uint32_t format;          /* COMET_BODY_JSON or COMET_BODY_NDJSON */
+    uint32_t compress_above;  /* events longer than this are stored zstd-compressed; 0: never */
+    int32_t compress_level;   /* zstd level for those */
+    int32_t durability;       /* COMET_DURABILITY_* */
+} comet_ingest_request;
+
+typedef struct comet_ingest_result {
+    int64_t first;            /* first entry number of the batch */
+    uint32_t count;           /* events stored */
+    uint32_t reserved;
+    /* After COMET_E_BAD_JSON, COMET_E_ENTRY_TOO_LARGE or COMET_E_NO_EVENTS: */
+    uint64_t error_index;     /* 0-based event index, or COMET_NO_INDEX */
+    uint64_t error_line;      /* 1-based line of the body */
+    uint64_t error_offset;    /* byte offset in the body */
+    char error_reason[160];   /* what was wrong there, without the position */
+} comet_ingest_result;
+
+/* Returns the first entry number (also in res->first) or an error. */
+int64_t comet_ingest(comet_stream *s, uint32_t shard, const comet_ingest_request *req,
+                     comet_ingest_result *res);
+/* The same checks and split without storing anything (tools, tests, the
+ * validator's benchmark).  Events are written compacted, back to back, into
+ * out (out_cap >= len always suffices) with their lengths in lens (lens_cap
+ * entries; COMET_E_BUFFER_TOO_SMALL when more events are found).  Returns the
+ * number of events.  max_entry_bytes 0 means no limit. */
+int64_t comet_json_split(const comet_ingest_request *req, uint32_t max_entry_bytes,
+                         uint8_t *out, size_t out_cap, uint32_t *lens, uint32_t lens_cap,
+                         comet_ingest_result *res);
 
 /* The fast path for one entry: a shard handle (opened once, owned by the
  * stream), default durability, no flags.  Same result as comet_append. */

@@ -8,7 +8,12 @@
  *   - one buffer plus a delimiter (NDJSON: one entry per line);
  *   - a Python list of bytes framed by marshal: '[' u32 n, then per item
  *     's' u32 len + bytes.  marshal.dumps() produces this at memcpy speed,
- *     which spares Python a per-item loop to collect lengths.
+ *     which spares Python a per-item loop to collect lengths;
+ *   - a JSON or NDJSON request body (comet_ingest): json.c validates and
+ *     splits it, large events are compressed here, then one batch.
+ *
+ * max_entry_bytes bounds an entry as the caller gave it: a compressed entry
+ * by its content size, an ingested event by its bytes as sent.
  */
 #include <inttypes.h>
 #include <stdlib.h>
@@ -58,24 +63,39 @@ static int batch_reserve(batch *b, uint64_t n)
     return 0;
 }
 
+/* The size an entry had as the caller gave it: a compressed entry is checked
+ * against max_entry_bytes by its content size, never by its stored size. */
+static int entry_raw_size(const comet_stream *s, const uint8_t *p, uint64_t len, uint32_t flags,
+                          uint32_t index, uint64_t *raw)
+{
+    uint32_t max = s->db->cfg.max_entry_bytes;
+    *raw = len;
+    if (flags & COMET_ENTRY_COMPRESSED) {
+        int64_t n = codec_frame_size(p, (size_t)len);
+        if (n < 0)
+            return set_error(COMET_E_INVALID, "entry %u is flagged compressed but is not a zstd "
+                             "frame that records its content size", index);
+        *raw = (uint64_t)n;
+    }
+    if (*raw > max || len > max)
+        return set_error(COMET_E_ENTRY_TOO_LARGE,
+                         "entry %u of the batch is %" PRIu64 " bytes; max_entry_bytes is %u",
+                         index, *raw > len ? *raw : len, max);
+    return 0;
+}
+
 static int batch_add(batch *b, const comet_stream *s, const uint8_t *p, uint64_t len,
                      uint32_t flags)
 {
-    uint32_t max = s->db->cfg.max_entry_bytes;
-    if (len > max)
-        return set_error(COMET_E_ENTRY_TOO_LARGE,
-                         "entry %u of the batch is %" PRIu64 " bytes; max_entry_bytes is %u",
-                         b->count, len, max);
+    uint64_t raw;
+    int rc = entry_raw_size(s, p, len, flags, b->count, &raw);
+    if (rc)
+        return rc;
     if (b->count == b->cap && batch_reserve(b, (uint64_t)b->cap * 2))
         return COMET_E_NOMEM;
     b->refs[b->count++] = (entry_ref){p, (uint32_t)len, flags};
     b->total += ENTRY_HEADER_BYTES + len;
-    if (flags & COMET_ENTRY_COMPRESSED) {
-        int64_t raw = codec_frame_size(p, (size_t)len);
-        b->raw += raw > 0 ? (uint64_t)raw : len;
-    } else {
-        b->raw += len;
-    }
+    b->raw += raw;
     return 0;
 }
 
@@ -115,19 +135,14 @@ int64_t comet_append(comet_stream *s, uint32_t shard_id, const void *payload, ui
         return rc;
     if (!payload && len)
         return set_error(COMET_E_INVALID, "null payload");
-    if (len > s->db->cfg.max_entry_bytes)
-        return set_error(COMET_E_ENTRY_TOO_LARGE, "entry is %u bytes; max_entry_bytes is %u", len,
-                         s->db->cfg.max_entry_bytes);
+    entry_ref r = {payload, len, flags & COMET_ENTRY_COMPRESSED};
+    uint64_t raw;
+    if ((rc = entry_raw_size(s, payload, len, r.flags, 0, &raw)))
+        return rc;
     shard *sh;
     rc = shard_acquire(s, shard_id, &sh);
     if (rc)
         return rc;
-    entry_ref r = {payload, len, flags & COMET_ENTRY_COMPRESSED};
-    uint64_t raw = len;
-    if (r.flags) {
-        int64_t n = codec_frame_size(payload, len);
-        raw = n > 0 ? (uint64_t)n : len;
-    }
     int64_t first = shard_append(sh, &r, 1, ENTRY_HEADER_BYTES + (uint64_t)len, raw, durability);
     shard_leave(sh);
     return first;
@@ -269,5 +284,125 @@ int64_t comet_append_marshal(comet_stream *s, uint32_t shard_id, const void *buf
     if (count_out)
         *count_out = r >= 0 ? b.count : 0;
     batch_free(&b);
+    return r;
+}
+
+/* ---- JSON ingest ------------------------------------------------------------ */
+
+typedef struct ingest_ctx {
+    batch b;
+    const comet_stream *s;
+    uint32_t compress_above;
+    int level;
+    uint8_t **packed;       /* compressed copies, freed after the commit */
+    uint32_t packed_count, packed_cap;
+} ingest_ctx;
+
+static int ingest_emit(void *arg, const uint8_t *event, uint32_t len, uint64_t index)
+{
+    (void)index;
+    ingest_ctx *c = arg;
+    if (c->compress_above && len > c->compress_above) {
+        if (c->packed_count == c->packed_cap) {
+            uint32_t cap = c->packed_cap ? c->packed_cap * 2 : 8;
+            uint8_t **grown = realloc(c->packed, cap * sizeof *grown);
+            if (!grown)
+                return set_error(COMET_E_NOMEM, "out of memory for compressed events");
+            c->packed = grown;
+            c->packed_cap = cap;
+        }
+        size_t cap = codec_compress_bound(len);
+        uint8_t *dst = malloc(cap);
+        if (!dst)
+            return set_error(COMET_E_NOMEM, "out of memory compressing a %u-byte event", len);
+        c->packed[c->packed_count++] = dst;
+        int64_t n = codec_compress(dst, cap, event, len, c->level);
+        if (n < 0)
+            return (int)n;
+        if ((uint64_t)n < len)
+            return batch_add(&c->b, c->s, dst, (uint64_t)n, COMET_ENTRY_COMPRESSED);
+    }
+    return batch_add(&c->b, c->s, event, len, 0);
+}
+
+static void ingest_result(comet_ingest_result *res, const json_splitter *j, int64_t first,
+                          uint32_t count)
+{
+    if (!res)
+        return;
+    res->first = first >= 0 ? first : -1;
+    res->count = first >= 0 ? count : 0;
+    res->reserved = 0;
+    json_report(j, res);
+}
+
+int64_t comet_ingest(comet_stream *s, uint32_t shard_id, const comet_ingest_request *req,
+                     comet_ingest_result *res)
+{
+    json_splitter j;
+    memset(&j, 0, sizeof j);
+    if (!req || (!req->body && req->len)) {
+        ingest_result(res, &j, -1, 0);
+        return set_error(COMET_E_INVALID, "null request or body");
+    }
+    int rc = check_target(s, shard_id, req->durability);
+    if (rc) {
+        ingest_result(res, &j, -1, 0);
+        return rc;
+    }
+    ingest_ctx c = {.s = s, .compress_above = req->compress_above, .level = req->compress_level};
+    batch_init(&c.b);
+    rc = json_split(&j, req->body, req->len, req->format, s->db->cfg.max_entry_bytes, ingest_emit, &c);
+    int64_t r;
+    if (rc) {
+        r = rc == COMET_E_BAD_JSON || rc == COMET_E_ENTRY_TOO_LARGE || rc == COMET_E_NO_EVENTS
+                ? set_error(rc, "%s", j.reason) : rc;
+    } else {
+        r = batch_commit(&c.b, s, shard_id, req->durability);
+    }
+    ingest_result(res, &j, r, c.b.count);
+    for (uint32_t i = 0; i < c.packed_count; i++)
+        free(c.packed[i]);
+    free(c.packed);
+    batch_free(&c.b);
+    json_split_free(&j);
+    return r;
+}
+
+typedef struct split_ctx {
+    uint8_t *out;
+    size_t cap, used;
+    uint32_t *lens;
+    uint32_t lens_cap;
+} split_ctx;
+
+static int split_emit(void *arg, const uint8_t *event, uint32_t len, uint64_t index)
+{
+    split_ctx *c = arg;
+    if (index >= c->lens_cap || c->cap - c->used < len)
+        return set_error(COMET_E_BUFFER_TOO_SMALL, "more events than the output buffers hold");
+    memcpy(c->out + c->used, event, len);
+    c->used += len;
+    c->lens[index] = len;
+    return 0;
+}
+
+int64_t comet_json_split(const comet_ingest_request *req, uint32_t max_entry_bytes,
+                         uint8_t *out, size_t out_cap, uint32_t *lens, uint32_t lens_cap,
+                         comet_ingest_result *res)
+{
+    json_splitter j;
+    memset(&j, 0, sizeof j);
+    if (!req || (!req->body && req->len) || (!out && out_cap) || (!lens && lens_cap)) {
+        ingest_result(res, &j, -1, 0);
+        return set_error(COMET_E_INVALID, "null request or buffer");
+    }
+    split_ctx c = {out, out_cap, 0, lens, lens_cap};
+    int rc = json_split(&j, req->body, req->len, req->format, max_entry_bytes, split_emit, &c);
+    int64_t r = rc == 0 ? (int64_t)j.count
+                : rc == COMET_E_BAD_JSON || rc == COMET_E_ENTRY_TOO_LARGE || rc == COMET_E_NO_EVENTS
+                    ? set_error(rc, "%s", j.reason) : rc;
+    ingest_result(res, &j, r >= 0 ? 0 : r, (uint32_t)j.count);
+    json_split_free(&j);
     return r;
 }

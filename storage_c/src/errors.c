@@ -38,6 +38,8 @@ static const char *const messages[COMET_ERROR_COUNT] = {
     [-COMET_E_TOO_MANY_GROUPS] = "too many groups",
     [-COMET_E_NO_GROUP] = "no such group",
     [-COMET_E_ACK_GAP] = "ack would skip unacknowledged entries",
+    [-COMET_E_BAD_JSON] = "invalid JSON",
+    [-COMET_E_NO_EVENTS] = "no event in the body",
 };
 
 static _Thread_local char detail[512];

@@ -265,5 +265,45 @@ void db_leave(comet_db *db);
 int64_t codec_frame_size(const uint8_t *src, size_t len);
 /* Decompresses into dst; returns bytes written or a negative error code. */
 int64_t codec_decompress(uint8_t *dst, size_t cap, const uint8_t *src, size_t len);
+/* Room a compressed copy of len bytes may need. */
+size_t codec_compress_bound(size_t len);
+/* One zstd frame (recording its content size) of src in dst; returns its size
+ * or a negative error code. */
+int64_t codec_compress(uint8_t *dst, size_t cap, const uint8_t *src, size_t len, int level);
+
+/* ---- json.c -------------------------------------------------------------- */
+
+/* Receives each event in order; a non-zero return (a COMET_E_* code, with
+ * comet_last_error set) stops the split. */
+typedef int (*json_emit_fn)(void *ctx, const uint8_t *event, uint32_t len, uint64_t index);
+
+typedef struct json_splitter {
+    const uint8_t *body, *end;
+    uint32_t format;          /* COMET_BODY_* */
+    uint32_t max_entry;       /* largest event as sent */
+    const uint8_t *ws;        /* whitespace table inside events */
+    json_emit_fn emit;
+    void *ctx;
+    uint64_t count;           /* events emitted */
+    /* compaction: events with whitespace inside are copied without it */
+    uint8_t *scratch;         /* body-sized, allocated on first use */
+    size_t scratch_len;
+    size_t event_out;         /* where the current event starts in scratch */
+    const uint8_t *run;       /* start of the bytes not yet copied */
+    int copying;
+    /* the first error */
+    int code;
+    uint64_t index;           /* event index, COMET_NO_INDEX outside events */
+    const uint8_t *fault;
+    char reason[160];
+} json_splitter;
+
+/* Validates and splits; 0 or the error code (details kept in j). Event
+ * pointers handed to emit stay valid until json_split_free. */
+int json_split(json_splitter *j, const uint8_t *body, size_t len, uint32_t format,
+               uint32_t max_entry, json_emit_fn emit, void *ctx);
+void json_split_free(json_splitter *j);
+/* Copies the error's index, line, offset and reason into res. */
+void json_report(const json_splitter *j, comet_ingest_result *res);
 
 #endif /* COMET_INTERNAL_H */

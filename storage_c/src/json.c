@@ -1,0 +1,541 @@
+/*
+ * json.c - strict JSON validation and splitting of request bodies, in one
+ * linear pass.
+ *
+ * The gateway's promise is that a 202 means exactly the events that were sent
+ * are stored.  So nothing here builds a value: the scanner checks the grammar
+ * of RFC 8259 (UTF-8 included) token by token and reports each event as a
+ * byte range of the body.  The only change made to an event is the removal of
+ * insignificant whitespace between tokens; string and number tokens are
+ * stored byte for byte (a number is never converted, an escape never
+ * decoded, duplicate keys stay as sent).
+ *
+ * Two body formats:
+ *   COMET_BODY_JSON    one JSON text.  An array gives one event per element;
+ *                      any other value is one event.
+ *   COMET_BODY_NDJSON  one JSON text per line ('\n'; a '\r' before it is
+ *                      whitespace).  Lines holding only whitespace are
+ *                      skipped; a value may not span lines.
+ *
+ * Design choices and their trade-offs:
+ *   - A hand-written state machine rather than a library: the one library fast
+ *     enough (simdjson) is C++, builds a tape we would not use, and its
+ *     minifier does not validate; what we need - validate, find event bounds,
+ *     drop whitespace - is one small pass.  Strings, where most bytes are, are
+ *     scanned 16 bytes at a time with SSE2 for '"', '\\', control bytes and
+ *     non-ASCII bytes; everything else is byte by byte with small tables.
+ *   - Nesting is tracked on an explicit stack (no recursion), limited to
+ *     COMET_JSON_MAX_DEPTH levels per event.
+ *   - An event without whitespace inside is referenced in place (no copy).
+ *     The first whitespace inside an event starts a copy of that event into
+ *     a scratch buffer the size of the body, allocated on first use.
+ *   - Errors name the first bad event's index, the byte offset of the fault
+ *     and a reason; the line number is counted from the offset only when
+ *     there is an error, so the happy path does no line bookkeeping.
+ *   - Lone surrogate escapes ("\ud800") are accepted: RFC 8259's grammar
+ *     allows any \uXXXX (as Python's json does).  Raw bytes must be valid
+ *     UTF-8 (no overlong forms, no encoded surrogates, nothing above
+ *     U+10FFFF); a byte order mark is refused.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
+#include "errors.h"
+#include "internal.h"
+
+/* Whitespace between tokens: JSON's four, and NDJSON's three (no '\n'). */
+static const uint8_t WS_JSON[256] = {[' '] = 1, ['\t'] = 1, ['\n'] = 1, ['\r'] = 1};
+static const uint8_t WS_LINE[256] = {[' '] = 1, ['\t'] = 1, ['\r'] = 1};
+
+/* Bytes that end the fast scan of a string: '"', '\\', controls, non-ASCII. */
+static const uint8_t STRING_STOP[256] = {
+    [0 ... 0x1f] = 1, ['"'] = 1, ['\\'] = 1, [0x80 ... 0xff] = 1,
+};
+
+static const uint8_t IS_HEX[256] = {
+    ['0' ... '9'] = 1, ['a' ... 'f'] = 1, ['A' ... 'F'] = 1,
+};
+
+static inline int is_digit(uint8_t c)
+{
+    return (uint8_t)(c - '0') < 10;
+}
+
+/* Describes the byte at p for an error message ("'x'", "a line break"). */
+static void describe(const json_splitter *j, const uint8_t *p, char *out, size_t cap)
+{
+    if (p >= j->end)
+        snprintf(out, cap, "the end of the body");
+    else if (*p == '\n')
+        snprintf(out, cap, "a line break");
+    else if (*p >= 0x20 && *p < 0x7f)
+        snprintf(out, cap, "'%c'", *p);
+    else
+        snprintf(out, cap, "byte 0x%02x", *p);
+}
+
+static const uint8_t *fail(json_splitter *j, const uint8_t *p, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static const uint8_t *fail(json_splitter *j, const uint8_t *p, const char *fmt, ...)
+{
+    if (j->code == 0) {
+        j->code = COMET_E_BAD_JSON;
+        j->fault = p;
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(j->reason, sizeof j->reason, fmt, ap);
+        va_end(ap);
+    }
+    return NULL;
+}
+
+static const uint8_t *unexpected(json_splitter *j, const uint8_t *p, const char *wanted)
+{
+    char what[32];
+    describe(j, p, what, sizeof what);
+    return fail(j, p, "expected %s, found %s", wanted, what);
+}
+
+/* ---- whitespace and compaction -------------------------------------------- */
+
+/* Copies the event's bytes from j->run up to from into scratch and resumes the
+ * run at to: the whitespace [from, to) is left out of the stored event. */
+static int drop_gap(json_splitter *j, const uint8_t *from, const uint8_t *to)
+{
+    if (!j->copying) {
+        if (!j->scratch) {
+            j->scratch = malloc(j->end - j->body);
+            if (!j->scratch) {
+                j->code = set_error(COMET_E_NOMEM, "out of memory for a %zu-byte body",
+                                    (size_t)(j->end - j->body));
+                return -1;
+            }
+        }
+        j->copying = 1;
+        j->event_out = j->scratch_len;
+    }
+    size_t n = (size_t)(from - j->run);
+    memcpy(j->scratch + j->scratch_len, j->run, n);
+    j->scratch_len += n;
+    j->run = to;
+    return 0;
+}
+
+/* Skips whitespace inside an event (dropping it); NULL only on NOMEM. */
+static inline const uint8_t *skip_inner(json_splitter *j, const uint8_t *p)
+{
+    if (p < j->end && j->ws[*p]) {
+        const uint8_t *q = p + 1;
+        while (q < j->end && j->ws[*q])
+            q++;
+        if (drop_gap(j, p, q))
+            return NULL;
+        return q;
+    }
+    return p;
+}
+
+/* Skips whitespace between events (nothing to drop: it is outside them). */
+static inline const uint8_t *skip_outer(const json_splitter *j, const uint8_t *p,
+                                        const uint8_t *ws)
+{
+    while (p < j->end && ws[*p])
+        p++;
+    return p;
+}
+
+/* ---- tokens ----------------------------------------------------------------- */
+
+static inline const uint8_t *find_string_stop(const uint8_t *p, const uint8_t *end)
+{
+#if defined(__SSE2__)
+    const __m128i quote = _mm_set1_epi8('"'), bslash = _mm_set1_epi8('\\');
+    const __m128i space = _mm_set1_epi8(0x20);
+    while (end - p >= 16) {
+        __m128i v = _mm_loadu_si128((const __m128i *)p);
+        /* signed v < 0x20 holds for controls and for every byte >= 0x80 */
+        __m128i hit = _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(v, quote), _mm_cmpeq_epi8(v, bslash)),
+                                   _mm_cmplt_epi8(v, space));
+        int mask = _mm_movemask_epi8(hit);
+        if (mask)
+            return p + __builtin_ctz((unsigned)mask);
+        p += 16;
+    }
+#endif
+    while (p < end && !STRING_STOP[*p])
+        p++;
+    return p;
+}
+
+/* One UTF-8 sequence starting at p (p[0] >= 0x80), per Unicode's table 3-7. */
+static const uint8_t *scan_utf8(json_splitter *j, const uint8_t *p)
+{
+    uint8_t c = p[0], lo = 0x80, hi = 0xBF;
+    size_t need;
+    if (c >= 0xC2 && c <= 0xDF) {
+        need = 1;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+        need = 2;
+        if (c == 0xE0)
+            lo = 0xA0; /* no overlong forms */
+        if (c == 0xED)
+            hi = 0x9F; /* no surrogates */
+    } else if (c >= 0xF0 && c <= 0xF4) {
+        need = 3;
+        if (c == 0xF0)
+            lo = 0x90;
+        if (c == 0xF4)
+            hi = 0x8F; /* nothing above U+10FFFF */
+    } else {
+        return fail(j, p, "invalid UTF-8: byte 0x%02x cannot start a character", c);
+    }
+    if ((size_t)(j->end - p) <= need)
+        return fail(j, p, "invalid UTF-8: the body ends inside a character");
+    if (p[1] < lo || p[1] > hi)
+        return fail(j, p, "invalid UTF-8: byte 0x%02x cannot follow 0x%02x", p[1], c);
+    for (size_t i = 2; i <= need; i++)
+        if ((p[i] & 0xC0) != 0x80)
+            return fail(j, p, "invalid UTF-8: byte 0x%02x cannot continue a character", p[i]);
+    return p + need + 1;
+}
+
+static const uint8_t *scan_string(json_splitter *j, const uint8_t *p)
+{
+    const uint8_t *end = j->end;
+    const uint8_t *open = p++;
+    for (;;) {
+        p = find_string_stop(p, end);
+        if (p >= end)
+            return fail(j, open, "a string is not closed before the end of the body");
+        uint8_t c = *p;
+        if (c == '"')
+            return p + 1;
+        if (c == '\\') {
+            if (end - p < 2)
+                return fail(j, open, "a string is not closed before the end of the body");
+            switch (p[1]) {
+            case '"': case '\\': case '/': case 'b': case 'f': case 'n': case 'r': case 't':
+                p += 2;
+                continue;
+            case 'u':
+                if (end - p < 6 || !(IS_HEX[p[2]] & IS_HEX[p[3]] & IS_HEX[p[4]] & IS_HEX[p[5]]))
+                    return fail(j, p, "\\u must be followed by four hexadecimal digits");
+                p += 6;
+                continue;
+            default: {
+                char what[32];
+                describe(j, p + 1, what, sizeof what);
+                return fail(j, p, "invalid escape: backslash followed by %s", what);
+            }
+            }
+        }
+        if (c < 0x20) {
+            if (c == '\n')
+                return fail(j, p, "a line break inside a string (write it as \\n)");
+            return fail(j, p, "control character 0x%02x inside a string (escape it as \\u%04x)", c, c);
+        }
+        p = scan_utf8(j, p);
+        if (!p)
+            return NULL;
+    }
+}
+
+static const uint8_t *scan_number(json_splitter *j, const uint8_t *p)
+{
+    const uint8_t *end = j->end;
+    if (*p == '-')
+        p++;
+    if (p == end || !is_digit(*p))
+        return unexpected(j, p, "a digit after '-'");
+    if (*p == '0') {
+        p++;
+        if (p < end && is_digit(*p))
+            return fail(j, p, "a number cannot have a leading zero");
+    } else {
+        while (p < end && is_digit(*p))
+            p++;
+    }
+    if (p < end && *p == '.') {
+        p++;
+        if (p == end || !is_digit(*p))
+            return unexpected(j, p, "a digit after the decimal point");
+        while (p < end && is_digit(*p))
+            p++;
+    }
+    if (p < end && (*p | 0x20) == 'e') {
+        p++;
+        if (p < end && (*p == '+' || *p == '-'))
+            p++;
+        if (p == end || !is_digit(*p))
+            return unexpected(j, p, "a digit in the exponent");
+        while (p < end && is_digit(*p))
+            p++;
+    }
+    return p;
+}
+
+static const uint8_t *scan_literal(json_splitter *j, const uint8_t *p, const char *word, size_t n)
+{
+    if ((size_t)(j->end - p) < n || memcmp(p, word, n) != 0)
+        return unexpected(j, p, "a value (true, false and null are the only bare words)");
+    return p + n;
+}
+
+/* One JSON value starting at p (not whitespace); returns the byte after it. */
+static const uint8_t *scan_value(json_splitter *j, const uint8_t *p)
+{
+    const uint8_t *end = j->end;
+    uint8_t closer[COMET_JSON_MAX_DEPTH];
+    int depth = 0;
+
+value:
+    if (p >= end)
+        return unexpected(j, p, "a value");
+    switch (*p) {
+    case '{':
+    case '[':
+        if (depth == COMET_JSON_MAX_DEPTH)
+            return fail(j, p, "nesting is deeper than %d levels", COMET_JSON_MAX_DEPTH);
+        closer[depth++] = *p == '{' ? '}' : ']';
+        if (!(p = skip_inner(j, p + 1)))
+            return NULL;
+        if (p < end && *p == closer[depth - 1]) {
+            depth--;
+            p++;
+            goto after;
+        }
+        if (closer[depth - 1] == '}')
+            goto key;
+        goto value;
+    case '"':
+        p = scan_string(j, p);
+        break;
+    case 't':
+        p = scan_literal(j, p, "true", 4);
+        break;
+    case 'f':
+        p = scan_literal(j, p, "false", 5);
+        break;
+    case 'n':
+        p = scan_literal(j, p, "null", 4);
+        break;
+    case '-': case '0': case '1': case '2': case '3': case '4':
+    case '5': case '6': case '7': case '8': case '9':
+        p = scan_number(j, p);
+        break;
+    default:
+        return unexpected(j, p, "a value");
+    }
+    if (!p)
+        return NULL;
+after:
+    if (depth == 0)
+        return p;
+    if (!(p = skip_inner(j, p)))
+        return NULL;
+    if (p < end && *p == ',') {
+        if (!(p = skip_inner(j, p + 1)))
+            return NULL;
+        if (closer[depth - 1] == '}')
+            goto key;
+        goto value;
+    }
+    if (p < end && *p == closer[depth - 1]) {
+        depth--;
+        p++;
+        goto after;
+    }
+    return unexpected(j, p, closer[depth - 1] == '}' ? "',' or '}' after an object member"
+                                                     : "',' or ']' after an array element");
+key:
+    if (p >= end || *p != '"')
+        return unexpected(j, p, "a string (an object key)");
+    if (!(p = scan_string(j, p)))
+        return NULL;
+    if (!(p = skip_inner(j, p)))
+        return NULL;
+    if (p >= end || *p != ':')
+        return unexpected(j, p, "':' after an object key");
+    if (!(p = skip_inner(j, p + 1)))
+        return NULL;
+    goto value;
+}
+
+/* ---- events ----------------------------------------------------------------- */
+
+/* Scans the event at p and hands it to the emitter; returns the byte after it. */
+static const uint8_t *scan_event(json_splitter *j, const uint8_t *p)
+{
+    j->index = j->count;
+    j->copying = 0;
+    j->run = p;
+    const uint8_t *q = scan_value(j, p);
+    if (!q)
+        return NULL;
+    uint64_t sent = (uint64_t)(q - p);
+    if (sent > j->max_entry) {
+        j->code = COMET_E_ENTRY_TOO_LARGE;
+        j->fault = p;
+        snprintf(j->reason, sizeof j->reason, "the event is %llu bytes as sent; max_entry_bytes is %u",
+                 (unsigned long long)sent, j->max_entry);
+        return NULL;
+    }
+    const uint8_t *event = p;
+    uint64_t len = sent;
+    if (j->copying) {
+        size_t n = (size_t)(q - j->run);
+        memcpy(j->scratch + j->scratch_len, j->run, n);
+        j->scratch_len += n;
+        event = j->scratch + j->event_out;
+        len = j->scratch_len - j->event_out;
+    }
+    int rc = j->emit(j->ctx, event, (uint32_t)len, j->count);
+    if (rc) {
+        j->code = rc;
+        j->fault = p;
+        snprintf(j->reason, sizeof j->reason, "%s", comet_last_error());
+        return NULL;
+    }
+    j->count++;
+    return q;
+}
+
+static const uint8_t BOM[3] = {0xEF, 0xBB, 0xBF};
+
+static int no_events(json_splitter *j, const char *why)
+{
+    j->code = COMET_E_NO_EVENTS;
+    j->fault = j->end;
+    j->index = COMET_NO_INDEX;
+    snprintf(j->reason, sizeof j->reason, "%s", why);
+    return j->code;
+}
+
+static int split_json(json_splitter *j)
+{
+    const uint8_t *p = skip_outer(j, j->body, WS_JSON), *end = j->end;
+    if (p == end)
+        return no_events(j, "the body holds no event");
+    if (*p != '[') {
+        if (!(p = scan_event(j, p)))
+            return j->code;
+        p = skip_outer(j, p, WS_JSON);
+        if (p != end) {
+            j->index = COMET_NO_INDEX;
+            unexpected(j, p, "nothing after the JSON value");
+            return j->code;
+        }
+        return 0;
+    }
+    p = skip_outer(j, p + 1, WS_JSON);
+    if (p < end && *p == ']') {
+        p = skip_outer(j, p + 1, WS_JSON);
+        if (p != end) {
+            j->index = COMET_NO_INDEX;
+            unexpected(j, p, "nothing after the closing ']'");
+            return j->code;
+        }
+        return no_events(j, "the JSON array holds no event");
+    }
+    for (;;) {
+        if (!(p = scan_event(j, p)))
+            return j->code;
+        p = skip_outer(j, p, WS_JSON);
+        if (p < end && *p == ',') {
+            p = skip_outer(j, p + 1, WS_JSON);
+            continue;
+        }
+        if (p < end && *p == ']')
+            break;
+        j->index = j->count - 1;
+        unexpected(j, p, "',' or ']' after an event of the array");
+        return j->code;
+    }
+    p = skip_outer(j, p + 1, WS_JSON);
+    if (p != end) {
+        j->index = COMET_NO_INDEX;
+        unexpected(j, p, "nothing after the closing ']'");
+        return j->code;
+    }
+    return 0;
+}
+
+static int split_ndjson(json_splitter *j)
+{
+    const uint8_t *p = j->body, *end = j->end;
+    while (p < end) {
+        p = skip_outer(j, p, WS_LINE);
+        if (p == end)
+            break;
+        if (*p == '\n') { /* a blank line */
+            p++;
+            continue;
+        }
+        if (!(p = scan_event(j, p)))
+            return j->code;
+        p = skip_outer(j, p, WS_LINE);
+        if (p < end && *p != '\n') {
+            unexpected(j, p, "the end of the line after the event (one JSON value per line)");
+            return j->code;
+        }
+        p++;
+    }
+    if (j->count == 0)
+        return no_events(j, "the body holds no event (every line is blank)");
+    return 0;
+}
+
+int json_split(json_splitter *j, const uint8_t *body, size_t len, uint32_t format,
+               uint32_t max_entry, json_emit_fn emit, void *ctx)
+{
+    memset(j, 0, sizeof *j);
+    j->body = body;
+    j->end = body + len;
+    j->format = format;
+    j->max_entry = max_entry ? max_entry : COMET_MAX_ENTRY_BYTES_LIMIT;
+    j->emit = emit;
+    j->ctx = ctx;
+    j->index = COMET_NO_INDEX;
+    if (format != COMET_BODY_JSON && format != COMET_BODY_NDJSON)
+        return j->code = set_error(COMET_E_INVALID, "body format %u is not COMET_BODY_JSON (1) "
+                                   "or COMET_BODY_NDJSON (2)", format);
+    if (len >= 3 && memcmp(body, BOM, 3) == 0) {
+        fail(j, body, "the body starts with a byte order mark (U+FEFF), which JSON does not allow");
+        return j->code;
+    }
+    j->ws = format == COMET_BODY_JSON ? WS_JSON : WS_LINE;
+    return format == COMET_BODY_JSON ? split_json(j) : split_ndjson(j);
+}
+
+void json_split_free(json_splitter *j)
+{
+    free(j->scratch);
+    j->scratch = NULL;
+}
+
+void json_report(const json_splitter *j, comet_ingest_result *res)
+{
+    if (!res)
+        return;
+    if (j->code == 0 || !j->fault) {
+        res->error_index = COMET_NO_INDEX;
+        res->error_line = 0;
+        res->error_offset = 0;
+        res->error_reason[0] = 0;
+        return;
+    }
+    uint64_t line = 1;
+    for (const uint8_t *p = j->body; (p = memchr(p, '\n', (size_t)(j->fault - p))) != NULL; p++)
+        line++;
+    res->error_index = j->index;
+    res->error_line = line;
+    res->error_offset = (uint64_t)(j->fault - j->body);
+    snprintf(res->error_reason, sizeof res->error_reason, "%s", j->reason);
+}
