@@ -24,7 +24,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from . import auth, metrics, openapi, reads
+from . import auth, logs, metrics, openapi, reads
 from .config import GatewayConfig
 from .errors import HTTPError, error_response, response_for
 from .ingest import PREFIX, Ingest
@@ -50,6 +50,7 @@ class Gateway:
 
 def create_app(config: GatewayConfig, *, access_log: bool = True) -> Gateway:
     runtime = Runtime(config)
+    access = logs.AccessLog() if access_log else None
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -59,6 +60,8 @@ def create_app(config: GatewayConfig, *, access_log: bool = True) -> Gateway:
             await asyncio.sleep(0.01)
         yield
         await run_in_threadpool(runtime.drain_and_close)
+        if access is not None:
+            access.flush()
 
     def guarded(handler: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
         async def endpoint(request: Request) -> Response:
@@ -115,4 +118,4 @@ def create_app(config: GatewayConfig, *, access_log: bool = True) -> Gateway:
     app = Starlette(routes=routes, lifespan=lifespan,
                     exception_handlers={404: not_found, 405: bad_method})
     app.state.runtime = runtime
-    return Gateway(app, Ingest(runtime, access_log))
+    return Gateway(app, Ingest(runtime, access))

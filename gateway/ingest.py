@@ -174,7 +174,7 @@ class Ingest:
     """POST /streams/{name} as a plain ASGI application: the gateway's hot
     path, without Starlette's request and response objects."""
 
-    def __init__(self, runtime: Runtime, access_log: bool) -> None:
+    def __init__(self, runtime: Runtime, access_log: logs.AccessLog | None) -> None:
         self.runtime = runtime
         self.access_log = access_log
         self.valid_names: set[str] = set()
@@ -200,8 +200,8 @@ class Ingest:
         metrics = self.runtime.metrics
         if metrics is not None:
             metrics.observe(outcome.status, seconds, outcome.events, head.length or 0)
-        if self.access_log:
-            logs.access({"event": "request", "method": "POST", "path": scope["path"],
+        if self.access_log is not None:
+            self.access_log.write({"event": "request", "method": "POST", "path": scope["path"],
                          "status": outcome.status, "events": outcome.events,
                          "ms": round(seconds * 1000, 3), "slot": self.runtime.slot})
 

@@ -1,21 +1,61 @@
 """Structured logs: one JSON object per line on stdout, for the access log
-(one line per ingest request, written straight to the file descriptor so
-that lines from several workers never interleave) and for everything that goes
-through the logging module (gunicorn's and ours)."""
+(one line per ingest request) and for everything that goes through the
+logging module (gunicorn's and ours)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
+import select
 import time
 from typing import Any
 
 import orjson
 
+# Writes of at most PIPE_BUF bytes to a pipe are atomic: lines from several
+# workers sharing stdout never interleave.
+PIPE_BUF = select.PIPE_BUF
 
-def access(fields: dict[str, Any]) -> None:
-    fields["ts"] = time.time()
-    os.write(1, orjson.dumps(fields) + b"\n")
+
+class AccessLog:
+    """The access log, buffered: lines are collected and written together at
+    most ``interval`` seconds after the first of them (and at shutdown, by
+    ``flush``), in writes of at most PIPE_BUF bytes that end on a line.  One
+    write(2) per request cost about a sixth of what a single-event request
+    costs the worker; a kill -9 loses at most ``interval`` of access lines."""
+
+    def __init__(self, fd: int = 1, interval: float = 0.2) -> None:
+        self.fd = fd
+        self.interval = interval
+        self.buffer = bytearray()
+        self._timer: asyncio.TimerHandle | None = None
+
+    def write(self, fields: dict[str, Any]) -> None:
+        fields["ts"] = time.time()
+        line = orjson.dumps(fields) + b"\n"
+        if len(self.buffer) + len(line) > PIPE_BUF:
+            self.flush()
+        self.buffer += line
+        if self._timer is None:
+            try:
+                self._timer = asyncio.get_running_loop().call_later(self.interval, self._tick)
+            except RuntimeError:  # no loop (a caller outside the server): write now
+                self.flush()
+
+    def _tick(self) -> None:
+        self._timer = None
+        self.flush()
+
+    def flush(self) -> None:
+        data, self.buffer = bytes(self.buffer), bytearray()
+        while data:
+            try:
+                data = data[os.write(self.fd, data):]
+            except InterruptedError:
+                continue
+            except OSError:  # stdout gone: nothing to log to
+                return
 
 
 class JsonFormatter(logging.Formatter):

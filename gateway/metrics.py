@@ -11,6 +11,8 @@ counters stay monotonic.
 
 from __future__ import annotations
 
+from bisect import bisect_left
+
 import mmap
 import os
 from pathlib import Path
@@ -64,10 +66,7 @@ class WorkerMetrics:
     def observe(self, status: int, seconds: float, events: int, nbytes: int) -> None:
         w = self.words
         w[STATUS_AT + STATUS_INDEX.get(status, len(STATUSES))] += 1
-        i = 0
-        while i < len(BUCKETS) and seconds > BUCKETS[i]:
-            i += 1
-        w[BUCKET_AT + i] += 1
+        w[BUCKET_AT + bisect_left(BUCKETS, seconds)] += 1  # first bucket >= seconds
         w[SUM_AT] += int(seconds * 1e9)
         if events:
             w[EVENTS_AT] += events

@@ -120,10 +120,13 @@ class _Scratch(threading.local):
 
 
 class _IngestCall(threading.local):
-    """Per-thread request and result structs of comet_ingest."""
+    """Per-thread request and result structs of comet_ingest, with the fields
+    that are the same for every call of a Log already set."""
 
-    def __init__(self) -> None:
+    def __init__(self, compress_above: int, level: int) -> None:
         self.req = ffi.new("comet_ingest_request *")
+        self.req.compress_above = compress_above
+        self.req.compress_level = level
         self.res = ffi.new("comet_ingest_result *")
 
 
@@ -216,7 +219,7 @@ class Log:
         self._threshold = self.config.compression_threshold or (1 << 62)
         self._raw_limit = self.config.compression_threshold - 1 if self.config.compression_threshold else 0
         self._codec = _Codec(self.config.compression_level)
-        self._ingest = _IngestCall()
+        self._ingest = _IngestCall(self._raw_limit, self.config.compression_level)
         self._scratch = _Scratch()
         self._finalizer = weakref.finalize(self, lib.comet_close, self._db)
         if claim_slot is not False:
@@ -441,9 +444,7 @@ class Log:
         keep = ffi.from_buffer(body)
         req.body = keep
         req.len = len(keep)
-        req.format = _body_format(format)
-        req.compress_above = self._raw_limit
-        req.compress_level = self.config.compression_level
+        req.format = _BODY_FORMATS.get(format) or _body_format(format)
         req.durability = DURABILITY_CODES[durability]
         try:
             rc = lib.comet_ingest(s.ptr, shard, req, res)

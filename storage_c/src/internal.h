@@ -285,6 +285,9 @@ typedef struct json_splitter {
     json_emit_fn emit;
     void *ctx;
     uint64_t count;           /* events emitted */
+    /* string scanning: stop bytes of the 64-byte block at offset `block` */
+    size_t block;
+    uint64_t mask;
     /* compaction: events with whitespace inside are copied without it */
     uint8_t *scratch;         /* body-sized, allocated on first use */
     size_t scratch_len;

@@ -81,7 +81,7 @@ static void describe(const json_splitter *j, const uint8_t *p, char *out, size_t
 }
 
 static const uint8_t *fail(json_splitter *j, const uint8_t *p, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
+    __attribute__((format(printf, 3, 4), cold, noinline));
 
 static const uint8_t *fail(json_splitter *j, const uint8_t *p, const char *fmt, ...)
 {
@@ -96,7 +96,9 @@ static const uint8_t *fail(json_splitter *j, const uint8_t *p, const char *fmt, 
     return NULL;
 }
 
-static const uint8_t *unexpected(json_splitter *j, const uint8_t *p, const char *wanted)
+static __attribute__((cold, noinline)) const uint8_t *unexpected(json_splitter *j,
+                                                                 const uint8_t *p,
+                                                                 const char *wanted)
 {
     char what[32];
     describe(j, p, what, sizeof what);
@@ -128,17 +130,23 @@ static int drop_gap(json_splitter *j, const uint8_t *from, const uint8_t *to)
     return 0;
 }
 
-/* Skips whitespace inside an event (dropping it); NULL only on NOMEM. */
-static inline const uint8_t *skip_inner(json_splitter *j, const uint8_t *p)
+/* Skips whitespace inside an event (dropping it); NULL only on NOMEM.  end
+ * and ws are the splitter's, passed so that they stay in registers. */
+static __attribute__((noinline)) const uint8_t *skip_gap(json_splitter *j, const uint8_t *p)
 {
-    if (p < j->end && j->ws[*p]) {
-        const uint8_t *q = p + 1;
-        while (q < j->end && j->ws[*q])
-            q++;
-        if (drop_gap(j, p, q))
-            return NULL;
-        return q;
-    }
+    const uint8_t *q = p + 1;
+    while (q < j->end && j->ws[*q])
+        q++;
+    if (drop_gap(j, p, q))
+        return NULL;
+    return q;
+}
+
+static inline __attribute__((always_inline)) const uint8_t *
+skip_inner(json_splitter *j, const uint8_t *p, const uint8_t *end, const uint8_t *ws)
+{
+    if (p < end && ws[*p])
+        return skip_gap(j, p);
     return p;
 }
 
@@ -153,25 +161,59 @@ static inline const uint8_t *skip_outer(const json_splitter *j, const uint8_t *p
 
 /* ---- tokens ----------------------------------------------------------------- */
 
-static inline const uint8_t *find_string_stop(const uint8_t *p, const uint8_t *end)
+/* Bit i of the result is set when block[i] ends the fast scan of a string. */
+static inline uint64_t stop_mask_64(const uint8_t *block)
 {
 #if defined(__SSE2__)
     const __m128i quote = _mm_set1_epi8('"'), bslash = _mm_set1_epi8('\\');
     const __m128i space = _mm_set1_epi8(0x20);
-    while (end - p >= 16) {
-        __m128i v = _mm_loadu_si128((const __m128i *)p);
+    uint64_t mask = 0;
+    for (int i = 0; i < 4; i++) {
+        __m128i v = _mm_loadu_si128((const __m128i *)(block + 16 * i));
         /* signed v < 0x20 holds for controls and for every byte >= 0x80 */
         __m128i hit = _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(v, quote), _mm_cmpeq_epi8(v, bslash)),
                                    _mm_cmplt_epi8(v, space));
-        int mask = _mm_movemask_epi8(hit);
-        if (mask)
-            return p + __builtin_ctz((unsigned)mask);
-        p += 16;
+        mask |= (uint64_t)(uint16_t)_mm_movemask_epi8(hit) << (16 * i);
     }
+    return mask;
+#else
+    uint64_t mask = 0;
+    for (int i = 0; i < 64; i++)
+        mask |= (uint64_t)STRING_STOP[block[i]] << i;
+    return mask;
 #endif
-    while (p < end && !STRING_STOP[*p])
-        p++;
-    return p;
+}
+
+/* The first byte at or after p that ends the fast scan of a string (or end).
+ * Strings are short and many: the stop mask of the 64-byte block holding p is
+ * computed once and kept, so the next strings of the same block cost a shift
+ * and a count of trailing zeros each. */
+static inline __attribute__((always_inline)) const uint8_t *find_string_stop(json_splitter *j,
+                                                                              const uint8_t *p)
+{
+    for (;;) {
+        size_t off = (size_t)(p - j->body);
+        size_t block = off & ~(size_t)63;
+        if (block != j->block) {
+            size_t left = (size_t)(j->end - j->body) - block;
+            if (left >= 64) {
+                j->mask = stop_mask_64(j->body + block);
+            } else { /* the last, partial block: bytes past the end stop the scan */
+                j->mask = left ? ~(uint64_t)0 << left : ~(uint64_t)0;
+                for (size_t i = 0; i < left; i++)
+                    j->mask |= (uint64_t)STRING_STOP[j->body[block + i]] << i;
+            }
+            j->block = block;
+        }
+        uint64_t m = j->mask >> (off & 63);
+        if (m) {
+            const uint8_t *q = p + __builtin_ctzll(m);
+            return q < j->end ? q : j->end;
+        }
+        p = j->body + block + 64;
+        if (p >= j->end)
+            return j->end;
+    }
 }
 
 /* One UTF-8 sequence starting at p (p[0] >= 0x80), per Unicode's table 3-7. */
@@ -206,12 +248,13 @@ static const uint8_t *scan_utf8(json_splitter *j, const uint8_t *p)
     return p + need + 1;
 }
 
-static const uint8_t *scan_string(json_splitter *j, const uint8_t *p)
+/* The rest of a string from its first stop byte p: escapes, UTF-8, errors. */
+static __attribute__((noinline)) const uint8_t *scan_string_rest(json_splitter *j,
+                                                                 const uint8_t *open,
+                                                                 const uint8_t *p)
 {
     const uint8_t *end = j->end;
-    const uint8_t *open = p++;
-    for (;;) {
-        p = find_string_stop(p, end);
+    for (;; p = find_string_stop(j, p)) {
         if (p >= end)
             return fail(j, open, "a string is not closed before the end of the body");
         uint8_t c = *p;
@@ -245,6 +288,17 @@ static const uint8_t *scan_string(json_splitter *j, const uint8_t *p)
         if (!p)
             return NULL;
     }
+}
+
+/* A string from its opening quote; returns the byte after the closing one.
+ * Inlined: most strings end at their first stop byte, a '"'. */
+static inline __attribute__((always_inline)) const uint8_t *scan_string(json_splitter *j,
+                                                                        const uint8_t *p)
+{
+    const uint8_t *q = find_string_stop(j, p + 1);
+    if (q < j->end && *q == '"')
+        return q + 1;
+    return scan_string_rest(j, p, q);
 }
 
 static const uint8_t *scan_number(json_splitter *j, const uint8_t *p)
@@ -291,7 +345,7 @@ static const uint8_t *scan_literal(json_splitter *j, const uint8_t *p, const cha
 /* One JSON value starting at p (not whitespace); returns the byte after it. */
 static const uint8_t *scan_value(json_splitter *j, const uint8_t *p)
 {
-    const uint8_t *end = j->end;
+    const uint8_t *const end = j->end, *const ws = j->ws;
     uint8_t closer[COMET_JSON_MAX_DEPTH];
     int depth = 0;
 
@@ -304,7 +358,7 @@ value:
         if (depth == COMET_JSON_MAX_DEPTH)
             return fail(j, p, "nesting is deeper than %d levels", COMET_JSON_MAX_DEPTH);
         closer[depth++] = *p == '{' ? '}' : ']';
-        if (!(p = skip_inner(j, p + 1)))
+        if (!(p = skip_inner(j, p + 1, end, ws)))
             return NULL;
         if (p < end && *p == closer[depth - 1]) {
             depth--;
@@ -338,10 +392,10 @@ value:
 after:
     if (depth == 0)
         return p;
-    if (!(p = skip_inner(j, p)))
+    if (!(p = skip_inner(j, p, end, ws)))
         return NULL;
     if (p < end && *p == ',') {
-        if (!(p = skip_inner(j, p + 1)))
+        if (!(p = skip_inner(j, p + 1, end, ws)))
             return NULL;
         if (closer[depth - 1] == '}')
             goto key;
@@ -359,11 +413,11 @@ key:
         return unexpected(j, p, "a string (an object key)");
     if (!(p = scan_string(j, p)))
         return NULL;
-    if (!(p = skip_inner(j, p)))
+    if (!(p = skip_inner(j, p, end, ws)))
         return NULL;
     if (p >= end || *p != ':')
         return unexpected(j, p, "':' after an object key");
-    if (!(p = skip_inner(j, p + 1)))
+    if (!(p = skip_inner(j, p + 1, end, ws)))
         return NULL;
     goto value;
 }
@@ -503,6 +557,7 @@ int json_split(json_splitter *j, const uint8_t *body, size_t len, uint32_t forma
     j->emit = emit;
     j->ctx = ctx;
     j->index = COMET_NO_INDEX;
+    j->block = SIZE_MAX; /* no stop mask computed yet */
     if (format != COMET_BODY_JSON && format != COMET_BODY_NDJSON)
         return j->code = set_error(COMET_E_INVALID, "body format %u is not COMET_BODY_JSON (1) "
                                    "or COMET_BODY_NDJSON (2)", format);
