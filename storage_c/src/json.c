@@ -539,7 +539,8 @@ static int split_ndjson(json_splitter *j)
             unexpected(j, p, "the end of the line after the event (one JSON value per line)");
             return j->code;
         }
-        p++;
+        if (p < end) /* past the '\n'; the last line may have none (end + 1 is undefined) */
+            p++;
     }
     if (j->count == 0)
         return no_events(j, "the body holds no event (every line is blank)");
