@@ -31,8 +31,11 @@ class Config:
 
     shards: int = 16
     """Shard count given to streams this process creates."""
-    segment_bytes: int = 64 * MiB
-    """Segments rotate when full; each is preallocated at this size."""
+    segment_bytes: int = 16 * MiB
+    """Segments rotate at this size."""
+    segment_chunk_bytes: int = 4 * MiB
+    """A segment's file is allocated as it fills: from 64 KiB, doubling, in steps of
+    at most this much (a full disk fails an append at a step, never later)."""
     max_entry_bytes: int = 16 * MiB
     index_interval_bytes: int = 4096
     durability: Durability = "interval"
@@ -79,6 +82,7 @@ class Config:
         lib.comet_config_default(cfg)
         fields = {
             "segment_bytes": self.segment_bytes,
+            "segment_chunk_bytes": self.segment_chunk_bytes,
             "max_entry_bytes": self.max_entry_bytes,
             "index_interval_bytes": self.index_interval_bytes,
             "default_shards": self.shards,

@@ -87,7 +87,7 @@ enum {
 #define COMET_OPEN_NO_FLUSHER 0x2u    /* no background flush thread (tools, tests) */
 
 typedef struct comet_config {
-    uint64_t segment_bytes;        /* rotate when full; default 64 MiB */
+    uint64_t segment_bytes;        /* rotate at this size; default 16 MiB */
     uint32_t max_entry_bytes;      /* default 16 MiB */
     uint32_t index_interval_bytes; /* one sparse index record per this much data; default 4 KiB */
     uint32_t default_shards;       /* shard count of new streams; default 16 */
@@ -104,7 +104,10 @@ typedef struct comet_config {
     uint32_t retention_min_segments;    /* keep at least this many per shard; default 1 */
     uint32_t retention_protect_unconsumed; /* keep segments a registered group has not acked; default 1 */
     uint32_t retention_interval_ms;     /* background pass period; 0: only when asked; default 60000 */
-    uint32_t reserved;
+    /* A segment's file is allocated as it fills, not whole: it starts at
+     * 64 KiB and grows by doubling, in steps of at most this many bytes (a
+     * multiple of 4096, at least 64 KiB), up to segment_bytes; default 4 MiB. */
+    uint32_t segment_chunk_bytes;
 } comet_config;
 
 typedef struct comet_db comet_db;

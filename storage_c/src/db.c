@@ -20,7 +20,7 @@
 void comet_config_default(comet_config *cfg)
 {
     memset(cfg, 0, sizeof *cfg);
-    cfg->segment_bytes = (uint64_t)64 << 20;
+    cfg->segment_bytes = (uint64_t)16 << 20;
     cfg->max_entry_bytes = 16u << 20;
     cfg->index_interval_bytes = 4096;
     cfg->default_shards = 16;
@@ -31,6 +31,7 @@ void comet_config_default(comet_config *cfg)
     cfg->retention_min_segments = 1;
     cfg->retention_protect_unconsumed = 1;
     cfg->retention_interval_ms = 60000;
+    cfg->segment_chunk_bytes = 4u << 20;
 }
 
 static int check_config(const comet_config *c)
@@ -52,6 +53,10 @@ static int check_config(const comet_config *c)
     if (c->process_count == 0 || c->process_count > COMET_MAX_PROCESSES)
         return set_error(COMET_E_INVALID, "process_count must be between 1 and %u",
                          COMET_MAX_PROCESSES);
+    if (c->segment_chunk_bytes < SEGMENT_FIRST_CHUNK || c->segment_chunk_bytes % 4096 ||
+        c->segment_chunk_bytes > (1u << 30))
+        return set_error(COMET_E_INVALID, "segment_chunk_bytes must be a multiple of 4096 between "
+                         "64 KiB and 1 GiB");
     if (c->retention_interval_ms > 86400000)
         return set_error(COMET_E_INVALID, "retention_interval_ms must be at most one day");
     if (c->retention_max_total_bytes && c->retention_max_total_bytes < 2 * c->segment_bytes)

@@ -199,6 +199,12 @@ void index_lookup_time(const segment *seg, int64_t ts, uint64_t *rel, uint64_t *
     }
 }
 
+int index_covers(const segment *seg, uint64_t capacity)
+{
+    return seg->index_map && seg->index_interval &&
+           seg->index_capacity >= records_for(capacity, seg->index_interval);
+}
+
 void index_note(segment *seg, uint64_t rel_entry, uint64_t offset, int64_t ts)
 {
     if (!seg->index_ok)

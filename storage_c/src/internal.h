@@ -37,8 +37,9 @@ typedef struct segment {
     int index_ok;          /* 0: missing or inconsistent, locate entries by scanning */
 } segment;
 
+/* A new segment file of capacity bytes whose index covers index_coverage. */
 int segment_create(const char *dir, uint32_t shard_id, uint64_t base, uint64_t capacity,
-                   uint32_t index_interval);
+                   uint64_t index_coverage, uint32_t index_interval);
 segment *segment_new(uint64_t base);
 /* Maps the file and its index (seg->map is NULL before). */
 int segment_load(segment *seg, const char *dir, uint32_t shard_id);
@@ -50,7 +51,7 @@ int segment_fd(segment *seg, const char *dir);
 int segment_writable(segment *seg, const char *dir);
 /* Unmaps written pages well behind off from wmap (see segment.c). */
 void segment_release_behind(segment *seg, uint64_t off);
-int segment_grow(segment *seg, const char *dir, uint64_t capacity);
+int segment_grow(segment *seg, const char *dir, uint64_t capacity, int empty);
 void segment_path(char *out, const char *dir, uint64_t base, const char *suffix);
 
 static inline const entry_header *segment_entry_at(const segment *seg, uint64_t off)
@@ -72,6 +73,8 @@ int index_create(const char *dir, uint32_t shard_id, uint64_t base, uint64_t cap
                  uint32_t interval);
 int index_map(segment *seg, const char *dir, uint32_t shard_id);
 void index_unmap(segment *seg);
+/* Whether the mapped index has a record slot for every interval of capacity. */
+int index_covers(const segment *seg, uint64_t capacity);
 /* Greatest record at or before rel_entry: sets *rel and *offset (the segment
  * start when there is none). */
 void index_lookup(const segment *seg, uint64_t rel_entry, uint64_t *rel, uint64_t *offset);

@@ -1,10 +1,13 @@
 /*
  * segment.c - segment files: creation, mapping, growth.
  *
- * A segment is created whole: its index first, then the segment under a
- * temporary name, preallocated with posix_fallocate (so that a full disk shows
- * up here, as an error, and never later as SIGBUS on a mapped write), headed,
- * and linked into place.  The directory is fsynced so that the name survives
+ * A segment is created small and grows as it fills: its index first (sized
+ * for the segment's full size), then the segment under a temporary name,
+ * preallocated with posix_fallocate to its first chunk (so that a full disk
+ * shows up here, as an error, and never later as SIGBUS on a mapped write),
+ * headed, and linked into place.  Growth (segment_grow) preallocates the next
+ * chunk and then records the new size in the header; readers that find the
+ * header larger than their mapping map the file again.  The directory is fsynced so that the name survives
  * a power cut.  A crash at any point leaves either no segment or a complete,
  * empty one; temporary files are removed by recovery.
  *
@@ -49,7 +52,7 @@ static void header_fill(segment_header *h, uint32_t shard_id, uint64_t base, uin
 }
 
 int segment_create(const char *dir, uint32_t shard_id, uint64_t base, uint64_t capacity,
-                   uint32_t index_interval)
+                   uint64_t index_coverage, uint32_t index_interval)
 {
     char tmp[COMET_PATH_MAX], final[COMET_PATH_MAX], idx[COMET_PATH_MAX];
     segment_path(final, dir, base, SEGMENT_SUFFIX);
@@ -60,7 +63,8 @@ int segment_create(const char *dir, uint32_t shard_id, uint64_t base, uint64_t c
     struct stat sb;
     if (stat(final, &sb) == 0)
         return set_error(COMET_E_CORRUPT, "segment %s already exists", final);
-    int rc = index_create(dir, shard_id, base, capacity, index_interval);
+    int rc = index_create(dir, shard_id, base, index_coverage > capacity ? index_coverage : capacity,
+                          index_interval);
     if (rc)
         return rc;
     int fd = open(tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
@@ -189,17 +193,20 @@ int segment_fd(segment *seg, const char *dir)
     return seg->fd;
 }
 
-/* Only for an empty active segment that a batch does not fit (under lock):
- * extend the file and its index instead of creating a second file with the
- * same first entry.  The caller drops this mapping and maps the file again. */
-int segment_grow(segment *seg, const char *dir, uint64_t capacity)
+/* Grows the active segment's file to capacity (under the append lock): the
+ * space first, then the header that announces it, so that no process ever
+ * maps past the allocated end.  The index keeps its records; it is recreated
+ * only for an empty segment that one batch makes larger than the index
+ * covers.  The caller bumps active_gen, so that every writer maps the file
+ * again. */
+int segment_grow(segment *seg, const char *dir, uint64_t capacity, int empty)
 {
     int fd = segment_fd(seg, dir);
     if (fd < 0)
         return fd;
     int err = preallocate(fd, capacity);
     if (err)
-        return set_errno_error(err, "cannot grow segment %" PRIu64 " to %" PRIu64 " bytes",
+        return set_errno_error(err, "cannot preallocate segment %" PRIu64 " to %" PRIu64 " bytes",
                                seg->base, capacity);
     segment_header h;
     memcpy(&h, seg->map, sizeof h);
@@ -208,6 +215,8 @@ int segment_grow(segment *seg, const char *dir, uint64_t capacity)
     if (pwrite(fd, &h, sizeof h, 0) != (ssize_t)sizeof h)
         return set_errno_error(errno ? errno : EIO, "cannot rewrite header of segment %" PRIu64,
                                seg->base);
+    if (!empty || index_covers(seg, capacity))
+        return 0;
     uint32_t interval = seg->index_interval ? seg->index_interval : 4096;
     return index_create(dir, h.shard_id, seg->base, capacity, interval);
 }

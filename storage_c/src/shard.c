@@ -222,13 +222,13 @@ static void start_segment(state_file *st, uint64_t base)
     atomic_fetch_add_explicit(&st->active_gen, 1, memory_order_release);
 }
 
-/* Keeps the data directory inside retention_max_total_bytes: a new segment
- * must fit once retention has deleted what it may from this shard.  The
- * per-shard size limit is applied here too, as policy (it never fails). */
-static int enforce_budget(shard *sh, uint64_t capacity)
+/* Keeps the data directory inside retention_max_total_bytes: new_bytes of
+ * new segment space must fit once retention has deleted what it may from this
+ * shard.  The per-shard size limit is applied here too, as policy (it never
+ * fails). */
+static int enforce_budget(shard *sh, uint64_t new_bytes)
 {
     const comet_config *cfg = shard_config(sh);
-    uint64_t new_bytes = capacity + capacity / cfg->index_interval_bytes * 16 + 4096;
     int64_t now = now_ns();
     if (cfg->retention_max_shard_bytes &&
         retention_shard_bytes(sh) + new_bytes > cfg->retention_max_shard_bytes) {
@@ -265,13 +265,40 @@ static int enforce_budget(shard *sh, uint64_t capacity)
         return 0;
     return set_error(COMET_E_STORAGE_FULL,
                      "the data directory uses %" PRIu64 " of its %" PRIu64 " byte budget "
-                     "(retention_max_total_bytes) and a new segment of %s needs %" PRIu64
+                     "(retention_max_total_bytes) and the active segment of %s needs %" PRIu64
                      " more; nothing more may be deleted%s",
                      used, budget, sh->dir, new_bytes,
                      rep.protected_segments ? ": registered groups have not consumed the oldest data"
                                             : "");
 }
 
+/* The size a segment file is allocated to so that it holds `needed` bytes:
+ * from SEGMENT_FIRST_CHUNK, doubling, in steps of at most segment_chunk_bytes,
+ * and never past `limit` (segment_bytes) unless one batch needs more.  Disk
+ * use follows the data: a shard holding one event takes 64 KiB, not a whole
+ * segment. */
+static uint64_t grown_capacity(const comet_config *cfg, uint64_t capacity, uint64_t needed,
+                               uint64_t limit)
+{
+    uint64_t cap = capacity;
+    while (cap < needed) {
+        uint64_t step = cap < SEGMENT_FIRST_CHUNK ? SEGMENT_FIRST_CHUNK : cap;
+        cap += step < cfg->segment_chunk_bytes ? step : cfg->segment_chunk_bytes;
+    }
+    if (cap > limit)
+        cap = limit > needed ? limit : needed;
+    return cap;
+}
+
+/* Bytes of an index file covering a segment of capacity bytes. */
+static uint64_t index_bytes_for(const comet_config *cfg, uint64_t capacity)
+{
+    return capacity / cfg->index_interval_bytes * 16 + 4096;
+}
+
+/* Makes room for `total` more bytes in the active segment (under the append
+ * lock): grows its file by the next chunk while it is below segment_bytes (or
+ * is empty and one batch needs more), else rotates to a new segment. */
 static int make_room(shard *sh, uint64_t total)
 {
     state_file *st = sh->st;
@@ -282,19 +309,26 @@ static int make_room(shard *sh, uint64_t total)
     uint64_t end = atomic_load_explicit(&st->active_end, memory_order_relaxed);
     if (sh->active && end + total <= sh->active->capacity)
         return 0;
-    uint64_t need = SEGMENT_DATA_OFFSET + total;
-    uint64_t capacity = cfg->segment_bytes > need ? cfg->segment_bytes : need;
+    uint64_t limit = cfg->segment_bytes;
     uint64_t next = atomic_load_explicit(&st->next_entry, memory_order_relaxed);
-    rc = enforce_budget(sh, capacity);
-    if (rc)
-        return rc;
-    if (sh->active && next == sh->active->base) {
-        rc = segment_grow(sh->active, sh->dir, capacity);
+    if (sh->active && (end + total <= limit || next == sh->active->base)) {
+        uint64_t have = sh->active->capacity;
+        uint64_t capacity = grown_capacity(cfg, have, end + total, limit);
+        rc = enforce_budget(sh, capacity - have);
+        if (rc)
+            return rc;
+        rc = segment_grow(sh->active, sh->dir, capacity, next == sh->active->base);
         if (rc)
             return rc;
         atomic_fetch_add_explicit(&st->active_gen, 1, memory_order_release);
     } else {
-        rc = segment_create(sh->dir, sh->id, next, capacity, cfg->index_interval_bytes);
+        uint64_t need = SEGMENT_DATA_OFFSET + total;
+        uint64_t capacity = grown_capacity(cfg, 0, need, limit);
+        uint64_t coverage = limit > need ? limit : need;
+        rc = enforce_budget(sh, capacity + index_bytes_for(cfg, coverage));
+        if (rc)
+            return rc;
+        rc = segment_create(sh->dir, sh->id, next, capacity, coverage, cfg->index_interval_bytes);
         if (rc)
             return rc;
         if (sh->active)
@@ -303,7 +337,7 @@ static int make_room(shard *sh, uint64_t total)
     }
     rc = writer_segment(sh);
     if (!rc && (!sh->active || atomic_load(&st->active_end) + total > sh->active->capacity))
-        rc = set_error(COMET_E_IO, "segment %" PRIu64 " of %s has no room after rotation", next,
+        rc = set_error(COMET_E_IO, "segment %" PRIu64 " of %s has no room after growing it", next,
                        sh->dir);
     return rc;
 }

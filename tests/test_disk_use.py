@@ -1,0 +1,115 @@
+"""Disk in proportion to data: segments are allocated in chunks as they fill,
+and a full filesystem fails an append with StorageFull at a chunk boundary,
+never with SIGBUS, and appends work again when space returns."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from storage_c import Config, Log
+
+from .conftest import read_all
+
+MiB = 1 << 20
+
+
+def disk_bytes(path: Path) -> int:
+    """What du counts: allocated blocks of every file below path."""
+    total = 0
+    for root, dirs, files in os.walk(path):
+        for name in files + dirs:
+            total += os.lstat(os.path.join(root, name)).st_blocks * 512
+    return total
+
+
+def test_a_new_16_shard_stream_with_one_event_per_shard_is_small(data_dir: Path) -> None:
+    with Log(data_dir, Config(shards=16)) as log:
+        for shard in range(16):
+            log.append("ev", b'{"a":1}', shard=shard)
+    assert disk_bytes(data_dir) <= 16 * MiB
+    three = data_dir.parent / "three"
+    with Log(three, Config()) as log:  # three mistyped one-event streams
+        for name in ("evnets", "evetns", "eevnts"):
+            log.append(name, b"{}")
+    assert disk_bytes(three) <= 3 * 16 * MiB // 4
+
+
+def test_segments_grow_in_chunks_up_to_their_size(data_dir: Path) -> None:
+    cfg = Config(shards=1, segment_bytes=8 * MiB, segment_chunk_bytes=1 * MiB)
+    entry = b"x" * 1000
+    with Log(data_dir, cfg) as log:
+        sizes = []
+        segment = data_dir / "g" / "shard-0000" / ("0" * 20 + ".log")
+        for i in range(12_000):  # ~12 MB: one full segment and part of a second
+            log.append("g", entry, shard=0)
+            if i % 500 == 0:
+                sizes.append(segment.stat().st_size)
+        assert sizes[0] == 64 * 1024
+        steps = {b - a for a, b in zip(sizes, sizes[1:]) if b != a}
+        assert max(steps) <= 1 * MiB and segment.stat().st_size == 8 * MiB
+        got = [p for _, _, p in read_all(log, "g", 0)]
+        assert got == [entry] * 12_000
+        assert log.verify().ok
+        assert log.stats("g").shards[0].segments == 2
+
+
+FILLER = r"""
+import sys
+from storage_c import Config, Log, StorageFull
+path, = sys.argv[1:]
+cfg = Config(shards=1, segment_bytes=64 << 20, segment_chunk_bytes=256 << 10)
+with Log(path, cfg) as log:
+    n = 0
+    try:
+        while True:
+            log.append("full", b"%08d" % n + b"y" * 992, shard=0)
+            n += 1
+    except StorageFull as exc:
+        print("full", n, exc, flush=True)
+    sys.stdin.readline()  # the test frees space
+    log.append("full", b"after", shard=0)
+    print("after", flush=True)
+"""
+
+
+@pytest.fixture
+def small_fs(tmp_path: Path) -> Iterator[Path]:
+    """A 6 MiB tmpfs: a real filesystem that runs out of space."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    mnt = tmp_path / f"fs-{uuid.uuid4().hex[:8]}"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", str(mnt)], check=True)
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_a_full_filesystem_fails_appends_cleanly_and_recovers(small_fs: Path) -> None:
+    data = small_fs / "data"
+    ballast = small_fs / "ballast"
+    ballast.write_bytes(b"\0" * (2 * MiB))
+    proc = subprocess.Popen([sys.executable, "-c", FILLER, str(data)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdin is not None
+    line = proc.stdout.readline().split(maxsplit=2)
+    assert line[0] == "full", f"writer died: {proc.wait()}"  # a SIGBUS would end it here
+    appended = int(line[1])
+    assert "preallocate" in line[2] or "space" in line[2].lower()
+    ballast.unlink()  # space returns
+    proc.stdin.write("go\n")
+    proc.stdin.flush()
+    assert proc.stdout.readline().strip() == "after"
+    assert proc.wait(timeout=30) == 0
+    with Log(data, Config(shards=1, background_flush=False)) as log:
+        got = [p for _, _, p in read_all(log, "full", 0)]
+        assert got == [b"%08d" % i + b"y" * 992 for i in range(appended)] + [b"after"]
+        assert log.verify().ok
