@@ -87,6 +87,8 @@ def create_app(config: GatewayConfig, *, access_log: bool = True) -> Gateway:
         return reads.healthz(runtime)
 
     async def get_ready(request: Request) -> Response:
+        if runtime.storage_full is not None:  # rechecking walks the directory: off the loop
+            return await run_in_threadpool(reads.readyz, runtime)
         return reads.readyz(runtime)
 
     async def get_streams(request: Request) -> Response:

@@ -9,8 +9,9 @@
     max_body_bytes = 16777216
     max_decompressed_bytes = 67108864
     inflight_bytes = 67108864   # per worker; above it requests get 429
-    validate = true             # parse JSON and NDJSON bodies before storing
-    auto_create = true
+    validate = true             # check JSON and NDJSON bodies before storing
+    auto_create = true          # or false, or name patterns: ["logs-*", "metrics.*"]
+    max_streams = 100           # streams the data directory may hold (0: no limit)
 
     [storage]                   # any field of storage_c.Config
     shards = 16
@@ -27,6 +28,7 @@ environment wins over the file.  ``COMET_CONFIG`` names the file.
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import functools
 import ipaddress
 import os
@@ -63,7 +65,12 @@ class GatewayConfig:
     inflight_bytes: int = 64 * MiB
     max_entries_per_read: int = 1000
     validate: bool = True
-    auto_create: bool = True
+    auto_create: bool | tuple[str, ...] = True
+    """Whether a write may create its stream: always, never, or when the name
+    matches one of these shell-style patterns."""
+    max_streams: int = 100
+    """Streams the data directory may hold; a write that would create one more
+    gets 409 (0: no limit)."""
     retry_after_s: int = 1
     slot_wait_s: float = 10.0
     """How long a starting worker waits for a free process slot before serving (with 503s)."""
@@ -85,6 +92,10 @@ class GatewayConfig:
                 raise ConfigError(f"{name} must be positive")
         if self.workers < 0:
             raise ConfigError("workers must be >= 0 (0: one per CPU)")
+        if self.max_streams < 0:
+            raise ConfigError("max_streams must be >= 0 (0: no limit)")
+        if isinstance(self.auto_create, tuple) and not all(self.auto_create):
+            raise ConfigError("auto_create patterns must not be empty")
 
     @property
     def worker_count(self) -> int:
@@ -103,10 +114,18 @@ class GatewayConfig:
         policy = self.streams.get(stream)
         return self.validate if policy is None else policy.validate
 
+    def may_create(self, stream: str) -> bool:
+        """Whether a write may create ``stream`` (auto_create)."""
+        if isinstance(self.auto_create, bool):
+            return self.auto_create
+        return any(fnmatch.fnmatchcase(stream, pattern) for pattern in self.auto_create)
+
     def storage_config(self) -> Config:
-        """The storage settings every worker uses: one slot per worker."""
+        """The storage settings every worker uses: one slot per worker.  The
+        gateway opens each stream itself (create or not, by may_create)
+        before it writes; the storage never creates one on its own."""
         return dataclasses.replace(self.storage, process_count=self.worker_count,
-                                   auto_create_streams=self.auto_create)
+                                   auto_create_streams=False, max_streams=self.max_streams)
 
 
 def is_loopback(host: str) -> bool:
@@ -126,6 +145,17 @@ def _coerce(name: str, value: Any, kind: Any) -> Any:
     """Turns a TOML or environment value into the field's type."""
     kind = str(kind)
     try:
+        if kind.startswith("bool | tuple"):  # true, false, or patterns
+            if isinstance(value, bool):
+                return value
+            if isinstance(value, str) and value.lower() in ("1", "true", "yes", "on", "0", "false",
+                                                            "no", "off"):
+                return value.lower() in ("1", "true", "yes", "on")
+            if isinstance(value, str):
+                return tuple(v.strip() for v in value.split(",") if v.strip())
+            if isinstance(value, list) and all(isinstance(v, str) for v in value):
+                return tuple(value)
+            raise ValueError(value)
         if kind.startswith("tuple"):
             if isinstance(value, str):
                 return tuple(v.strip() for v in value.split(",") if v.strip())

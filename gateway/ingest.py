@@ -38,6 +38,7 @@ from storage_c import (
     InvalidJSON,
     NoEvents,
     StorageFull,
+    StreamLimit,
     StreamNameError,
     StreamNotFound,
     check_stream_name,
@@ -178,6 +179,7 @@ class Ingest:
         self.runtime = runtime
         self.access_log = access_log
         self.valid_names: set[str] = set()
+        self.opened: set[str] = set()
 
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         t0 = time.perf_counter()
@@ -215,6 +217,30 @@ class Ingest:
         if len(self.valid_names) < 10_000:
             self.valid_names.add(stream)
 
+    def open_stream(self, stream: str) -> None:
+        """Opens (or creates, as auto_create allows) the stream before its
+        first write in this worker; creating touches the disk only once."""
+        runtime = self.runtime
+        assert runtime.log is not None
+        config = runtime.config
+        try:
+            runtime.log.open_stream(stream, create=config.may_create(stream))
+        except StreamNotFound:
+            if config.auto_create is False:
+                why = "auto_create is off"
+            else:
+                why = "auto_create allows only names matching " + ", ".join(
+                    config.auto_create if isinstance(config.auto_create, tuple) else ())
+            raise HTTPError(404, "unknown_stream", f"stream {stream!r} does not exist; {why}") from None
+        except StreamLimit as exc:
+            raise HTTPError(409, "too_many_streams", str(exc)) from None
+        except StorageFull as exc:
+            raise HTTPError(507, "storage_full", str(exc), retry_after=config.retry_after_s) from None
+        except CometError as exc:
+            raise HTTPError(500, "storage_error", str(exc)) from None
+        if len(self.opened) < 10_000:
+            self.opened.add(stream)
+
     async def handle(self, head: Head, receive: Receive, outcome: Outcome) -> tuple[bytes, dict[str, str]]:
         runtime = self.runtime
         config = runtime.config
@@ -236,6 +262,8 @@ class Ingest:
                             retry_after=config.retry_after_s)
         try:
             body = await read_body(receive, limit, head.length)
+            if head.stream not in self.opened:
+                self.open_stream(head.stream)
             work = partial(decode_and_store, runtime, head, kind, encoding, body)
             if (encoding != "identity" or len(body) > INLINE_BODY_BYTES
                     or config.storage.durability == "always"):
@@ -245,6 +273,8 @@ class Ingest:
         finally:
             runtime.release(reserved)
         outcome.events = res.count
+        if runtime.storage_full is not None:
+            runtime.storage_full = None
         return orjson.dumps({"stream": head.stream, "shard": res.shard, "first": res.first,
                              "last": res.last, "count": res.count}), {}
 
@@ -305,6 +335,7 @@ def store(runtime: Runtime, stream: str, kind: str, body: Body,
     except (InvalidJSON, NoEvents) as exc:
         raise bad_body(exc) from None
     except StorageFull as exc:
+        runtime.storage_full = str(exc)
         raise HTTPError(507, "storage_full", str(exc), retry_after=runtime.config.retry_after_s) from None
     except EntryTooLarge as exc:
         if exc.fault is not None:

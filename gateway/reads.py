@@ -33,6 +33,8 @@ def readyz(runtime: Runtime) -> Response:
         problems.append("no process slot yet")
     if not os.access(runtime.config.data_dir, os.W_OK):
         problems.append(f"data directory {runtime.config.data_dir} is not writable")
+    if runtime.storage_full is not None and not runtime.room_returned():
+        problems.append(f"storage full: {runtime.storage_full}")
     if problems:
         return json({"status": "not ready", "problems": problems, "slot": runtime.slot}, 503)
     return json({"status": "ready", "slot": runtime.slot,

@@ -14,6 +14,7 @@ waits for the ones in flight, syncs, and releases the slot by closing.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 
@@ -32,6 +33,9 @@ class Runtime:
         self.metrics: WorkerMetrics | None = None
         self.draining = False
         self.inflight = 0
+        self.storage_full: str | None = None
+        """Why the last write failed with storage full; None once a write
+        succeeds or readiness finds room again (see room_returned)."""
         self._claiming: threading.Thread | None = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -100,6 +104,28 @@ class Runtime:
         if self.metrics is not None:
             self.metrics.close()
 
+    # ---- storage full ------------------------------------------------------------
+
+    def room_returned(self) -> bool:
+        """Whether the next write could fit again after a storage-full error:
+        the filesystem has two chunks free, and the directory is under its
+        retention budget by a chunk once retention has deleted what it may.
+        Readiness asks this, so that a worker taken out of rotation for a
+        full disk comes back without a write having to succeed first."""
+        storage = self.config.storage
+        # a new segment's first chunk and index, or the next chunk: at most this
+        need = storage.segment_chunk_bytes + storage.segment_bytes // 256 + 8192
+        fs = os.statvfs(self.config.data_dir)
+        if fs.f_bavail * fs.f_frsize < 2 * need:
+            return False
+        budget = storage.retention_max_total_bytes
+        if budget and self.log is not None:
+            self.log.run_retention(room=need)
+            if log_bytes(self.config.data_dir) + need > budget:
+                return False
+        self.storage_full = None
+        return True
+
     # ---- the in-flight budget --------------------------------------------------------
 
     def reserve(self, nbytes: int) -> bool:
@@ -112,3 +138,17 @@ class Runtime:
 
     def release(self, nbytes: int) -> None:
         self.inflight -= nbytes
+
+
+def log_bytes(data_dir: str) -> int:
+    """Bytes of the segment and index files of a data directory: what the
+    retention budget counts."""
+    total = 0
+    for root, _, files in os.walk(data_dir):
+        for name in files:
+            if name.endswith((".log", ".idx")):
+                try:
+                    total += os.stat(os.path.join(root, name)).st_size
+                except FileNotFoundError:
+                    pass
+    return total

@@ -32,6 +32,7 @@ from .errors import (
     StorageFull,
     StorageIOError,
     StreamNameError,
+    StreamLimit,
     StreamNotFound,
 )
 from .groups import Group
@@ -82,6 +83,7 @@ __all__ = [
     "StorageFull",
     "StorageIOError",
     "StreamNameError",
+    "StreamLimit",
     "StreamNotFound",
     "StreamStats",
     "TooManyGroups",

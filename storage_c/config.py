@@ -48,6 +48,8 @@ class Config:
     create: bool = True
     """Create the data directory if it does not exist."""
     auto_create_streams: bool = True
+    max_streams: int = 0
+    """Streams the data directory may hold; creating one more raises StreamLimit (0: no limit)."""
     background_flush: bool = True
     """Run the background thread: flushes, and retention passes (tools that only read turn it off)."""
     retention_max_age_ms: int = 0
@@ -83,6 +85,7 @@ class Config:
         fields = {
             "segment_bytes": self.segment_bytes,
             "segment_chunk_bytes": self.segment_chunk_bytes,
+            "max_streams": self.max_streams,
             "max_entry_bytes": self.max_entry_bytes,
             "index_interval_bytes": self.index_interval_bytes,
             "default_shards": self.shards,

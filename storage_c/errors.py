@@ -137,6 +137,12 @@ class InvalidJSON(CometError, ValueError):
     code = lib.COMET_E_BAD_JSON
 
 
+class StreamLimit(CometError):
+    """Creating the stream would pass the data directory's max_streams."""
+
+    code = lib.COMET_E_STREAM_LIMIT
+
+
 class NoEvents(CometError, ValueError):
     """An ingested body holds no event (empty, only blank lines, or ``[]``)."""
 
@@ -168,6 +174,7 @@ _BY_CODE: dict[int, type[CometError]] = {
         AckGapError,
         InvalidJSON,
         NoEvents,
+        StreamLimit,
     )
 }
 _BY_CODE[lib.COMET_E_NOMEM] = CometError

@@ -289,6 +289,14 @@ class Log:
                 self._streams[name] = stream
         return stream
 
+    def open_stream(self, name: str, *, create: bool | None = None) -> int:
+        """Opens a stream for this process (creating it when ``create``, by
+        default the config's auto_create_streams); returns its shard count.
+        StreamNotFound when it does not exist and may not be created,
+        StreamLimit when creating it would pass max_streams."""
+        s = self._streams.get(name) or self._open_stream(name, create=create)
+        return s.shards
+
     def create_stream(self, name: str, shards: int | None = None) -> int:
         """Creates a stream (or checks an existing one's shard count); returns its shard count."""
         return self._open_stream(name, shards or self.config.shards, create=True).shards
@@ -618,11 +626,13 @@ class Log:
         if rc < 0:
             raise_for(rc)
 
-    def run_retention(self) -> RetentionReport:
-        """A retention pass now, over the shards this process owns."""
+    def run_retention(self, room: int = 0) -> RetentionReport:
+        """A retention pass now, over the shards this process owns; with
+        ``room``, also deletes what the policy allows until that many more
+        bytes fit in retention_max_total_bytes."""
         self._check_open()
         out = ffi.new("comet_retention_report *")
-        rc = lib.comet_run_retention(self._db, out)
+        rc = lib.comet_run_retention_room(self._db, room, out)
         if rc < 0:
             raise_for(rc)
         return RetentionReport(out.deleted_segments, out.deleted_bytes, out.lost_entries,

@@ -34,7 +34,9 @@ validate = false
     assert cfg.storage.retention_max_total_bytes == 1 << 30
     assert cfg.validates("events") and not cfg.validates("metrics")
     storage = cfg.storage_config()
-    assert storage.process_count == 3 and storage.auto_create_streams
+    assert storage.process_count == 3 and storage.max_streams == cfg.max_streams
+    assert not storage.auto_create_streams  # the gateway opens streams itself (may_create)
+    assert cfg.may_create("anything")
 
 
 def test_config_file_from_the_environment(tmp_path: Path) -> None:

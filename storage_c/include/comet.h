@@ -59,8 +59,9 @@ enum {
     COMET_E_ACK_GAP = -24,           /* ack_range would skip unacknowledged entries */
     COMET_E_BAD_JSON = -25,          /* an ingested body is not valid JSON (comet_ingest_result says where) */
     COMET_E_NO_EVENTS = -26,         /* an ingested body holds no event (empty, blank lines, []) */
+    COMET_E_STREAM_LIMIT = -27,      /* creating the stream would pass max_streams */
 };
-#define COMET_ERROR_COUNT 27
+#define COMET_ERROR_COUNT 28
 
 /* Durability, per data directory (config) and overridable per append. */
 enum {
@@ -108,6 +109,10 @@ typedef struct comet_config {
      * 64 KiB and grows by doubling, in steps of at most this many bytes (a
      * multiple of 4096, at least 64 KiB), up to segment_bytes; default 4 MiB. */
     uint32_t segment_chunk_bytes;
+    /* Streams the data directory may hold; creating one more fails with
+     * COMET_E_STREAM_LIMIT (0: no limit, the default). */
+    uint32_t max_streams;
+    uint32_t reserved;
 } comet_config;
 
 typedef struct comet_db comet_db;
@@ -360,6 +365,9 @@ int comet_group_list(comet_stream *s, uint32_t shard, comet_group_info *out, uin
 /* Retention now, over every stream: the shards this process owns (all of them
  * when it holds no slot).  Reports are added up into out (may be NULL). */
 int comet_run_retention(comet_db *db, comet_retention_report *out);
+/* The same, deleting what the policy allows until `room` more bytes fit in
+ * retention_max_total_bytes (readiness after a storage-full error). */
+int comet_run_retention_room(comet_db *db, uint64_t room, comet_retention_report *out);
 
 /* Durability and inspection. */
 int comet_sync(comet_stream *s, int shard); /* shard < 0: every shard */

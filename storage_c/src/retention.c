@@ -233,6 +233,11 @@ static int retention_stream(comet_db *db, comet_stream *s, uint64_t *excess, int
 
 int comet_run_retention(comet_db *db, comet_retention_report *out)
 {
+    return comet_run_retention_room(db, 0, out);
+}
+
+int comet_run_retention_room(comet_db *db, uint64_t room, comet_retention_report *out)
+{
     if (!db)
         return set_error(COMET_E_INVALID, "comet_run_retention: null db");
     int rc = db_enter(db);
@@ -242,7 +247,7 @@ int comet_run_retention(comet_db *db, comet_retention_report *out)
         memset(out, 0, sizeof *out);
     uint64_t excess = 0;
     if (db->cfg.retention_max_total_bytes) {
-        uint64_t used = retention_total_bytes(db);
+        uint64_t used = retention_total_bytes(db) + room;
         excess = used > db->cfg.retention_max_total_bytes ? used - db->cfg.retention_max_total_bytes : 0;
     }
     int64_t now = now_ns();

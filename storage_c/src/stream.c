@@ -14,7 +14,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "crc32c.h"
 #include "errors.h"
@@ -88,6 +91,65 @@ static int create_meta(const char *dir, uint32_t shards)
     return create_file_exclusive(dir, STREAM_META_NAME, &m, sizeof m);
 }
 
+/* Streams in the data directory (directories holding a metadata file). */
+static int64_t count_streams(comet_db *db)
+{
+    int64_t need = comet_list_streams(db, NULL, 0);
+    if (need < 0)
+        return need;
+    int64_t count = 0;
+    char *buf = malloc((size_t)need + 1);
+    if (!buf)
+        return set_error(COMET_E_NOMEM, "out of memory");
+    int64_t got = comet_list_streams(db, buf, (size_t)need + 1);
+    for (int64_t i = 0; i < got && i < need; i++)
+        count += buf[i] == '\n';
+    free(buf);
+    return got < 0 ? got : count;
+}
+
+/* Creates the stream's directory and metadata, under an exclusive lock of
+ * the data directory when max_streams is set, so that processes creating
+ * different streams at once cannot pass the limit together. */
+static int stream_create(comet_db *db, const char *name, const char *dir, uint32_t shards)
+{
+    int lock = -1;
+    if (db->cfg.max_streams) {
+        lock = open(db->path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (lock < 0 || flock(lock, LOCK_EX)) {
+            int rc = set_errno_error(errno, "cannot lock %s to create stream '%s'", db->path, name);
+            if (lock >= 0)
+                close(lock);
+            return rc;
+        }
+        uint32_t known;
+        int rc = read_meta(dir, name, &known); /* created while we waited? */
+        int64_t n = rc == COMET_E_NO_STREAM ? count_streams(db) : 0;
+        if (rc == COMET_E_NO_STREAM && n >= 0 && n >= db->cfg.max_streams) {
+            close(lock);
+            return set_error(COMET_E_STREAM_LIMIT,
+                             "cannot create stream '%s': the data directory holds %lld streams "
+                             "and max_streams is %u (delete a stream or raise the limit)",
+                             name, (long long)n, db->cfg.max_streams);
+        }
+        if (n < 0) {
+            close(lock);
+            return (int)n;
+        }
+    }
+    int rc = 0;
+    if (mkdir(dir, 0755) && errno != EEXIST)
+        rc = set_errno_error(errno, "cannot create stream directory %s", dir);
+    int err = rc ? 0 : create_meta(dir, shards);
+    if (err && err != EEXIST)
+        rc = set_errno_error(err, "cannot create metadata of stream '%s'", name);
+    if (!rc)
+        fsync_dir(db->path);
+    if (lock >= 0)
+        close(lock); /* releases the flock */
+    return rc;
+}
+
 /* Reads the shard count, creating the stream when asked. */
 static int stream_meta_open(comet_db *db, const char *name, const char *dir, uint32_t shards,
                             int create, uint32_t *out)
@@ -95,12 +157,9 @@ static int stream_meta_open(comet_db *db, const char *name, const char *dir, uin
     int rc = read_meta(dir, name, out);
     if (rc == COMET_E_NO_STREAM && create) {
         uint32_t want = shards ? shards : db->cfg.default_shards;
-        if (mkdir(dir, 0755) && errno != EEXIST)
-            return set_errno_error(errno, "cannot create stream directory %s", dir);
-        int err = create_meta(dir, want);
-        if (err && err != EEXIST)
-            return set_errno_error(err, "cannot create metadata of stream '%s'", name);
-        fsync_dir(db->path);
+        rc = stream_create(db, name, dir, want);
+        if (rc)
+            return rc;
         rc = read_meta(dir, name, out); /* whoever created it first decided */
     }
     if (rc == COMET_E_NO_STREAM)
