@@ -12,14 +12,18 @@ Several consumer processes of one group split the shards with
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 from typing import Callable, Iterable, Sequence
 
-from storage_c import Config, Group, Log, ReadBatch, StreamNotFound
+from storage_c import AckGapError, Config, Group, Log, ReadBatch, StreamNotFound
 from storage_c._comet import lib
 from storage_c.errors import raise_for
 
 from .loop import ProcessStats, process_batches
+
+log = logging.getLogger("comet.consumer")
 
 DEFAULT_BATCH = 1000
 # Consumers only read: no background retention of their own.  The background
@@ -60,6 +64,7 @@ class Consumer:
         self._only = None if shards is None else sorted(set(shards))
         self._assignment = assignment
         self._groups: dict[int, Group] = {}
+        self._read_from: dict[int, int] = {}  # shard -> offset its last read started at
         self._turn = 0
 
     # ---- shards ---------------------------------------------------------------------
@@ -99,7 +104,9 @@ class Consumer:
         for k in range(len(candidates)):
             s = candidates[(self._turn + k) % len(candidates)]
             group = self._group(s)
-            batch = self.log.read(self.stream, s, group.offset, max_entries, max_bytes)
+            start = group.offset
+            batch = self.log.read(self.stream, s, start, max_entries, max_bytes)
+            self._read_from[s] = start
             if len(batch) or batch.skipped:
                 self._turn = (self._turn + k + 1) % len(candidates)
                 return batch
@@ -110,8 +117,23 @@ class Consumer:
         return self._group(shard).ack(entry)
 
     def ack_batch(self, batch: ReadBatch) -> int:
-        """Acknowledges everything a read returned, skipped entries included."""
-        return self._group(batch.shard).ack(batch.next_entry - 1)
+        """Acknowledges everything a read returned, skipped entries included.
+
+        The range starts where the read started: if the group was reset
+        backwards meanwhile (``comet group reset``), acknowledging it would
+        skip the entries the reset asked to see again, so it is dropped and
+        the next read starts at the reset point."""
+        group = self._group(batch.shard)
+        start = self._read_from.get(batch.shard)
+        if start is None or batch.next_entry <= start:
+            return group.ack(batch.next_entry - 1) if batch.next_entry else group.offset
+        try:
+            return group.ack_range(start, batch.next_entry - 1)
+        except AckGapError:
+            log.info(json.dumps({"event": "ack_dropped_after_reset", "stream": self.stream,
+                                 "group": self.group, "shard": batch.shard,
+                                 "offset": group.offset}))
+            return group.offset
 
     def ack_range(self, shard: int, first: int, last: int) -> int:
         return self._group(shard).ack_range(first, last)

@@ -24,7 +24,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from . import auth, logs, metrics, openapi, reads
+from . import admin, auth, logs, metrics, openapi, reads
 from .config import GatewayConfig
 from .errors import HTTPError, error_response, response_for
 from .ingest import PREFIX, Ingest
@@ -100,11 +100,33 @@ def create_app(config: GatewayConfig, *, access_log: bool = True) -> Gateway:
     async def get_entries(request: Request) -> Response:
         return reads.peek(request, runtime, request.path_params["name"])
 
+    async def get_groups(request: Request) -> Response:
+        return reads.json(await run_in_threadpool(admin.list_groups, runtime,
+                                                  request.path_params["name"]))
+
+    async def put_group(request: Request) -> Response:
+        body = await request.body()
+        return reads.json(await run_in_threadpool(admin.reset, runtime, request.path_params["name"],
+                                                  request.path_params["group"], body))
+
+    async def delete_group(request: Request) -> Response:
+        return reads.json(await run_in_threadpool(admin.remove_group, runtime,
+                                                  request.path_params["name"],
+                                                  request.path_params["group"]))
+
+    async def delete_stream(request: Request) -> Response:
+        return reads.json(await run_in_threadpool(admin.remove_stream, runtime,
+                                                  request.path_params["name"]))
+
     # {name:path} takes slashes too, so that "a/b" or "..%2Fetc" reach the
     # name check (400) instead of missing every route (404).
     routes = [
         Route("/streams/{name:path}/entries", guarded(get_entries), methods=["GET"]),
+        Route("/streams/{name:path}/groups", guarded(get_groups), methods=["GET"]),
+        Route("/streams/{name:path}/groups/{group}", guarded(put_group), methods=["PUT"]),
+        Route("/streams/{name:path}/groups/{group}", guarded(delete_group), methods=["DELETE"]),
         Route("/streams/{name:path}", guarded(get_stream), methods=["GET"]),
+        Route("/streams/{name:path}", guarded(delete_stream), methods=["DELETE"]),
         Route("/streams", guarded(get_streams), methods=["GET"]),
         Route("/healthz", guarded(get_health), methods=["GET"]),
         Route("/readyz", guarded(get_ready), methods=["GET"]),

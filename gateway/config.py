@@ -71,6 +71,8 @@ class GatewayConfig:
     max_streams: int = 100
     """Streams the data directory may hold; a write that would create one more
     gets 409 (0: no limit)."""
+    admin: bool = False
+    """Allow DELETE /streams/{name} and changing consumer groups over HTTP."""
     retry_after_s: int = 1
     slot_wait_s: float = 10.0
     """How long a starting worker waits for a free process slot before serving (with 503s)."""

@@ -167,6 +167,10 @@ async def _read_into(receive: Receive, buffer: bytearray, limit: int) -> bytearr
             return buffer
 
 
+class StreamGone(Exception):
+    """The stream this worker had open was deleted (by any process)."""
+
+
 class ClientGone(Exception):
     """The client disconnected before its body arrived: nothing to answer."""
 
@@ -265,11 +269,18 @@ class Ingest:
             if head.stream not in self.opened:
                 self.open_stream(head.stream)
             work = partial(decode_and_store, runtime, head, kind, encoding, body)
-            if (encoding != "identity" or len(body) > INLINE_BODY_BYTES
-                    or config.storage.durability == "always"):
-                res = await run_in_threadpool(work)
-            else:
-                res = work()
+            offload = (encoding != "identity" or len(body) > INLINE_BODY_BYTES
+                       or config.storage.durability == "always")
+            try:
+                res = await run_in_threadpool(work) if offload else work()
+            except StreamGone:  # deleted since this worker opened it: open (or create) it anew
+                self.opened.discard(head.stream)
+                self.open_stream(head.stream)
+                try:
+                    res = await run_in_threadpool(work) if offload else work()
+                except StreamGone:
+                    raise HTTPError(503, "stream_deleted", f"stream {head.stream!r} is being "
+                                    "deleted; retry", retry_after=config.retry_after_s) from None
         finally:
             runtime.release(reserved)
         outcome.events = res.count
@@ -341,7 +352,7 @@ def store(runtime: Runtime, stream: str, kind: str, body: Body,
         if exc.fault is not None:
             raise bad_body(exc) from None
         raise HTTPError(413, "event_too_large", str(exc)) from None
-    except StreamNotFound as exc:
-        raise HTTPError(404, "unknown_stream", f"{exc}; auto-create is off") from None
+    except StreamNotFound:
+        raise StreamGone() from None
     except CometError as exc:
         raise HTTPError(500, "storage_error", str(exc)) from None

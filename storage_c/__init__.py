@@ -35,7 +35,7 @@ from .errors import (
     StreamLimit,
     StreamNotFound,
 )
-from .groups import Group
+from .groups import Group, ResetResult, ResetTo, delete_group, reset_group
 from .log import Log, check_stream_name, split_json
 from .records import (
     BatchResult,
@@ -75,6 +75,8 @@ __all__ = [
     "Problem",
     "ProcessCountMismatch",
     "ReadBatch",
+    "ResetResult",
+    "ResetTo",
     "RetentionReport",
     "ShardCountMismatch",
     "ShardRangeError",
@@ -89,5 +91,7 @@ __all__ = [
     "TooManyGroups",
     "VerifyReport",
     "check_stream_name",
+    "delete_group",
+    "reset_group",
     "split_json",
 ]

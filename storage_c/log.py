@@ -14,7 +14,7 @@ import os
 import threading
 import weakref
 from array import array
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Iterable, Iterator, NoReturn, Sequence
 
 import zstandard
 
@@ -37,6 +37,7 @@ from .records import (
 _append_to = lib.comet_append_to
 _WANTS_COMPRESSION = lib.COMET_E_WANTS_COMPRESSION
 _BUFFER_TOO_SMALL = lib.COMET_E_BUFFER_TOO_SMALL
+_NO_STREAM = lib.COMET_E_NO_STREAM
 _BAD_FRAMING = lib.COMET_E_BAD_FRAMING
 _COMPRESSED = lib.COMET_ENTRY_COMPRESSED
 _STAT_FIELDS = tuple(f for f in ShardStats.__dataclass_fields__ if f != "shard")
@@ -297,6 +298,29 @@ class Log:
         s = self._streams.get(name) or self._open_stream(name, create=create)
         return s.shards
 
+    def delete_stream(self, name: str) -> None:
+        """Deletes a stream and frees its disk (see comet_stream_delete): every
+        process using it gets StreamNotFound at its next append or read, and
+        a later write may create the name again, empty."""
+        self._check_open()
+        raw = name.encode("utf-8", "surrogateescape")
+        rc = lib.comet_stream_delete(self._db, raw, len(raw))
+        with self._lock:
+            self._streams.pop(name, None)
+        if rc < 0:
+            raise_for(rc)
+
+    def _forget_if_deleted(self, name: str, rc: int) -> None:
+        """A stream deleted by any process: drop this process's handle, so
+        that the next call opens (or creates) the stream anew."""
+        if rc == _NO_STREAM:
+            with self._lock:
+                self._streams.pop(name, None)
+
+    def _raise(self, name: str, rc: int) -> NoReturn:
+        self._forget_if_deleted(name, rc)
+        raise_for(rc)
+
     def create_stream(self, name: str, shards: int | None = None) -> int:
         """Creates a stream (or checks an existing one's shard count); returns its shard count."""
         return self._open_stream(name, shards or self.config.shards, create=True).shards
@@ -354,10 +378,10 @@ class Log:
                 rc = _append_to(s.handles.get(shard) or s.handle(shard), payload, n)
                 if rc >= 0:
                     return shard, rc
-                raise_for(rc)
+                self._raise(stream, rc)
         rc = self._append_slow(s, shard, payload, durability)
         if rc < 0:
-            raise_for(rc)
+            self._raise(stream, rc)
         return shard, rc
 
     def _append_slow(self, s: _Stream, shard: int, payload: object,
@@ -397,7 +421,7 @@ class Log:
             if rc == _BAD_FRAMING:
                 raise TypeError("append_batch takes bytes-like payloads: " +
                                 str(error_for(rc)))
-            raise_for(rc)
+            self._raise(stream, rc)
         return BatchResult(shard, rc, len(payloads))
 
     def append_delimited(self, stream: str, buffer: bytes, delimiter: bytes = b"\n", *,
@@ -427,7 +451,7 @@ class Log:
                 parts = [p for p in parts if p]
             return self._append_compressed(s, shard, parts, durability)
         if rc < 0:
-            raise_for(rc)
+            self._raise(stream, rc)
         return BatchResult(shard, rc, count[0])
 
     def ingest(self, stream: str, body: bytes, format: str = "json", *,
@@ -462,6 +486,7 @@ class Log:
         finally:
             req.body = ffi.NULL
         if rc < 0:
+            self._forget_if_deleted(stream, rc)
             raise _body_error(rc, res)
         return BatchResult(shard, rc, res.count)
 
@@ -487,7 +512,7 @@ class Log:
                                     ffi.from_buffer("uint8_t[]", flags), len(items),
                                     DURABILITY_CODES[durability])
         if rc < 0:
-            raise_for(rc)
+            self._raise(s.name, rc)
         return BatchResult(shard, rc, len(items))
 
     # ---- reads ---------------------------------------------------------------------
@@ -554,7 +579,7 @@ class Log:
             if rc >= 0:
                 return scratch, res, view[: res.data_bytes]
             if rc != _BUFFER_TOO_SMALL:
-                raise_for(rc)
+                self._raise(stream, rc)
         while True:
             try:
                 rc = lib.comet_read(s.ptr, shard, req, res)
@@ -565,7 +590,7 @@ class Log:
                 break
             scratch.ensure(res.needed_bytes, max_entries)
         if rc < 0:
-            raise_for(rc)
+            self._raise(stream, rc)
         return scratch, res, bytes(memoryview(scratch.data)[: res.data_bytes])
 
     def iter_entries(self, stream: str, shard: int, from_entry: int = 0,
@@ -583,7 +608,7 @@ class Log:
         s = self._streams.get(stream) or self._open_stream(stream, create=False)
         rc = lib.comet_find_time(s.ptr, shard, timestamp_ns)
         if rc < 0:
-            raise_for(rc)
+            self._raise(stream, rc)
         return rc
 
     # ---- consumer groups and retention ---------------------------------------------
@@ -600,7 +625,7 @@ class Log:
             raise ShardRangeError(f"shard {shard} is out of range: stream {stream!r} has "
                                   f"{s.shards} shards") from None
         if rc < 0:
-            raise_for(rc)
+            self._raise(stream, rc)
         return Group(stream, shard, name, out[0])
 
     def groups(self, stream: str, shard: int | None = None) -> list[GroupInfo]:
@@ -624,7 +649,7 @@ class Log:
         raw = name.encode("utf-8", "surrogateescape")
         rc = lib.comet_group_delete(s.ptr, raw, len(raw))
         if rc < 0:
-            raise_for(rc)
+            self._raise(stream, rc)
 
     def run_retention(self, room: int = 0) -> RetentionReport:
         """A retention pass now, over the shards this process owns; with
@@ -656,7 +681,7 @@ class Log:
         out = ffi.new("comet_shard_stats *")
         rc = lib.comet_shard_stats_get(s.ptr, shard, out)
         if rc < 0:
-            raise_for(rc)
+            self._raise(stream, rc)
         return ShardStats(shard, *(getattr(out, f) for f in _STAT_FIELDS))
 
     def stats(self, stream: str) -> StreamStats:
@@ -674,7 +699,7 @@ class Log:
             for shard in range(s.shards):
                 rc = lib.comet_verify_shard(s.ptr, shard, out)
                 if rc < 0:
-                    raise_for(rc)
+                    self._raise(name, rc)
                 report.segments += out.segments
                 report.entries += out.entries
                 report.bytes += out.bytes

@@ -254,6 +254,14 @@ uint32_t comet_process_count(const comet_db *db);
 int comet_stream_open(comet_db *db, const char *name, size_t name_len, uint32_t shards,
                       int create, comet_stream **out);
 int comet_validate_stream_name(const char *name, size_t name_len);
+/* Deletes a stream and frees its disk.  Safe while other processes use it:
+ * each shard is marked deleted under its append lock (an append or read
+ * after that fails with COMET_E_NO_STREAM in every process, which then
+ * releases its mappings), the directory is renamed out of the way at once
+ * (the name may be created again right after) and then removed.  A crash
+ * midway leaves a hidden ".deleted-*" directory that the next comet_open
+ * removes. */
+int comet_stream_delete(comet_db *db, const char *name, size_t name_len);
 uint32_t comet_stream_shards(const comet_stream *s);
 const char *comet_stream_name(const comet_stream *s);
 /* Stream names, each followed by '\n'. Returns the bytes needed (may exceed cap). */

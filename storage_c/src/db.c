@@ -8,6 +8,7 @@
  * "always" appends sync themselves (group commit) and the flusher has little
  * to do; with "none" and "interval" it is what moves the durable point.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,6 +17,21 @@
 
 #include "errors.h"
 #include "internal.h"
+
+/* Directories of deleted streams that a crash left behind. */
+static void remove_deleted_leftovers(const char *path)
+{
+    DIR *d = opendir(path);
+    if (!d)
+        return;
+    struct dirent *de;
+    char sub[COMET_PATH_MAX];
+    while ((de = readdir(d)))
+        if (strncmp(de->d_name, DELETED_PREFIX, strlen(DELETED_PREFIX)) == 0 &&
+            !path_format(sub, "%s/%s", path, de->d_name))
+            remove_tree(sub);
+    closedir(d);
+}
 
 void comet_config_default(comet_config *cfg)
 {
@@ -78,8 +94,12 @@ static void for_each_open_shard(comet_db *db, shard_fn fn, void *ctx)
     for (; s; s = s->next)
         for (uint32_t i = 0; i < s->shard_count; i++) {
             shard *sh = atomic_load_explicit(&s->shards[i], memory_order_acquire);
-            if (sh)
+            if (!sh || atomic_load(&s->deleted))
+                continue;
+            atomic_fetch_add(&sh->users, 1); /* a deletion's sweep waits for this */
+            if (!atomic_load(&s->deleted))
                 fn(sh, ctx);
+            atomic_fetch_sub(&sh->users, 1);
         }
 }
 
@@ -161,6 +181,7 @@ int comet_open(const char *path, const comet_config *cfg, comet_db **out)
     } else if (!S_ISDIR(sb.st_mode)) {
         return set_error(COMET_E_INVALID, "%s is not a directory", path);
     }
+    remove_deleted_leftovers(path);
     comet_db *db = calloc(1, sizeof *db);
     if (!db)
         return set_error(COMET_E_NOMEM, "out of memory");
@@ -237,18 +258,20 @@ int comet_sync(comet_stream *s, int shard_id)
     return 0;
 }
 
-static void note_busy(shard *sh, void *busy)
-{
-    if (atomic_load(&sh->users))
-        *(int *)busy = 1;
-}
-
-/* Waits for calls already inside the core to finish. */
+/* Waits for calls already inside the core to finish (the shards of deleted
+ * streams included: their users are what a sweep waits for too). */
 static void drain(comet_db *db)
 {
     for (;;) {
         int busy = atomic_load(&db->users) != 0;
-        for_each_open_shard(db, note_busy, &busy);
+        pthread_mutex_lock(&db->lock);
+        comet_stream *head = db->streams;
+        pthread_mutex_unlock(&db->lock);
+        for (comet_stream *s = head; s && !busy; s = s->next)
+            for (uint32_t i = 0; i < s->shard_count && !busy; i++) {
+                shard *sh = atomic_load_explicit(&s->shards[i], memory_order_acquire);
+                busy = sh && atomic_load(&sh->users) != 0;
+            }
         if (!busy)
             return;
         struct timespec pause = {0, 100000};

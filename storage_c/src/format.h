@@ -165,7 +165,7 @@ typedef struct state_file {
     _Atomic uint64_t zeroed_end;  /* active segment is zero-filled up to here */
     _Atomic uint64_t active_gen;  /* bumped whenever the active segment file changes */
     _Atomic uint32_t recovery_pending;
-    uint32_t reserved2;
+    _Atomic uint32_t deleted;     /* STATE_DELETED once the stream is deleted (under append_lock) */
     /* [256, 320): durability */
     _Atomic uint64_t durable_entry; /* entries below are on stable storage */
     _Atomic uint64_t durable_base;  /* segment of the durable point */
@@ -187,6 +187,9 @@ static_assert(WC_COUNT <= 24 && SC_COUNT <= 8, "counter areas are full");
 static_assert(ATOMIC_LLONG_LOCK_FREE == 2, "64-bit atomics must be lock-free to share memory");
 
 #define STATE_FILE_BYTES 4096
+/* The deletion mark: a magic value, not a flag, so that a damaged byte never
+ * makes a live stream look deleted. */
+#define STATE_DELETED 0x4445454cu
 
 /* ---- Consumer offsets: <shard>/offsets ---------------------------------------
  * A header page, then OFFSETS_GROUPS slots of 128 bytes.  A slot is claimed

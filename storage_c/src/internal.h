@@ -226,9 +226,25 @@ struct comet_stream {
     pthread_mutex_t open_lock;
     shard *_Atomic *shards; /* opened lazily */
     struct comet_stream *next;
+    /* Set once this process learns that the stream was deleted: the handle
+     * then fails every call with COMET_E_NO_STREAM, and its mappings are
+     * released as soon as no thread is inside one of its shards (released). */
+    atomic_int deleted;
+    atomic_int released;
 };
 
+/* COMET_E_NO_STREAM, and the handle marked, when the shard's stream was
+ * deleted (any process); 0 otherwise.  Call with the shard entered. */
+int shard_check_deleted(shard *sh);
+/* Marks a stream handle deleted in this process. */
+int stream_mark_deleted(comet_stream *s);
+/* Releases the mappings of deleted streams no thread is using (db->lock held). */
+void streams_sweep_deleted(comet_db *db);
+
 int stream_shard(comet_stream *s, uint32_t id, shard **out);
+/* Removes a directory tree, ignoring errors. */
+void remove_tree(const char *path);
+#define DELETED_PREFIX ".deleted-" /* a deleted stream's directory until it is removed */
 int stream_check_shard(const comet_stream *s, int64_t id); /* COMET_E_SHARD_RANGE with detail */
 /* stream_shard plus a use count that comet_close waits on; COMET_E_CLOSED
  * once the data directory is closing.  Pair with shard_leave. */

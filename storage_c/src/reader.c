@@ -162,7 +162,9 @@ int comet_read(comet_stream *s, uint32_t shard_id, const comet_read_request *req
     rc = shard_acquire(s, shard_id, &sh);
     if (rc)
         return rc;
-    rc = read_locked_in(sh, req, res);
+    rc = shard_check_deleted(sh);
+    if (!rc)
+        rc = read_locked_in(sh, req, res);
     shard_leave(sh);
     return rc;
 }

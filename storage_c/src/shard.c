@@ -376,6 +376,10 @@ int64_t shard_append(shard *sh, const entry_ref *refs, uint32_t count, uint64_t 
     int rc = shard_lock_noting_wait(sh, &slow);
     if (rc)
         return rc;
+    if ((rc = shard_check_deleted(sh))) {
+        shard_unlock(sh);
+        return rc;
+    }
     uint64_t gen_before = atomic_load_explicit(&st->active_gen, memory_order_relaxed);
     rc = make_room(sh, total_bytes);
     if (rc) {

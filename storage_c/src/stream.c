@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <fcntl.h>
+#include <ftw.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -204,8 +205,9 @@ static int stream_open_in(comet_db *db, const char *name, uint32_t shards, int c
 {
     int rc;
     pthread_mutex_lock(&db->lock);
+    streams_sweep_deleted(db);
     for (comet_stream *s = db->streams; s; s = s->next) {
-        if (strcmp(s->name, name) == 0) {
+        if (!atomic_load(&s->deleted) && strcmp(s->name, name) == 0) {
             pthread_mutex_unlock(&db->lock);
             if (shards && shards != s->shard_count)
                 return set_error(COMET_E_SHARD_COUNT,
@@ -266,12 +268,109 @@ int stream_shard(comet_stream *s, uint32_t id, shard **out)
 
 int shard_enter(shard *sh)
 {
+    /* users first, then the flags (sequentially consistent): a sweep that
+     * sees no user has marked the stream before, so this sees the mark. */
     atomic_fetch_add(&sh->users, 1);
     if (atomic_load(&sh->stream->db->closed)) {
         atomic_fetch_sub(&sh->users, 1);
         return set_error(COMET_E_CLOSED, "data directory %s is closed", sh->stream->db->path);
     }
+    if (atomic_load(&sh->stream->deleted)) {
+        atomic_fetch_sub(&sh->users, 1);
+        return set_error(COMET_E_NO_STREAM, "stream '%s' was deleted", sh->stream->name);
+    }
     return 0;
+}
+
+int stream_mark_deleted(comet_stream *s)
+{
+    atomic_store(&s->deleted, 1);
+    return set_error(COMET_E_NO_STREAM, "stream '%s' was deleted", s->name);
+}
+
+int shard_check_deleted(shard *sh)
+{
+    if (sh->st && atomic_load_explicit(&sh->st->deleted, memory_order_acquire) == STATE_DELETED)
+        return stream_mark_deleted(sh->stream);
+    return 0;
+}
+
+void streams_sweep_deleted(comet_db *db)
+{
+    for (comet_stream *s = db->streams; s; s = s->next) {
+        if (!atomic_load(&s->deleted) || atomic_load(&s->released))
+            continue;
+        int busy = 0;
+        for (uint32_t i = 0; i < s->shard_count && !busy; i++) {
+            shard *sh = atomic_load(&s->shards[i]);
+            busy = sh && atomic_load(&sh->users) > 0;
+        }
+        if (busy)
+            continue; /* the next sweep */
+        atomic_store(&s->released, 1);
+        stream_release(s);
+    }
+}
+
+/* Removes a directory tree (a deleted stream's); errors are ignored: what
+ * remains is retried by the next comet_open. */
+static int remove_one(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
+{
+    (void)sb, (void)ftw;
+    if (flag == FTW_DP)
+        rmdir(path);
+    else
+        unlink(path);
+    return 0;
+}
+
+void remove_tree(const char *path)
+{
+    nftw(path, remove_one, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+int comet_stream_delete(comet_db *db, const char *name, size_t name_len)
+{
+    comet_stream *s;
+    int rc = comet_stream_open(db, name, name_len, 0, 0, &s);
+    if (rc)
+        return rc;
+    rc = db_enter(db);
+    if (rc)
+        return rc;
+    for (uint32_t id = 0; id < s->shard_count && !rc; id++) {
+        char dir[COMET_PATH_MAX];
+        struct stat sb;
+        if (path_format(dir, "%s/shard-%04u", s->dir, id) || stat(dir, &sb))
+            continue; /* never written: nothing to mark */
+        shard *sh;
+        if ((rc = shard_acquire(s, id, &sh)))
+            break;
+        if (!(rc = shard_lock(sh))) {
+            atomic_store_explicit(&sh->st->deleted, STATE_DELETED, memory_order_release);
+            atomic_fetch_add_explicit(&sh->st->active_gen, 1, memory_order_release);
+            shard_unlock(sh);
+        }
+        shard_leave(sh);
+    }
+    char hidden[COMET_PATH_MAX];
+    static atomic_uint counter;
+    if (!rc && path_format(hidden, "%s/%s%s.%ld.%u", db->path, DELETED_PREFIX, s->name,
+                           (long)getpid(), atomic_fetch_add(&counter, 1)))
+        rc = set_error(COMET_E_INVALID, "data directory path too long");
+    if (!rc && rename(s->dir, hidden))
+        rc = set_errno_error(errno, "cannot move stream directory %s out of the way", s->dir);
+    if (!rc) {
+        fsync_dir(db->path);
+        stream_mark_deleted(s);
+        pthread_mutex_lock(&db->lock);
+        streams_sweep_deleted(db);
+        pthread_mutex_unlock(&db->lock);
+        remove_tree(hidden);
+        clear_error();
+    }
+    db_leave(db);
+    return rc;
 }
 
 void shard_leave(shard *sh)
@@ -297,6 +396,8 @@ int shard_acquire(comet_stream *s, uint32_t id, shard **out)
         return rc;
     if (atomic_load(&s->db->closed))
         return set_error(COMET_E_CLOSED, "data directory %s is closed", s->db->path);
+    if (atomic_load(&s->deleted))
+        return set_error(COMET_E_NO_STREAM, "stream '%s' was deleted", s->name);
     rc = stream_shard(s, id, out);
     return rc ? rc : shard_enter(*out);
 }
