@@ -1,9 +1,11 @@
 """gunicorn settings for `comet serve` (``gunicorn -c gateway/gunicorn.conf.py``).
 
-Workers are uvicorn workers; each claims a process slot in post_worker_init
-(worker side, after its signal handlers are in place) - never in post_fork,
-where blocking would stall the master.  Shutdown work lives in the ASGI
-lifespan, because gunicorn's worker_exit does not run under the uvicorn worker.
+Workers are uvicorn workers (gateway.worker.CometWorker: lingering closes, a
+graceful drain that answers every request it received); each claims a process
+slot in post_worker_init (worker side, after its signal handlers are in place),
+never in post_fork, where blocking would stall the master.  Shutdown work lives
+in the ASGI lifespan, because gunicorn's worker_exit does not run under the
+uvicorn worker.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ PR_SET_PDEATHSIG = 1
 
 bind = [f"{_config.host}:{_config.port}"]
 workers = _config.worker_count
-worker_class = "uvicorn_worker.UvicornWorker"
+worker_class = "gateway.worker.CometWorker"  # uvicorn's, with a drain that answers every request
 control_socket_disable = True  # parallel gunicorns must not share one control socket
 graceful_timeout = 30
 timeout = 60

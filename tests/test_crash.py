@@ -77,6 +77,7 @@ def test_killed_while_holding_the_lock(data_dir: Path) -> None:
     with Log(data_dir, CFG) as log:
         for i in range(20):
             log.append("locked", b"before %d" % i, shard=0)
+        checks = log.shard_stats("locked", 0).recoveries
         child = worker("die_holding_lock", data_dir, "locked", 0, stdout=-1)
         assert child.stdout is not None
         assert child.stdout.readline() == b"locked\n"
@@ -87,6 +88,7 @@ def test_killed_while_holding_the_lock(data_dir: Path) -> None:
         assert log.append("locked", b"after", shard=0) == (0, 20)
         stats = log.shard_stats("locked", 0)
         assert stats.lock_owner_died == 1
+        assert stats.recoveries == checks + 1  # the dead holder's tail was checked
         assert stats.truncated_bytes >= 300
         got = [p for b in log.iter_entries("locked", 0) for p in b.payloads]
         assert got == [b"before %d" % i for i in range(20)] + [b"after"]

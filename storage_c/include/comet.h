@@ -140,7 +140,7 @@ typedef struct comet_shard_stats {
     uint64_t rotations;
     uint64_t syncs;
     uint64_t lock_owner_died;     /* times a locker found the previous holder dead */
-    uint64_t recoveries;          /* tail scans that had something to repair */
+    uint64_t recoveries;          /* tail checks (after a dead lock holder, a rebuilt state), repairing or not */
     uint64_t truncated_bytes;     /* garbage cut from tails on recovery */
     uint64_t truncated_entries;   /* whole entries cut (torn batches, damaged tail) */
     uint64_t orphaned_segments;   /* segments beyond a cut, set aside as *.orphan */

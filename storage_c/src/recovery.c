@@ -354,11 +354,11 @@ int recovery_repair_tail(shard *sh, int state_rebuilt)
             atomic_store(&st->first_entry, after[0]);
         free(after);
     }
-    if (changed) {
-        wc_add(st, WC_RECOVERIES, 1);
-        if (state_rebuilt)
-            wc_add(st, WC_STATE_REBUILDS, 1);
-    }
+    /* Every check counts, whether it repaired anything or not (what it cut
+     * is in the truncated_* counters). */
+    wc_add(st, WC_RECOVERIES, 1);
+    if (changed && state_rebuilt)
+        wc_add(st, WC_STATE_REBUILDS, 1);
     /* Writers in other processes map the active segment again. */
     atomic_fetch_add_explicit(&st->active_gen, 1, memory_order_release);
     atomic_store(&st->recovery_pending, 0);
