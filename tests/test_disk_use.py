@@ -113,3 +113,44 @@ def test_a_full_filesystem_fails_appends_cleanly_and_recovers(small_fs: Path) ->
         got = [p for _, _, p in read_all(log, "full", 0)]
         assert got == [b"%08d" % i + b"y" * 992 for i in range(appended)] + [b"after"]
         assert log.verify().ok
+
+
+WRITER = r"""
+import sys
+from storage_c import Config, Log
+path, stream, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
+cfg = Config(shards=2, segment_bytes=256 << 10, segment_chunk_bytes=64 << 10,
+             retention_max_total_bytes=3 << 20, retention_interval_ms=0)
+with Log(path, cfg) as log:
+    for i in range(count):
+        log.append(stream, b"%s-%08d-" % (stream.encode(), i) + b"z" * 980, shard=i % 2)
+print("ok", flush=True)
+"""
+
+
+def test_the_budget_frees_the_oldest_data_of_the_whole_directory(data_dir: Path) -> None:
+    """A writer of stream b needs room: stream a's oldest segments go, though
+    another process wrote them (and b's own shards have nothing to spare)."""
+    def write(stream: str, count: int) -> None:
+        out = subprocess.run([sys.executable, "-c", WRITER, str(data_dir), stream, str(count)],
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+    write("a", 2500)  # ~2.5 MB: most of the 3 MiB budget
+    with Log(data_dir, Config(background_flush=False)) as log:
+        a_first = [log.shard_stats("a", s).first_entry for s in (0, 1)]
+    write("b", 2000)  # ~2 MB: fits only once a's oldest data is deleted
+    with Log(data_dir, Config(background_flush=False)) as log:
+        a_after = [log.shard_stats("a", s) for s in (0, 1)]
+        b = [log.shard_stats("b", s) for s in (0, 1)]
+        assert all(s.next_entry == 1000 and s.first_entry == 0 for s in b)  # b lost nothing
+        assert [s.first_entry for s in a_after] > a_first  # a's oldest went
+        assert sum(s.retention_deleted_segments for s in a_after) >= 4
+        # what is left of a is its newest data, intact
+        for s in (0, 1):
+            got = [p for _, _, p in read_all(log, "a", s)]
+            assert got and got[-1].startswith(b"a-%08d" % (2498 + s))
+        assert log.verify().ok
+    used = sum(os.stat(os.path.join(r, f)).st_size for r, _, fs in os.walk(data_dir)
+               for f in fs if f.endswith((".log", ".idx")))
+    assert used <= 3 << 20

@@ -189,6 +189,11 @@ int retention_shard(shard *sh, uint64_t need, int64_t now, comet_retention_repor
 /* Bytes of segment and index files of a shard / of the whole data directory. */
 uint64_t retention_shard_bytes(shard *sh);
 uint64_t retention_total_bytes(comet_db *db);
+/* Deletes sealed segments anywhere in the data directory, whatever process
+ * owns the shard, the oldest data first, until `need` bytes are freed or
+ * nothing more may go.  Call with no shard lock held: it takes each shard's
+ * lock in turn.  Returns the bytes freed. */
+uint64_t retention_free_oldest(comet_db *db, uint64_t need, int64_t now, uint64_t *protected_segments);
 
 /* ---- recovery.c ---------------------------------------------------------- */
 

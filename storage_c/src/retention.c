@@ -273,3 +273,100 @@ int comet_run_retention_room(comet_db *db, uint64_t room, comet_retention_report
     db_leave(db);
     return rc;
 }
+
+/* ---- the budget across the whole directory ------------------------------------ */
+
+typedef struct candidate {
+    shard *sh;
+    int64_t newest; /* no entry of the shard's oldest sealed segment is newer */
+} candidate;
+
+/* Room for one more candidate; 0, or -1 when out of memory (c unchanged). */
+static int grow_candidates(candidate **c, size_t n, size_t *cap)
+{
+    if (n < *cap)
+        return 0;
+    size_t want = *cap ? *cap * 2 : 64;
+    candidate *more = realloc(*c, want * sizeof *more);
+    if (!more)
+        return -1;
+    *c = more;
+    *cap = want;
+    return 0;
+}
+
+static int by_age(const void *a, const void *b)
+{
+    int64_t x = ((const candidate *)a)->newest, y = ((const candidate *)b)->newest;
+    return (x > y) - (x < y);
+}
+
+/* The shards of every stream that have a sealed segment, entered (pair each
+ * with shard_leave), oldest data first. */
+static size_t gather(comet_db *db, candidate **out)
+{
+    size_t n = 0, cap = 0;
+    candidate *c = NULL;
+    DIR *d = opendir(db->path);
+    struct dirent *de;
+    while (d && (de = readdir(d))) {
+        size_t len = strlen(de->d_name);
+        comet_stream *s;
+        if (comet_validate_stream_name(de->d_name, len) ||
+            comet_stream_open(db, de->d_name, len, 0, 0, &s))
+            continue;
+        for (uint32_t id = 0; id < s->shard_count; id++) {
+            char dir[COMET_PATH_MAX];
+            struct stat sb;
+            shard *sh;
+            if (path_format(dir, "%s/shard-%04u", s->dir, id) || stat(dir, &sb) ||
+                shard_acquire(s, id, &sh))
+                continue;
+            uint64_t *bases;
+            size_t nb;
+            int64_t newest = -1;
+            if (shard_list_segments(sh, &bases, &nb) == 0) {
+                if (nb >= 2)
+                    newest = first_timestamp(sh, bases[1]);
+                free(bases);
+            }
+            if (newest < 0 || grow_candidates(&c, n, &cap)) {
+                shard_leave(sh); /* nothing to delete here, or no memory: skipped */
+                continue;
+            }
+            c[n++] = (candidate){sh, newest};
+        }
+    }
+    if (d)
+        closedir(d);
+    clear_error();
+    if (n)
+        qsort(c, n, sizeof *c, by_age);
+    *out = c;
+    return n;
+}
+
+uint64_t retention_free_oldest(comet_db *db, uint64_t need, int64_t now, uint64_t *protected_segments)
+{
+    *protected_segments = 0;
+    uint64_t freed = 0;
+    for (int pass = 0; pass < 4 && freed < need; pass++) {
+        candidate *c = NULL;
+        size_t n = gather(db, &c);
+        uint64_t before = freed;
+        for (size_t i = 0; i < n; i++) {
+            if (freed < need && shard_lock(c[i].sh) == 0) {
+                comet_retention_report rep = {0};
+                retention_shard(c[i].sh, 1, now, &rep); /* its oldest segment, if it may go */
+                shard_unlock(c[i].sh);
+                freed += rep.deleted_bytes;
+                *protected_segments += rep.protected_segments;
+            }
+            shard_leave(c[i].sh);
+        }
+        free(c);
+        if (freed == before)
+            break; /* nothing more may be deleted */
+    }
+    return freed;
+}

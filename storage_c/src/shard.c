@@ -222,6 +222,10 @@ static void start_segment(state_file *st, uint64_t base)
     atomic_fetch_add_explicit(&st->active_gen, 1, memory_order_release);
 }
 
+/* Bytes the last failed budget check of this thread was short by, and the
+ * segments consumer groups kept when the directory-wide pass tried to free them. */
+static _Thread_local uint64_t budget_short, budget_protected;
+
 /* Keeps the data directory inside retention_max_total_bytes: new_bytes of
  * new segment space must fit once retention has deleted what it may from this
  * shard.  The per-shard size limit is applied here too, as policy (it never
@@ -242,41 +246,20 @@ static int enforce_budget(shard *sh, uint64_t new_bytes)
     uint64_t used = retention_total_bytes(sh->stream->db);
     if (used + new_bytes <= budget)
         return 0;
-    comet_retention_report rep = {0};
-    int rc = retention_shard(sh, used + new_bytes - budget, now, &rep);
-    if (rc)
-        return rc;
-    uint64_t freed = rep.deleted_bytes;
-    /* Not enough here: the other shards this process has open, when their
-     * lock is free at once (a blocking lock here could deadlock). */
-    for (comet_stream *s = sh->stream->db->streams; s && used + new_bytes > budget + freed; s = s->next)
-        for (uint32_t i = 0; i < s->shard_count && used + new_bytes > budget + freed; i++) {
-            shard *other = atomic_load_explicit(&s->shards[i], memory_order_acquire);
-            if (!other || other == sh || shard_trylock_clean(other))
-                continue;
-            comet_retention_report more = {0};
-            retention_shard(other, used + new_bytes - budget - freed, now, &more);
-            freed += more.deleted_bytes;
-            rep.protected_segments += more.protected_segments;
-            shard_unlock(other);
-        }
-    used = retention_total_bytes(sh->stream->db);
-    if (used + new_bytes <= budget)
-        return 0;
+    /* Over budget: the oldest data of the whole directory goes first, this
+     * shard's included, in shard_append, outside this lock. */
+    budget_short = used + new_bytes - budget;
     return set_error(COMET_E_STORAGE_FULL,
                      "the data directory uses %" PRIu64 " of its %" PRIu64 " byte budget "
                      "(retention_max_total_bytes) and the active segment of %s needs %" PRIu64
                      " more; nothing more may be deleted%s",
                      used, budget, sh->dir, new_bytes,
-                     rep.protected_segments ? ": registered groups have not consumed the oldest data"
-                                            : "");
+                     budget_protected ? ": registered groups have not consumed the oldest data "
+                                        "(retention_protect_unconsumed)"
+                                      : ": what is left is active segments and "
+                                        "retention_min_segments");
 }
 
-/* The size a segment file is allocated to so that it holds `needed` bytes:
- * from SEGMENT_FIRST_CHUNK, doubling, in steps of at most segment_chunk_bytes,
- * and never past `limit` (segment_bytes) unless one batch needs more.  Disk
- * use follows the data: a shard holding one event takes 64 KiB, not a whole
- * segment. */
 static uint64_t grown_capacity(const comet_config *cfg, uint64_t capacity, uint64_t needed,
                                uint64_t limit)
 {
@@ -381,7 +364,26 @@ int64_t shard_append(shard *sh, const entry_ref *refs, uint32_t count, uint64_t 
         return rc;
     }
     uint64_t gen_before = atomic_load_explicit(&st->active_gen, memory_order_relaxed);
+    budget_short = 0;
     rc = make_room(sh, total_bytes);
+    if (rc == COMET_E_STORAGE_FULL && budget_short) {
+        /* Over the directory's budget and this shard has nothing more to
+         * delete: free the oldest data of the whole directory, whatever
+         * process owns it.  That takes other shards' locks, so this one is
+         * let go meanwhile (never two locks at once: no lock order to break),
+         * and everything is read again once it is back. */
+        shard_unlock(sh);
+        retention_free_oldest(sh->stream->db, budget_short, now_ns(), &budget_protected);
+        if ((rc = shard_lock_noting_wait(sh, &slow)))
+            return rc;
+        if ((rc = shard_check_deleted(sh))) {
+            shard_unlock(sh);
+            return rc;
+        }
+        slow = 1;
+        rc = make_room(sh, total_bytes);
+        budget_short = budget_protected = 0;
+    }
     if (rc) {
         shard_unlock(sh);
         if (rc == COMET_E_STORAGE_FULL)
