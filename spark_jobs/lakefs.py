@@ -11,6 +11,8 @@ an unreachable endpoint is an error within seconds, not a hang.
 
 A ``Lake`` is a small picklable value (URL + endpoint), not an open
 connection: Spark ships it to the tasks, which open their own filesystem.
+A local lake's path is made absolute when the ``Lake`` is created (in the
+driver): executors run in directories of their own.
 """
 
 from __future__ import annotations
@@ -32,6 +34,23 @@ class LakeError(Exception):
     """The lake cannot be reached or used (bad URL, endpoint down, no bucket)."""
 
 
+def local_path(url: str) -> str:
+    """The absolute directory of a local lake URL: a path, ``file:///dir`` or
+    ``file:dir`` (a relative one is taken from the working directory)."""
+    if url.startswith("file://"):
+        url = url[len("file://"):]
+    elif url.startswith("file:"):
+        url = url[len("file:"):]
+    return os.path.abspath(url)
+
+
+def absolute_local_url(url: str) -> str:
+    """``url`` with its path made absolute, in the form it was given (a plain
+    path, or ``file://``)."""
+    path = local_path(url)
+    return f"file://{path}" if url.startswith("file:") else path
+
+
 @dataclass(frozen=True)
 class Lake:
     url: str
@@ -50,6 +69,12 @@ class Lake:
             raise LakeError(f"lake {self.url!r}: use a local path or s3://bucket/prefix")
         if parsed.scheme == "s3" and not parsed.netloc:
             raise LakeError(f"lake {self.url!r}: no bucket")
+        if parsed.scheme != "s3":
+            # Absolute here, in the process that names the lake: Spark ships the
+            # Lake to executors whose working directory is their own (on a
+            # cluster, the worker's application directory), where a relative
+            # path would name another place.
+            object.__setattr__(self, "url", absolute_local_url(self.url))
 
     def __getstate__(self) -> dict[str, object]:
         return {"url": self.url, "endpoint_url": self.endpoint_url, "region": self.region,
@@ -71,8 +96,7 @@ class Lake:
         if self.is_s3:
             parsed = urlparse(self.url)
             return posixpath.join(parsed.netloc, parsed.path.strip("/")).rstrip("/")
-        path = self.url[len("file://"):] if self.url.startswith("file://") else self.url
-        return os.path.abspath(path)
+        return local_path(self.url)
 
     @property
     def fs(self) -> pafs.FileSystem:
@@ -134,6 +158,12 @@ class Lake:
         selector = pafs.FileSelector(self.path(rel), allow_not_found=True)
         return sorted(posixpath.basename(i.path) for i in self.fs.get_file_info(selector)
                       if i.type == pafs.FileType.File)
+
+    def list_dirs(self, rel: str) -> list[str]:
+        """Names of the directories (S3: common prefixes) directly under ``rel``."""
+        selector = pafs.FileSelector(self.path(rel), allow_not_found=True)
+        return sorted(posixpath.basename(i.path.rstrip("/")) for i in self.fs.get_file_info(selector)
+                      if i.type == pafs.FileType.Directory)
 
     def check(self) -> None:
         """Fails with a clear LakeError when the lake cannot be used (run first)."""

@@ -6,8 +6,13 @@ position is one of
 
 - ``earliest``: each shard's oldest stored entry;
 - ``latest``: each shard's end (only what comes next);
-- ``group:<name>``: a consumer group's offsets (a group not registered in a
-  shard starts there at the oldest stored entry, as registering it would);
+- ``group:<name>``: a consumer group's offsets.  The group must be
+  registered on the stream (in at least one shard): a name that is not is an
+  error naming the known groups, not a silent read from the start.  In a
+  shard where a registered group has no offset (it reads other shards), the
+  read starts at the oldest stored entry, as registering it there would.
+  The source registers nothing itself; ``comet spark-ship`` registers its
+  own group through the storage API, not through this option;
 - JSON ``{"0": 120, "3": 7}``: per shard, ``-2`` meaning earliest and ``-1``
   latest; shards left out start at the earliest.
 
@@ -19,6 +24,7 @@ says which option is wrong and why.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -65,7 +71,8 @@ class SourceOptions:
                 raise ValueError(f"option 'shards' {opts['shards']!r}: use a comma-separated "
                                  "list of shard numbers, for example 0,3,5") from None
         out = cls(
-            path=path,
+            # Absolute in the driver: executors open it from their own directories.
+            path=os.path.abspath(path),
             stream=stream,
             shards=shards,
             starting=opts.get("startingoffsets", "earliest").strip(),
@@ -156,6 +163,8 @@ def resolve_start(log: Log, opts: SourceOptions, shards: list[int], text: str) -
     out: Offsets = {}
     explicit = None if text in ("earliest", "latest") or text.startswith("group:") \
         else parse_json_offsets(text, "startingOffsets")
+    if text.startswith("group:"):
+        check_group_known(log, opts.stream, text[len("group:"):])
     for shard in shards:
         first, end = bounds(log, opts.stream, shard)
         if text == "earliest":
@@ -169,6 +178,17 @@ def resolve_start(log: Log, opts: SourceOptions, shards: list[int], text: str) -
             want = explicit.get(shard, EARLIEST)
             out[shard] = first if want == EARLIEST else end if want == LATEST else min(want, end)
     return out
+
+
+def check_group_known(log: Log, stream: str, group: str) -> None:
+    """``startingOffsets=group:<name>`` names a group registered on the stream."""
+    known = sorted({g.name for g in log.groups(stream)})
+    if group not in known:
+        raise ValueError(
+            f"startingOffsets: consumer group {group!r} is not registered on stream {stream!r}; "
+            f"known groups: {', '.join(known) or '(none)'} (register it first, e.g. "
+            f"consumers.Consumer(path, {stream!r}, {group!r}).shards(), or use "
+            "startingOffsets=earliest)")
 
 
 def group_offset(log: Log, stream: str, shard: int, group: str, first: int) -> int:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,6 +29,7 @@ from .plan import (
     ShippedFile,
     manifest_rel,
     manifest_runs,
+    meta_dir,
     plan_rel,
     plan_runs,
     read_manifest,
@@ -82,8 +84,8 @@ class ShipReport:
 
 
 def ship(spark: Any, opts: ShipOptions) -> ShipReport:
-    """Finishes a run a crash interrupted, if any, then ships what is new in
-    one more run."""
+    """Removes what killed runs left (``remove_leftovers``), finishes a run a
+    crash interrupted, if any, then ships what is new in one more run."""
     t0 = time.monotonic()
     from consumers.consumer import check_group_name
 
@@ -94,6 +96,7 @@ def ship(spark: Any, opts: ShipOptions) -> ShipReport:
         check_schema(spark, opts.value_schema, opts)
     lake = opts.lake
     lake.check()
+    remove_leftovers(lake, opts.stream)
     report = ShipReport(None)
     with Log(opts.data_dir, READ_ONLY) as storage:
         shards = shard_list(storage, SourceOptions(opts.data_dir, opts.stream))
@@ -118,6 +121,84 @@ def ship(spark: Any, opts: ShipOptions) -> ShipReport:
     return report
 
 
+# ---- what killed runs left ---------------------------------------------------------------
+
+STALE_TEMP_S = 3600.0
+"""A plan's or manifest's temporary file older than this is stale whoever
+wrote it: its writer renames it within milliseconds (an fsync)."""
+_DOCUMENT_TEMP = re.compile(r"^\.\d{8}\.json\.(\d+)\.tmp$")
+
+
+def remove_leftovers(lake: Lake, stream: str) -> dict[str, object]:
+    """Removes what killed runs left and no rerun rewrites, before a run starts.
+
+    - Temporary files of plans and manifests (``.<run>.json.<pid>.tmp``, local
+      lakes only: S3 PUTs have none) whose writer is dead: its pid is no live
+      process here (this machine, this PID namespace: the driver wrote them),
+      or the file is older than ``STALE_TEMP_S``.
+      spark-ship holds no lock on the lake, so a file of a live writer (another
+      run, against the rule of one run per lake and stream) is kept.
+    - The staging directories of runs that have a manifest: after its commit
+      point nobody writes there (files a killed task or an executor that
+      outlived its driver put there, or a crash before the run removed it).
+
+    The staging directory of a run without a manifest is not touched here: that
+    run is redone next, and its redo starts by removing it whole."""
+    temp_files = []
+    if not lake.is_s3:
+        for folder in ("plans", "manifests"):
+            directory = lake.path(meta_dir(stream), folder)
+            try:
+                names = os.listdir(directory)
+            except FileNotFoundError:
+                continue
+            for name in names:
+                match = _DOCUMENT_TEMP.match(name)
+                path = os.path.join(directory, name)
+                if match and _stale_temp(path, int(match.group(1))):
+                    try:
+                        os.unlink(path)
+                    except FileNotFoundError:
+                        continue
+                    temp_files.append(f"{meta_dir(stream)}/{folder}/{name}")
+    published = set(manifest_runs(lake, stream))
+    staged = [int(name) for name in lake.list_dirs(f"{meta_dir(stream)}/staging")
+              if name.isdigit() and int(name) in published]
+    for run in staged:
+        lake.delete_tree(staging_rel(stream, run))
+    out: dict[str, object] = {"temp_files": temp_files, "staging_runs": staged}
+    if temp_files or staged:
+        log.info(json.dumps({"event": "removed_leftovers", "stream": stream, **out}))
+    return out
+
+
+def _stale_temp(path: str, pid: int) -> bool:
+    try:
+        age = time.time() - os.stat(path).st_mtime
+    except FileNotFoundError:
+        return False
+    return age > STALE_TEMP_S or (pid != os.getpid() and not _alive(pid))
+
+
+def _alive(pid: int) -> bool:
+    """A process ``pid`` exists in this PID namespace and is not a zombie (a
+    killed driver its parent has not reaped yet writes nothing more)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return True  # no /proc: trust kill(0)
+    return stat[stat.rfind(")") + 2:][:1] not in ("Z", "X")
+
+
 # ---- planning ---------------------------------------------------------------------------
 
 def _plan(spark: Any, storage: Log, lake: Lake, opts: ShipOptions,
@@ -139,7 +220,6 @@ def _plan(spark: Any, storage: Log, lake: Lake, opts: ShipOptions,
         if last.group != opts.group:
             raise ValueError(f"the lake {lake.url} is shipped by group {last.group!r}, "
                              f"not {opts.group!r}")
-        lake.delete_tree(staging_rel(opts.stream, last.run))
         _ack(storage, last.stream, last.group, last.ranges)  # a crash may have come before it
         done = {s: end for s, (_, end) in last.ranges.items()}
         known_ddl = last.value_ddl  # the lake keeps one schema unless told otherwise
@@ -169,11 +249,23 @@ def struct_of(spark: Any, ddl: str) -> Any:
     try:
         parsed = _parse_datatype_string(ddl)
     except Exception as exc:
-        raise ValueError(f"value schema {ddl!r} is not valid Spark DDL: "
-                         f"{str(exc).splitlines()[0]}") from None
+        raise ValueError(f"value schema {ddl!r} is not valid Spark DDL: {spark_reason(exc)}") from None
     if not isinstance(parsed, StructType):
         raise ValueError(f"value schema {ddl!r}: give fields, like 'device string, temp double'")
     return parsed
+
+
+def spark_reason(exc: BaseException) -> str:
+    """Spark's own message in one line: a ParseException's text starts with
+    an empty line and goes on with the DDL and a caret under the fault; a
+    Py4J error carries the JVM's stack trace.  The first line with words is
+    the reason (``[PARSE_SYNTAX_ERROR] Syntax error at or near 'g'. SQLSTATE:
+    42601 (line 1, pos 7)``)."""
+    for line in str(exc).splitlines():
+        line = line.strip()
+        if line:
+            return line
+    return type(exc).__name__
 
 
 def check_schema(spark: Any, ddl: str, opts: ShipOptions) -> None:

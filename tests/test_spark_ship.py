@@ -15,12 +15,13 @@ import orjson
 import pytest
 
 from storage_c import Config, Log
+from spark_jobs import ship as ship_module
 from spark_jobs.lake import manifested_files, read_table, unmanifested_files, read_dataframe
 from spark_jobs.lakefs import Lake, LakeError
-from spark_jobs.plan import manifests, plan_runs
+from spark_jobs.plan import manifest_runs, manifests, plan_runs
 from spark_jobs.ship import ShipOptions, ship
 
-from .conftest import read_all
+from .conftest import REPO, read_all
 
 CFG = Config(shards=4, segment_bytes=1 << 20, compression_threshold=512)
 COMET = Path(sys.executable).with_name("comet")
@@ -64,10 +65,21 @@ def check_lake(lake: Lake, data_dir: Path, group: str = "spark-ship") -> None:
         hour = datetime.fromtimestamp(event["at"] / 1000, tz=timezone.utc)
         assert (r["stream"], r["dt"], r["hour"]) == ("ev", f"{hour:%Y-%m-%d}", hour.hour)
     assert unmanifested_files(lake, "ev") == []
+    assert leftovers(lake) == []
     with Log(data_dir, CFG) as log:
         for shard in range(4):
             assert log.group("ev", shard, group, create=False).offset == \
                 log.shard_stats("ev", shard).next_entry
+
+
+def leftovers(lake: Lake) -> list[str]:
+    """Temporary files and staged files anywhere in the lake (none once a run is done)."""
+    import pyarrow.fs as pafs
+
+    selector = pafs.FileSelector(lake.root, recursive=True, allow_not_found=True)
+    return sorted(i.path[len(lake.root) + 1:] for i in lake.fs.get_file_info(selector)
+                  if i.type == pafs.FileType.File
+                  and (i.path.endswith(".tmp") or "/staging/" in i.path))
 
 
 def options(data_dir: Path, lake: Lake, **kw: object) -> ShipOptions:
@@ -82,6 +94,10 @@ def test_ship_to_a_local_lake(spark, data_dir: Path, tmp_path: Path) -> None:  #
     first = ship(spark, options(data_dir, lake))  # schema inferred from a sample
     assert (first.run, first.rows, first.rejects, first.missing) == (1, 3000, 0, 0)
     check_lake(lake, data_dir)
+    # The group the first run registered is one the comet source may start from.
+    behind = (spark.read.format("comet").option("path", str(data_dir)).option("stream", "ev")
+              .option("startingOffsets", "group:spark-ship").load())
+    assert behind.count() == 0
     assert ship(spark, options(data_dir, lake)).run is None  # nothing new: no run
     with Log(data_dir, CFG) as log:
         fill(log, 500, start=3000)
@@ -105,11 +121,12 @@ def test_ship_to_s3(spark, data_dir: Path, moto_s3: str, aws_env: None) -> None:
     report = ship(spark, options(data_dir, lake, value_schema="id long, device string, temp double, "
                                  "at long, note string", max_entries=1200))
     assert (report.run, report.rows) == (1, 1200)  # bounded run
+    s3 = boto3.client("s3", endpoint_url=moto_s3)  # as an executor that outlived its driver
+    s3.put_object(Bucket="edge", Key="lake/_comet/ev/staging/00000001/stream=ev/x.parquet", Body=b"P")
     report = ship(spark, options(data_dir, lake))  # the rest, with the lake's schema
     assert (report.run, report.rows) == (2, 800)
     check_lake(lake, data_dir)
-    keys = [o["Key"] for o in boto3.client("s3", endpoint_url=moto_s3)
-            .list_objects_v2(Bucket="edge", Prefix="lake/")["Contents"]]
+    keys = [o["Key"] for o in s3.list_objects_v2(Bucket="edge", Prefix="lake/")["Contents"]]
     assert not [k for k in keys if "/staging/" in k and not k.endswith("/")]  # cleaned up
     assert any(k.startswith("lake/stream=ev/dt=2025-11-21/hour=") for k in keys)
 
@@ -139,8 +156,15 @@ def test_clear_errors_and_nothing_acked(spark, data_dir: Path, tmp_path: Path, a
     lake = Lake(str(tmp_path / "lake"))
     with pytest.raises(ValueError, match="stream 'nope' does not exist"):
         ship(spark, ShipOptions(str(data_dir), "nope", lake))
-    with pytest.raises(ValueError, match="not valid Spark DDL"):
+    with pytest.raises(ValueError) as bad_ddl:
         ship(spark, options(data_dir, lake, value_schema="id lon g,,"))
+    message = str(bad_ddl.value)  # one line: the DDL and Spark's reason, no JVM stack
+    assert message.startswith("value schema 'id lon g,,' is not valid Spark DDL: "
+                              "[PARSE_SYNTAX_ERROR] Syntax error at or near 'g'"), message
+    assert "\n" not in message
+    with pytest.raises(ValueError, match=r"not valid Spark DDL: \[UNSUPPORTED_DATATYPE\] "
+                       r"Unsupported data type \"STRIN\""):
+        ship(spark, options(data_dir, lake, value_schema="id long, device strin"))
     with pytest.raises(ValueError, match="event time field 'when' is not in the value schema"):
         ship(spark, options(data_dir, lake, value_schema="id long", event_time_field="when"))
     with pytest.raises(ValueError, match="_comet_"):
@@ -156,6 +180,171 @@ def test_clear_errors_and_nothing_acked(spark, data_dir: Path, tmp_path: Path, a
     assert plan_runs(lake, "ev") == []
     with Log(data_dir, CFG) as log:
         assert log.groups("ev") == []  # nothing registered, nothing acked
+
+
+def test_local_lake_paths_are_absolute_before_executors_see_them(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """An executor on a cluster runs in its own working directory: the Lake
+    (and the source's path) it gets must already be absolute."""
+    import pickle
+
+    from pyspark import cloudpickle
+
+    from spark_jobs.offsets import SourceOptions
+    from spark_jobs.writer import ShipTask
+
+    driver, executor = tmp_path / "driver", tmp_path / "executor"
+    driver.mkdir()
+    executor.mkdir()
+    monkeypatch.chdir(driver)
+    cases = {"lake": (str(driver / "lake"), str(driver / "lake")),
+             "./x/../lake/": (str(driver / "lake"), str(driver / "lake")),
+             str(tmp_path / "abs"): (str(tmp_path / "abs"), str(tmp_path / "abs")),
+             "file:rel": (f"file://{driver}/rel", str(driver / "rel")),
+             f"file://{tmp_path}/abs": (f"file://{tmp_path}/abs", str(tmp_path / "abs"))}
+    shipped = {}
+    for given, (url, root) in cases.items():
+        lake = Lake(given)
+        assert (lake.url, lake.root) == (url, root), given
+        task = ShipTask(str(driver / "data"), lake, "ev", 1, None)  # type: ignore[arg-type]
+        shipped[given] = (pickle.dumps(lake), cloudpickle.dumps(task))
+    s3 = Lake("s3://bucket/some/prefix/")
+    assert (s3.url, s3.root) == ("s3://bucket/some/prefix/", "bucket/some/prefix")
+    options = SourceOptions.parse({"path": "data", "stream": "ev"})
+    assert options.path == str(driver / "data")
+    monkeypatch.chdir(executor)
+    for given, (url, root) in cases.items():
+        lake_bytes, task_bytes = shipped[given]
+        assert pickle.loads(lake_bytes).root == root
+        assert cloudpickle.loads(task_bytes).lake.path("stream=ev") == f"{root}/stream=ev"
+    assert pickle.loads(pickle.dumps(s3)).root == "bucket/some/prefix"
+    assert pickle.loads(pickle.dumps(options)).path == str(driver / "data")
+
+
+def killed_writer(target: Path) -> Path:
+    """A real process killed with SIGKILL inside the lake's document write,
+    after its temporary file and before the rename: what a spark-ship driver
+    killed at that moment leaves.  The temporary file's path."""
+    code = ("import os, sys, time\n"
+            "from pathlib import Path\n"
+            "from consumers.files import write_durably\n"
+            "def held(*args):\n"
+            "    print('written', flush=True)\n"
+            "    time.sleep(600)\n"
+            "os.replace = held\n"
+            "write_durably(Path(sys.argv[1]), b'{}')\n")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(target)], stdout=subprocess.PIPE,
+                            env=dict(os.environ, PYTHONPATH=str(REPO)))
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == b"written\n"
+    finally:
+        proc.kill()
+        proc.wait()
+    temp = target.with_name(f".{target.name}.{proc.pid}.tmp")
+    assert temp.is_file()
+    return temp
+
+
+def test_a_run_removes_what_killed_runs_left(spark, data_dir: Path, tmp_path: Path,  # type: ignore[no-untyped-def]
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    lake_dir = tmp_path / "lake"
+    lake = Lake(str(lake_dir))
+    meta = lake_dir / "_comet" / "ev"
+    with Log(data_dir, CFG) as log:
+        fill(log, 1200)
+    assert ship(spark, options(data_dir, lake, entries_per_task=200)).run == 1
+    with Log(data_dir, CFG) as log:
+        fill(log, 1200, start=1200)
+
+    # Run 2 stops dead halfway through publishing (in-process, as a SIGKILL there
+    # would): its plan, staged files and half of its files under their final names.
+    class Killed(BaseException):
+        pass
+
+    def crash_point(name: str) -> None:
+        if name == "publishing":
+            raise Killed(name)
+
+    monkeypatch.setattr(ship_module, "crash_point", crash_point)
+    with pytest.raises(Killed):
+        ship(spark, options(data_dir, lake, entries_per_task=200))
+    monkeypatch.undo()
+    assert (plan_runs(lake, "ev"), manifest_runs(lake, "ev")) == ([1, 2], [1])
+    assert [p for p in leftovers(lake) if "/staging/00000002/" in p]
+    # Killed inside document writes: run 2's manifest, a plan (real processes, SIGKILL).
+    dead = [killed_writer(meta / "manifests" / "00000002.json"),
+            killed_writer(meta / "plans" / "00000003.json")]
+    # What an executor that outlived its driver leaves in a committed run's staging.
+    orphan = meta / "staging" / "00000001" / "stream=ev" / "dt=2025-11-21" / "hour=04"
+    orphan.mkdir(parents=True)
+    (orphan / "part-00000001-00000.zstd.parquet").write_bytes(b"PAR1")
+    (orphan / f"part-00000001-00001.zstd.parquet.{dead[0].name.split('.')[-2]}.tmp").write_bytes(b"P")
+    # A live writer's temporary file is kept (with no lock on the lake, it may
+    # be writing now); a temporary file an hour old is stale whoever wrote it.
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        busy = meta / "manifests" / f".00000009.json.{live.pid}.tmp"
+        busy.write_bytes(b"{")
+        old = meta / "plans" / f".00000004.json.{live.pid}.tmp"
+        old.write_bytes(b"{")
+        os.utime(old, (time.time() - 2 * 3600, time.time() - 2 * 3600))
+        mine = meta / "plans" / f".00000005.json.{os.getpid()}.tmp"  # this process: not writing now,
+        mine.write_bytes(b"{")                                        # but alive: kept too
+
+        report = ship(spark, options(data_dir, lake, entries_per_task=200))
+        assert (report.resumed, report.run, report.rows) == (2, 2, 1200)
+        assert leftovers(lake) == sorted(str(p.relative_to(lake_dir)) for p in (busy, mine))
+        assert not (meta / "staging" / "00000001").exists()
+    finally:
+        live.kill()
+        live.wait()
+    mine.unlink()
+    assert ship(spark, options(data_dir, lake)).run is None  # nothing new; the writer is gone
+    check_lake(lake, data_dir)  # exactly once, and no temporary or staged file left
+    assert [m.run for m in manifests(lake, "ev")] == [1, 2]
+    assert sum(m.rows for m in manifests(lake, "ev")) == 2400
+
+
+def test_the_command_with_relative_paths_and_a_bad_schema(data_dir: Path, tmp_path: Path) -> None:
+    """The real command from another working directory, with relative data and
+    lake paths, on Spark's local-cluster master: a master and a worker in the
+    driver's JVM, the executor a JVM of its own working in the worker's
+    application directory, as on a cluster.  An invalid --schema is one line
+    with Spark's reason."""
+    import pyspark
+
+    with Log(data_dir, CFG) as log:
+        fill(log, 300)
+    work = tmp_path / "work"
+    work.mkdir()
+    # local-cluster's worker puts the executors' directories under
+    # $SPARK_HOME/work: a SPARK_HOME of links to pyspark's, so they land here.
+    spark_home = tmp_path / "spark-home"
+    spark_home.mkdir()
+    for name in ("bin", "jars", "python", "sbin"):
+        (spark_home / name).symlink_to(Path(pyspark.__file__).parent / name)
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, SPARK_LOCAL_IP="127.0.0.1",
+               COMET_SPARK_LOG_LEVEL="ERROR", SPARK_HOME=str(spark_home))
+    env.pop("COMET_SPARK_SHIP_CRASH", None)
+    command = [str(COMET), "spark-ship", os.path.relpath(data_dir, work), "ev", "lake",
+               "--event-time-field", "at"]
+    bad = subprocess.run(command + ["--schema", "id lon g,,", "--master", "local[1]"], cwd=work,
+                         env=env, capture_output=True, text=True, timeout=240)
+    assert bad.returncode == 1, bad.stderr
+    errors = [line for line in bad.stderr.splitlines() if "Spark DDL" in line]
+    assert len(errors) == 1 and errors[0].startswith(
+        "Error: value schema 'id lon g,,' is not valid Spark DDL: [PARSE_SYNTAX_ERROR] "
+        "Syntax error at or near 'g'"), bad.stderr
+    assert "Traceback" not in bad.stderr and "at org.apache" not in bad.stderr, bad.stderr
+    assert not (work / "lake").exists()  # refused before anything was written
+    good = subprocess.run(command + ["--master", "local-cluster[1,1,1024]"], cwd=work, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert good.returncode == 0, good.stderr
+    assert orjson.loads(good.stdout)["rows"] == 300
+    check_lake(Lake(str(work / "lake")), data_dir)
+    executor_dirs = [d for d in (spark_home / "work").glob("app-*/*") if d.is_dir()]
+    assert executor_dirs  # the executor did run elsewhere, and wrote nothing there
+    assert not [p for d in executor_dirs for p in d.rglob("*.parquet*")]
 
 
 def socket_port() -> int:

@@ -9,7 +9,7 @@ import orjson
 import pytest
 
 from storage_c import Config, Log
-from spark_jobs.offsets import SourceOptions
+from spark_jobs.offsets import READ_ONLY, SourceOptions, resolve_start
 from spark_jobs.source import CometStreamReader, cap
 
 from .conftest import read_all
@@ -76,6 +76,40 @@ def test_offsets_shards_and_partition_size(spark, data_dir: Path) -> None:  # ty
     count0 = sum(1 for r in everything if r[0] == 0)
     assert split.rdd.getNumPartitions() == -(-count0 // 30)
     assert rows_of(split) == sorted(r for r in everything if r[0] == 0)
+
+
+def test_a_group_start_needs_a_registered_group(spark, data_dir: Path) -> None:  # type: ignore[no-untyped-def]
+    """group:<name> of a group nobody registered is an error, not a read from the start."""
+    from consumers import Consumer
+
+    with Log(data_dir, CFG) as log:
+        fill(log, 300)
+        everything = expected_rows(log, range(4))
+    opts = SourceOptions.parse({"path": str(data_dir), "stream": "ev", "startingOffsets": "group:lake"})
+    with Log(data_dir, READ_ONLY) as log:  # the check batch reads and streams' first offsets share
+        with pytest.raises(ValueError, match=r"^startingOffsets: consumer group 'lake' is not "
+                           r"registered on stream 'ev'; known groups: \(none\) \(register it first"):
+            resolve_start(log, opts, [0, 1, 2, 3], opts.starting)
+        assert log.groups("ev") == []  # and it registered nothing
+    with Log(data_dir, CFG) as log:
+        for shard in range(4):
+            log.group("ev", shard, "ship")
+        log.group("ev", 1, "audit").ack(9)  # registered in shard 1 only
+    with pytest.raises(Exception, match=r"consumer group 'lake' is not registered on stream 'ev'; "
+                       r"known groups: audit, ship \(register it first, e\.g\. consumers\.Consumer"
+                       r"\(path, 'ev', 'lake'\)\.shards\(\), or use startingOffsets=earliest\)"):
+        comet(spark, data_dir, startingOffsets="group:lake").collect()
+    with pytest.raises(Exception, match="consumer group 'lake' is not registered"):
+        (spark.readStream.format("comet").option("path", str(data_dir)).option("stream", "ev")
+         .option("startingOffsets", "group:lake").load().writeStream.format("noop")
+         .trigger(availableNow=True).start().awaitTermination(120))
+    # Registered as the README shows: from the oldest stored entry of every shard.
+    with Consumer(str(data_dir), "ev", "lake") as group:
+        assert group.shards() == [0, 1, 2, 3]
+    assert rows_of(comet(spark, data_dir, startingOffsets="group:lake")) == sorted(everything)
+    # A group registered in some shards: the others start at their oldest entry.
+    assert rows_of(comet(spark, data_dir, startingOffsets="group:audit")) == \
+        sorted(r for r in everything if r[0] != 1 or r[1] >= 10)
 
 
 def test_parsed_values_and_rejects(spark, data_dir: Path) -> None:  # type: ignore[no-untyped-def]
