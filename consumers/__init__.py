@@ -8,6 +8,7 @@ and the shipping worker that drains a stream into NDJSON.zst objects.
 """
 
 from .consumer import Consumer
+from .errors import ShipError, SinkError, SinkFailure, classify
 from .loop import ProcessingError, ProcessStats
 from .ship import ShipConfig, Shipper, ShipStats, object_key
 from .sinks import DirectorySink, S3Sink, Sink, sink_from_url
@@ -19,9 +20,13 @@ __all__ = [
     "ProcessingError",
     "S3Sink",
     "ShipConfig",
+    "ShipError",
     "ShipStats",
     "Shipper",
     "Sink",
+    "SinkError",
+    "SinkFailure",
+    "classify",
     "object_key",
     "sink_from_url",
 ]

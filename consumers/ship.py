@@ -21,6 +21,20 @@ is repeated to the same key: never a second, overlapping object.
 
 Lines are the payloads.  A payload holding a newline would break the NDJSON
 framing; it is written as ``{"comet_base64": "..."}`` instead.
+
+Failures (``errors.classify``): every failed upload is logged
+(``upload_failed``) and counted (``ShipStats``, the periodic ``status`` line)
+and retried with capped exponential backoff, except that with ``once`` a
+permanent failure (no such bucket, access denied, a directory that cannot be
+written...) raises ``ShipError`` at once, and that ``max_retries`` failed
+retries of one upload raise it too (default: unlimited, ``ONCE_MAX_RETRIES``
+with ``once``).  Nothing is acknowledged for an object that was not stored.
+
+Temporary files: a run killed mid-upload leaves the directory sink's
+``.<key>.<pid>.tmp`` and, killed while writing an intent, the intent's
+temporary file.  ``run`` first removes those of its own shards whose writer
+is no longer alive (``remove_temp_files``); a shipper that is running keeps
+its files, since shards are never shipped by two processes at once.
 """
 
 from __future__ import annotations
@@ -41,7 +55,8 @@ import zstandard
 from storage_c import ReadBatch
 
 from .consumer import Consumer
-from .files import write_durably
+from .errors import ShipError, SinkFailure, classify
+from .files import remove_stale_temp_files, write_durably
 from .loop import backoff, sleep_unless, stopper
 from .sinks import Sink
 
@@ -49,6 +64,8 @@ log = logging.getLogger("comet.ship")
 
 HOUR_NS = 3600 * 10**9
 MiB = 1 << 20
+ONCE_MAX_RETRIES = 5
+"""Retries of one upload with ``once`` when ``max_retries`` is not set."""
 
 
 @dataclass(frozen=True)
@@ -65,6 +82,11 @@ class ShipConfig:
     max_backoff_s: float = 30.0
     stop_retries: int = 3
     """Uploads still tried after a stop request before giving up (the intent stays)."""
+    max_retries: int | None = None
+    """Retries of one upload before the run raises ShipError: None is
+    unlimited, or ONCE_MAX_RETRIES with ``once``; 0 gives up at the first failure."""
+    status_interval_s: float = 60.0
+    """Seconds between ``status`` log lines (0: none)."""
 
 
 @dataclass
@@ -74,7 +96,31 @@ class ShipStats:
     raw_bytes: int = 0
     stored_bytes: int = 0
     upload_errors: int = 0
+    """Failed uploads (attempts), permanent and transient."""
+    permanent_errors: int = 0
+    transient_errors: int = 0
+    failing: int = 0
+    """Consecutive failures of the upload in progress (0: the last one worked)."""
+    last_error: str = ""
+    """``<code>: <detail>`` of the last failure."""
     last_shipped_ns: int = 0
+    temp_files_removed: int = 0
+    """Temporary files of dead writers removed at start."""
+
+    def as_dict(self) -> dict[str, object]:
+        return {"objects": self.objects, "entries": self.entries, "raw_bytes": self.raw_bytes,
+                "stored_bytes": self.stored_bytes, "upload_errors": self.upload_errors,
+                "permanent_errors": self.permanent_errors,
+                "transient_errors": self.transient_errors, "failing": self.failing,
+                "last_error": self.last_error or None,
+                "last_shipped": iso(self.last_shipped_ns),
+                "temp_files_removed": self.temp_files_removed}
+
+
+def iso(ns: int) -> str | None:
+    if not ns:
+        return None
+    return datetime.fromtimestamp(ns / 1e9, tz=timezone.utc).isoformat(timespec="milliseconds")
 
 
 @dataclass
@@ -120,6 +166,8 @@ class Shipper:
         self.intents = root / consumer.group / consumer.stream
         self.pending: dict[int, Pending] = {}
         self.stats = ShipStats()
+        self._once = False
+        self._last_status = time.monotonic()
         self._compressor = zstandard.ZstdCompressor(level=self.config.compression_level,
                                                     write_content_size=True)
 
@@ -133,6 +181,9 @@ class Shipper:
         """Ships until stopped (or, with ``once``, until nothing is left), then
         finishes the objects in progress."""
         stopped = stopper(stop)
+        self._once = once
+        self._last_status = time.monotonic()
+        self.remove_temp_files()
         if not self.resume(stopped):
             return self.stats
         while not stopped():
@@ -142,10 +193,15 @@ class Shipper:
             if once and not moved:
                 break
             self.cut_aged(stopped)
+            self.report_status()
             if not moved:
                 sleep_unless(stopped, self.config.poll_interval_s)
+        # A run that ends because it was stopped tries each open object a few
+        # more times (stop_retries); a --once run that ends because nothing is
+        # left finishes them under the usual rules (max_retries, then ShipError).
+        finish = stopped if once and not stopped() else (lambda: True)
         for shard in list(self.pending):
-            self.flush(shard, lambda: True)
+            self.flush(shard, finish)
         return self.stats
 
     def pump(self, shard: int, stopped: Callable[[], bool]) -> bool:
@@ -222,31 +278,115 @@ class Shipper:
         del self.pending[shard]
         return True
 
+    @property
+    def max_retries(self) -> int | None:
+        if self.config.max_retries is not None:
+            return self.config.max_retries
+        return ONCE_MAX_RETRIES if self._once else None
+
     def upload(self, key: str, data: bytes, raw_size: int, stopped: Callable[[], bool]) -> bool:
         """Puts the object, retrying with backoff; after a stop request only
-        ``stop_retries`` more times."""
+        ``stop_retries`` more times, and a permanent failure not at all (False:
+        not stored, the intent stays).
+        Raises ShipError on a permanent failure with ``once``, and when
+        ``max_retries`` retries failed; nothing is acknowledged then either."""
         retry = 0
         while True:
             try:
                 self.sink.put(key, data)
-            except Exception as exc:  # any sink failure is retried
-                self.stats.upload_errors += 1
-                log.warning(json.dumps({"event": "upload_failed", "key": key, "retry": retry,
-                                        "error": repr(exc)}))
-                if stopped() and retry >= self.config.stop_retries:
+            except Exception as exc:  # classified: permanent or transient
+                failure = self.count_failure(exc)
+                limit = self.max_retries
+                if failure.permanent and self._once:
+                    raise ShipError(self.sink.describe(), failure, attempts=retry + 1,
+                                    max_retries=None, key=key) from exc
+                if limit is not None and retry >= limit:
+                    raise ShipError(self.sink.describe(), failure, attempts=retry + 1,
+                                    max_retries=limit, key=key) from exc
+                log.warning(json.dumps({"event": "upload_failed", "key": key,
+                                        "sink": self.sink.describe(), "retry": retry,
+                                        "permanent": failure.permanent, "code": failure.code,
+                                        "error": failure.detail, "hint": failure.hint}))
+                if stopped() and (failure.permanent or retry >= self.config.stop_retries):
                     return False
                 delay = backoff(retry, self.config.retry_backoff_s, self.config.max_backoff_s)
                 if stopped():
                     time.sleep(min(delay, 1.0))
                 else:
-                    sleep_unless(stopped, delay)
+                    self.wait(stopped, delay)
                 retry += 1
                 continue
+            self.stats.failing = 0
             self.stats.raw_bytes += raw_size
             self.stats.stored_bytes += len(data)
             log.info(json.dumps({"event": "shipped", "key": key, "raw_bytes": raw_size,
                                  "stored_bytes": len(data)}))
             return True
+
+    def count_failure(self, exc: BaseException) -> SinkFailure:
+        failure = classify(exc, self.sink)
+        self.stats.upload_errors += 1
+        if failure.permanent:
+            self.stats.permanent_errors += 1
+        else:
+            self.stats.transient_errors += 1
+        self.stats.failing += 1
+        self.stats.last_error = f"{failure.code}: {failure.detail}"
+        return failure
+
+    def wait(self, stopped: Callable[[], bool], seconds: float) -> None:
+        """Sleeps unless stopped, still writing the status line on time."""
+        deadline = time.monotonic() + seconds
+        while not stopped():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            sleep_unless(stopped, min(left, 1.0))
+            self.report_status()
+
+    # ---- what an operator sees ---------------------------------------------------------
+
+    def report_status(self, force: bool = False) -> None:
+        """Every ``status_interval_s``: one ``status`` line with the counters."""
+        interval = self.config.status_interval_s
+        now = time.monotonic()
+        if not force and (interval <= 0 or now - self._last_status < interval):
+            return
+        self._last_status = now
+        line: dict[str, object] = {"event": "status", "stream": self.consumer.stream,
+                                   "group": self.consumer.group, "sink": self.sink.describe()}
+        line.update(self.stats.as_dict())
+        try:
+            line["lag"] = self.consumer.lag()
+        except Exception:  # the counters matter more than the lag
+            line["lag"] = None
+        log.info(json.dumps(line))
+
+    # ---- temporary files of killed runs ------------------------------------------------
+
+    def remove_temp_files(self) -> int:
+        """Removes, for each shard of this shipper, the temporary files of
+        writers that are no longer alive: the intent's (in the state
+        directory) and the object's the intent names (directory sinks).  Files
+        named after this process are stale too: nothing was written yet, and
+        a shard is never shipped by two shippers at once.  Returns how many."""
+        removed: list[Path] = []
+        clean_sink = getattr(self.sink, "remove_temp_files", None)
+        for shard in self.consumer.shards():
+            path = self.intent_path(shard)
+            removed += remove_stale_temp_files(self.intents, mine_are_stale=True,
+                                               name=path.name)
+            if clean_sink is None:
+                continue
+            try:
+                key = str(orjson.loads(path.read_bytes())["key"])
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+            removed += clean_sink(key, mine_are_stale=True)
+        for p in removed:
+            log.info(json.dumps({"event": "temp_file_removed", "path": str(p)}))
+        self.stats.temp_files_removed += len(removed)
+        return len(removed)
 
     # ---- intents: exactly once across crashes -----------------------------------------
 

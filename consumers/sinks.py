@@ -4,17 +4,26 @@ A sink stores one whole object under a key, or raises.  Writing the same key
 again replaces the object with the same bytes, which is what makes a retried
 shipment idempotent.  The directory sink never shows a partial object: it
 writes a temporary file, fsyncs it, renames it into place and fsyncs the
-directory.
+directory; ``remove_temp_files`` removes what a killed writer left.  S3 needs
+no cleaning: an object is one PUT (never a multipart upload), stored whole or
+not at all.
+
+Failures are classified permanent or transient by ``errors.classify``.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlparse
 
-from .files import write_durably
+from .errors import SinkError
+from .files import remove_stale_temp_files, write_durably
+
+# What botocore accepts before it sends anything (stores add their own rules).
+VALID_BUCKET = re.compile(r"^[a-zA-Z0-9.\-_]{1,255}$")
 
 
 class Sink(Protocol):
@@ -40,6 +49,12 @@ class DirectorySink:
         _check_key(key)
         write_durably(self.root / key, data)
 
+    def remove_temp_files(self, key: str, *, mine_are_stale: bool = False) -> list[Path]:
+        """Removes the temporary files that writers now dead left in the
+        directory of ``key`` (see ``files.remove_stale_temp_files``)."""
+        _check_key(key)
+        return remove_stale_temp_files((self.root / key).parent, mine_are_stale=mine_are_stale)
+
     def keys(self, prefix: str = "") -> list[str]:
         """Stored keys (temporary files excluded), sorted."""
         out = []
@@ -61,10 +76,18 @@ class S3Sink:
 
     def __init__(self, bucket: str, prefix: str = "", *, endpoint_url: str | None = None,
                  region: str | None = None, client: Any = None) -> None:
+        if not VALID_BUCKET.match(bucket):
+            raise SinkError(f"s3://{bucket}/: {bucket!r} is not a valid bucket name",
+                            permanent=True, code="InvalidBucketName",
+                            hint="fix the bucket name in the sink URL")
         if client is None:
             import boto3
+            from botocore.config import Config
 
-            client = boto3.client("s3", endpoint_url=endpoint_url, region_name=region)
+            # A dead endpoint fails an attempt in 10 s, not botocore's 60 s;
+            # botocore's own retries (AWS_MAX_ATTEMPTS, AWS_RETRY_MODE) still apply.
+            client = boto3.client("s3", endpoint_url=endpoint_url, region_name=region,
+                                  config=Config(connect_timeout=10))
         self.client = client
         self.bucket = bucket
         self.prefix = prefix.strip("/")

@@ -260,19 +260,34 @@ def consume(data_dir: str, stream: str, group: str, limit: int, following: bool,
 @click.option("--assignment", help="i/n: ship the shards with shard % n == i.")
 @click.option("--endpoint-url", envvar="AWS_ENDPOINT_URL", help="S3 endpoint (default: AWS).")
 @click.option("--once", is_flag=True, help="Ship what is there, then exit.")
+@click.option("--max-retries", type=click.IntRange(min=0), default=None,
+              help="Give up after N failed retries of one upload (exit 4). "
+                   "Default: unlimited; 5 with --once.")
+@click.option("--status-interval", type=click.FloatRange(min=0), default=60.0, show_default=True,
+              help="Seconds between status lines on stderr (0: none).")
 def ship(data_dir: str, stream: str, sink: str, group: str, max_object_bytes: int,
          max_object_age: float, level: int, assignment: str | None, endpoint_url: str | None,
-         once: bool) -> None:
+         once: bool, max_retries: int | None, status_interval: float) -> None:
     """Drains STREAM into NDJSON.zst objects in SINK (s3://bucket/prefix or a directory).
 
-    SIGTERM finishes the objects in progress and exits."""
+    SIGTERM finishes the objects in progress and exits. Failed uploads are
+    retried with backoff; with --once a permanent error (no such bucket,
+    access denied, a directory that cannot be written) exits 3 at once, and
+    --max-retries exhausted exits 4, each with one line on stderr."""
     import logging
     import signal
     import threading
 
-    from consumers import Consumer, ShipConfig, Shipper, sink_from_url
+    from consumers import Consumer, ShipConfig, ShipError, Shipper, SinkError, sink_from_url
+    from consumers.errors import EXIT_PERMANENT
 
-    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    ship_log = logging.getLogger("comet.ship")  # boto3's INFO lines stay out of stderr
+    if not ship_log.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        ship_log.addHandler(handler)
+    ship_log.setLevel(logging.INFO)
+    ship_log.propagate = False
     parts = None
     if assignment:
         try:
@@ -284,16 +299,23 @@ def ship(data_dir: str, stream: str, sink: str, group: str, max_object_bytes: in
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     config = ShipConfig(max_object_bytes=max_object_bytes, max_object_age_s=max_object_age,
-                        compression_level=level)
+                        compression_level=level, max_retries=max_retries,
+                        status_interval_s=status_interval)
     try:
         target = sink_from_url(sink, endpoint_url=endpoint_url)
         with Consumer(data_dir, stream, group, assignment=parts) as consumer:
             stats = Shipper(consumer, target, config).run(stop, once=once)
+    except ShipError as exc:
+        failed = click.ClickException(str(exc))
+        failed.exit_code = exc.exit_code
+        raise failed from None
+    except SinkError as exc:
+        failed = click.ClickException(f"comet ship: {exc}: {exc.hint or 'fix the sink URL'}")
+        failed.exit_code = EXIT_PERMANENT if exc.permanent else 1
+        raise failed from None
     except (CometError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
-    click.echo(json.dumps({"event": "stopped", "objects": stats.objects, "entries": stats.entries,
-                           "raw_bytes": stats.raw_bytes, "stored_bytes": stats.stored_bytes,
-                           "upload_errors": stats.upload_errors}), err=True)
+    click.echo(json.dumps({"event": "stopped", **stats.as_dict()}), err=True)
 
 
 @main.command()
@@ -403,6 +425,15 @@ def submit_to_cluster(master: str, confs: tuple[str, ...]) -> None:
             rest.append(arg)
     os.execv(submit, args + [job.__file__, *rest])
 
+
+def _admin_commands() -> None:
+    from .admin import group, stream  # admin imports this module's helpers
+
+    main.add_command(group)
+    main.add_command(stream)
+
+
+_admin_commands()
 
 if __name__ == "__main__":
     main()

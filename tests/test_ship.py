@@ -182,6 +182,8 @@ def test_kill_9_twenty_times(data_dir: Path, tmp_path: Path) -> None:
         assert check_objects(log, DirectorySink(lake)) == 4 * start
         keys = DirectorySink(lake).keys()
         assert len(keys) == len(set(keys))
+        # each run removed the temporary files the run killed before it left
+        assert not [p for root in (lake, data_dir / ".ship") for p in root.rglob("*.tmp")]
 
 
 def test_sigterm_finishes_the_current_object(data_dir: Path, tmp_path: Path) -> None:
