@@ -13,6 +13,8 @@ import os
 import re
 from pathlib import Path
 
+from storage_c.files import pid_alive
+
 TEMP_NAME = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)\.tmp$")
 
 
@@ -44,26 +46,6 @@ def write_durably(path: Path, data: bytes) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def pid_alive(pid: int) -> bool:
-    """True when a process ``pid`` exists and is not a zombie (a killed
-    process its parent has not reaped yet writes nothing more).  A pid in
-    another PID namespace (another container) cannot be seen: it reads as
-    dead."""
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # someone else's process
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True  # no /proc: trust kill(0)
-    return stat[stat.rfind(")") + 2:][:1] not in ("Z", "X")
 
 
 def remove_stale_temp_files(directory: Path, *, mine_are_stale: bool = False,

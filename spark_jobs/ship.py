@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from storage_c import Log
+from storage_c.files import pid_alive
 
 from .lakefs import Lake
 from .offsets import READ_ONLY, Offsets, shard_list, SourceOptions, bounds, to_json
@@ -177,26 +178,7 @@ def _stale_temp(path: str, pid: int) -> bool:
         age = time.time() - os.stat(path).st_mtime
     except FileNotFoundError:
         return False
-    return age > STALE_TEMP_S or (pid != os.getpid() and not _alive(pid))
-
-
-def _alive(pid: int) -> bool:
-    """A process ``pid`` exists in this PID namespace and is not a zombie (a
-    killed driver its parent has not reaped yet writes nothing more)."""
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            stat = f.read()
-    except OSError:
-        return True  # no /proc: trust kill(0)
-    return stat[stat.rfind(")") + 2:][:1] not in ("Z", "X")
+    return age > STALE_TEMP_S or (pid != os.getpid() and not pid_alive(pid))
 
 
 # ---- planning ---------------------------------------------------------------------------

@@ -106,6 +106,10 @@ static void for_each_open_shard(comet_db *db, shard_fn fn, void *ctx)
 static void flush_if_dirty(shard *sh, void *ctx)
 {
     (void)ctx;
+    if (shard_check_deleted(sh)) { /* another process deleted the stream */
+        clear_error();
+        return;
+    }
     if (atomic_exchange(&sh->dirty, 0))
         shard_sync(sh, atomic_load_explicit(&sh->st->next_entry, memory_order_acquire));
     if (atomic_exchange(&sh->offsets_dirty, 0))
@@ -141,6 +145,10 @@ static void *flusher_main(void *arg)
             break;
         pthread_mutex_unlock(&db->flusher_lock);
         for_each_open_shard(db, flush_if_dirty, NULL);
+        /* Deleted streams: their mappings go once no thread is inside. */
+        pthread_mutex_lock(&db->lock);
+        streams_sweep_deleted(db);
+        pthread_mutex_unlock(&db->lock);
         int64_t now = monotonic_ns();
         if (db->cfg.retention_interval_ms &&
             now - last_retention >= (int64_t)db->cfg.retention_interval_ms * 1000000) {

@@ -64,9 +64,10 @@ typedef struct segment_header {
     uint32_t shard_id;
     uint32_t reserved0;
     uint64_t base_entry; /* first entry number stored in this segment */
-    uint64_t capacity;   /* file size in bytes, preallocated */
+    uint64_t capacity;   /* bytes allocated so far (preallocated); grows as the segment fills */
     int64_t created_ns;
-    uint8_t reserved1[20];
+    uint64_t reserved;   /* address space every process maps: the segment's size limit (0: capacity) */
+    uint8_t reserved1[12];
     uint32_t header_crc;
 } segment_header;
 static_assert(sizeof(segment_header) == FILE_HEADER_BYTES, "segment header is 64 bytes");

@@ -22,7 +22,8 @@
 
 typedef struct segment {
     uint64_t base;         /* first entry number */
-    uint64_t capacity;     /* bytes mapped (the file size when mapped) */
+    _Atomic uint64_t capacity; /* bytes that may be accessed: allocated and announced; only rises */
+    uint64_t map_bytes;    /* length of map and wmap (>= capacity): the reserved address space */
     uint8_t *map;          /* read-only shared mapping of the whole file */
     uint8_t *wmap;         /* writable mapping, only in a process that appended here */
     uint64_t zapped_to;    /* wmap pages below this were unmapped behind the writer */
@@ -51,7 +52,12 @@ int segment_fd(segment *seg, const char *dir);
 int segment_writable(segment *seg, const char *dir);
 /* Unmaps written pages well behind off from wmap (see segment.c). */
 void segment_release_behind(segment *seg, uint64_t off);
-int segment_grow(segment *seg, const char *dir, uint64_t capacity, int empty);
+/* Grows the file to capacity; *remap is set when that passes the reserved
+ * address space (every process must then map the file again). */
+int segment_grow(segment *seg, const char *dir, uint64_t capacity, int empty, int *remap);
+/* Raises seg->capacity to what the header announces, as far as the file
+ * really extends and the mapping reaches; returns the new capacity. */
+uint64_t segment_refresh_capacity(segment *seg, const char *dir);
 void segment_path(char *out, const char *dir, uint64_t base, const char *suffix);
 
 static inline const entry_header *segment_entry_at(const segment *seg, uint64_t off)

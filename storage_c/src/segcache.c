@@ -147,6 +147,8 @@ static int ensure_mapped_locked(shard *sh, size_t i)
     segment *seg = sh->segs[i];
     if (seg->map && segment_header_capacity(seg) <= seg->capacity)
         return 0;
+    if (seg->map && segment_refresh_capacity(seg, sh->dir) >= segment_header_capacity(seg))
+        return 0; /* grown within the mapping: nothing to map again */
     if (seg->map) {
         segment *fresh = segment_new(seg->base);
         if (!fresh)

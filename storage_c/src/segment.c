@@ -38,7 +38,8 @@ void segment_path(char *out, const char *dir, uint64_t base, const char *suffix)
     snprintf(out, COMET_PATH_MAX, "%s/%020" PRIu64 "%s", dir, base, suffix);
 }
 
-static void header_fill(segment_header *h, uint32_t shard_id, uint64_t base, uint64_t capacity)
+static void header_fill(segment_header *h, uint32_t shard_id, uint64_t base, uint64_t capacity,
+                        uint64_t reserved)
 {
     memset(h, 0, sizeof *h);
     h->magic = MAGIC_SEGMENT;
@@ -47,6 +48,7 @@ static void header_fill(segment_header *h, uint32_t shard_id, uint64_t base, uin
     h->shard_id = shard_id;
     h->base_entry = base;
     h->capacity = capacity;
+    h->reserved = reserved > capacity ? reserved : capacity;
     h->created_ns = now_ns();
     h->header_crc = crc32c_header(h);
 }
@@ -80,7 +82,7 @@ int segment_create(const char *dir, uint32_t shard_id, uint64_t base, uint64_t c
         goto fail;
     }
     segment_header h;
-    header_fill(&h, shard_id, base, capacity);
+    header_fill(&h, shard_id, base, capacity, index_coverage);
     if (pwrite(fd, &h, sizeof h, 0) != (ssize_t)sizeof h) {
         rc = set_errno_error(errno ? errno : EIO, "cannot write segment header %s", tmp);
         close(fd);
@@ -144,11 +146,15 @@ static int map_file(segment *seg, const char *path, uint32_t shard_id)
     /* A file shorter than its header says was truncated behind our back: map
      * what is there; recovery extends the active segment again. */
     uint64_t size = (uint64_t)sb.st_size < h.capacity ? (uint64_t)sb.st_size : h.capacity;
-    void *map = mmap(NULL, size, PROT_READ, MAP_SHARED, fd, 0);
+    /* The whole reserved size is mapped, so that growth needs no new mapping;
+     * nothing past `size` (the capacity) is ever touched. */
+    uint64_t span = h.reserved > size && h.reserved <= SEGMENT_MAX_BYTES ? h.reserved : size;
+    void *map = mmap(NULL, span, PROT_READ, MAP_SHARED, fd, 0);
     close(fd);
     if (map == MAP_FAILED)
         return set_errno_error(errno, "cannot map segment %s", path);
     seg->map = map;
+    seg->map_bytes = span;
     seg->capacity = size;
     return 0;
 }
@@ -195,30 +201,64 @@ int segment_fd(segment *seg, const char *dir)
 
 /* Grows the active segment's file to capacity (under the append lock): the
  * space first, then the header that announces it, so that no process ever
- * maps past the allocated end.  The index keeps its records; it is recreated
- * only for an empty segment that one batch makes larger than the index
- * covers.  The caller bumps active_gen, so that every writer maps the file
- * again. */
-int segment_grow(segment *seg, const char *dir, uint64_t capacity, int empty)
+ * touches past the allocated end.  Within the reserved size the mappings
+ * already reach: capacity is raised in place.  Past it (an empty segment that
+ * one batch makes larger), the header reserves the new size and the caller
+ * bumps active_gen so that every process maps the file again; the index is
+ * recreated then if it does not cover the new size. */
+int segment_grow(segment *seg, const char *dir, uint64_t capacity, int empty, int *remap)
 {
+    *remap = 0;
     int fd = segment_fd(seg, dir);
     if (fd < 0)
         return fd;
+    segment_header h;
+    memcpy(&h, seg->map, sizeof h);
+    if (h.capacity >= capacity) { /* grown already (by another process) */
+        segment_refresh_capacity(seg, dir);
+        return 0;
+    }
     int err = preallocate(fd, capacity);
     if (err)
         return set_errno_error(err, "cannot preallocate segment %" PRIu64 " to %" PRIu64 " bytes",
                                seg->base, capacity);
-    segment_header h;
-    memcpy(&h, seg->map, sizeof h);
     h.capacity = capacity;
+    if (capacity > seg->map_bytes) {
+        h.reserved = capacity;
+        *remap = 1;
+    }
     h.header_crc = crc32c_header(&h);
     if (pwrite(fd, &h, sizeof h, 0) != (ssize_t)sizeof h)
         return set_errno_error(errno ? errno : EIO, "cannot rewrite header of segment %" PRIu64,
                                seg->base);
+    if (!*remap) {
+        segment_refresh_capacity(seg, dir);
+        return 0;
+    }
     if (!empty || index_covers(seg, capacity))
         return 0;
     uint32_t interval = seg->index_interval ? seg->index_interval : 4096;
     return index_create(dir, h.shard_id, seg->base, capacity, interval);
+}
+
+uint64_t segment_refresh_capacity(segment *seg, const char *dir)
+{
+    uint64_t have = atomic_load(&seg->capacity);
+    uint64_t want = segment_header_capacity(seg);
+    if (want <= have)
+        return have;
+    if (want > seg->map_bytes)
+        want = seg->map_bytes;
+    /* Only as far as the file really reaches (a file cut short behind our
+     * back is recovery's to restore; a mapped access past its end would fault). */
+    char path[COMET_PATH_MAX];
+    struct stat sb;
+    segment_path(path, dir, seg->base, SEGMENT_SUFFIX);
+    if (stat(path, &sb) || (uint64_t)sb.st_size < want)
+        return have;
+    while (have < want && !atomic_compare_exchange_weak(&seg->capacity, &have, want))
+        ;
+    return atomic_load(&seg->capacity);
 }
 
 #define RELEASE_CHUNK ((uint64_t)1 << 20)
@@ -230,7 +270,7 @@ int segment_writable(segment *seg, const char *dir)
     int fd = segment_fd(seg, dir);
     if (fd < 0)
         return fd;
-    void *map = mmap(NULL, seg->capacity, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    void *map = mmap(NULL, seg->map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (map == MAP_FAILED)
         return set_errno_error(errno, "cannot map segment %" PRIu64 " for writing", seg->base);
     seg->wmap = map;
@@ -258,9 +298,9 @@ void segment_free(segment *seg)
     if (!seg)
         return;
     if (seg->wmap)
-        munmap(seg->wmap, seg->capacity);
+        munmap(seg->wmap, seg->map_bytes);
     if (seg->map)
-        munmap(seg->map, seg->capacity);
+        munmap(seg->map, seg->map_bytes);
     index_unmap(seg);
     if (seg->fd >= 0)
         close(seg->fd);

@@ -263,6 +263,8 @@ static int enforce_budget(shard *sh, uint64_t new_bytes)
 static uint64_t grown_capacity(const comet_config *cfg, uint64_t capacity, uint64_t needed,
                                uint64_t limit)
 {
+    if (cfg->segment_chunk_bytes >= limit) /* chunking off: whole segments */
+        return limit > needed ? limit : needed;
     uint64_t cap = capacity;
     while (cap < needed) {
         uint64_t step = cap < SEGMENT_FIRST_CHUNK ? SEGMENT_FIRST_CHUNK : cap;
@@ -292,6 +294,8 @@ static int make_room(shard *sh, uint64_t total)
     uint64_t end = atomic_load_explicit(&st->active_end, memory_order_relaxed);
     if (sh->active && end + total <= sh->active->capacity)
         return 0;
+    if (sh->active && end + total <= segment_refresh_capacity(sh->active, sh->dir))
+        return 0; /* another process grew it */
     uint64_t limit = cfg->segment_bytes;
     uint64_t next = atomic_load_explicit(&st->next_entry, memory_order_relaxed);
     if (sh->active && (end + total <= limit || next == sh->active->base)) {
@@ -300,10 +304,12 @@ static int make_room(shard *sh, uint64_t total)
         rc = enforce_budget(sh, capacity - have);
         if (rc)
             return rc;
-        rc = segment_grow(sh->active, sh->dir, capacity, next == sh->active->base);
+        int remap;
+        rc = segment_grow(sh->active, sh->dir, capacity, next == sh->active->base, &remap);
         if (rc)
             return rc;
-        atomic_fetch_add_explicit(&st->active_gen, 1, memory_order_release);
+        if (remap)
+            atomic_fetch_add_explicit(&st->active_gen, 1, memory_order_release);
     } else {
         uint64_t need = SEGMENT_DATA_OFFSET + total;
         uint64_t capacity = grown_capacity(cfg, 0, need, limit);
