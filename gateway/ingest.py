@@ -207,9 +207,8 @@ class Ingest:
         if metrics is not None:
             metrics.observe(outcome.status, seconds, outcome.events, head.length or 0)
         if self.access_log is not None:
-            self.access_log.write({"event": "request", "method": "POST", "path": scope["path"],
-                         "status": outcome.status, "events": outcome.events,
-                         "ms": round(seconds * 1000, 3), "slot": self.runtime.slot})
+            self.access_log.request(scope["path"], outcome.status, outcome.events, seconds,
+                                    self.runtime.slot)
 
     def check_name(self, stream: str) -> None:
         if stream in self.valid_names:

@@ -33,6 +33,7 @@ class Runtime:
         self.metrics: WorkerMetrics | None = None
         self.draining = False
         self.inflight = 0
+        self._slot: int | None = None
         self.storage_full: str | None = None
         """Why the last write failed with storage full; None once a write
         succeeds or readiness finds room again (see room_returned)."""
@@ -72,6 +73,7 @@ class Runtime:
             except Exception as exc:  # a closed log or an I/O error: say it, stop trying
                 log.error('{"event": "slot_claim_failed", "error": %r}', str(exc))
                 return
+            self._slot = slot
             self.metrics = WorkerMetrics.open(self.config.data_dir, slot)
             log.info('{"event": "slot_claimed", "slot": %d, "waited_s": %.1f}', slot, waited)
             return
@@ -84,7 +86,7 @@ class Runtime:
 
     @property
     def slot(self) -> int | None:
-        return None if self.log is None else self.log.slot
+        return self._slot  # kept here: asked per request (the access log)
 
     @property
     def ready(self) -> bool:
@@ -101,6 +103,7 @@ class Runtime:
             if self.log is not None:
                 self.log.sync()
                 self.log.close()
+            self._slot = None
         if self.metrics is not None:
             self.metrics.close()
 
