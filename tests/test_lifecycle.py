@@ -213,3 +213,17 @@ def test_a_running_shipper_stops_cleanly_when_its_stream_is_deleted(data_dir: Pa
     rest = proc.communicate(timeout=60)[1]
     assert proc.returncode == 1
     assert "Traceback" not in rest and "Error: stream 'ev' was deleted" in rest
+
+
+def test_a_killed_stream_creation_leaves_no_temporary_file(data_dir: Path) -> None:
+    with Log(data_dir, Config(shards=1)) as log:
+        log.create_stream("ev")
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = data_dir / "ev" / f".stream.meta.{dead.pid}.tmp"   # what a kill -9 mid-creation leaves
+    live = data_dir / "ev" / f".stream.meta.{os.getpid()}.tmp"  # a creator still at work
+    stale.write_bytes(b"x")
+    live.write_bytes(b"x")
+    with Log(data_dir, Config(shards=1, background_flush=False)) as log:
+        log.append("ev", b"{}")
+    assert not stale.exists() and live.exists()

@@ -16,6 +16,7 @@
 #include <string.h>
 #include <fcntl.h>
 #include <ftw.h>
+#include <signal.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -151,6 +152,30 @@ static int stream_create(comet_db *db, const char *name, const char *dir, uint32
     return rc;
 }
 
+/* Temporary metadata files (".stream.meta.<pid>.tmp") of creators that died
+ * before they linked them into place; a live creator's is left alone. */
+static void remove_dead_creators_temps(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return;
+    char prefix[64], path[COMET_PATH_MAX];
+    snprintf(prefix, sizeof prefix, ".%s.", STREAM_META_NAME);
+    size_t pl = strlen(prefix), tl = strlen(TEMP_SUFFIX);
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        size_t len = strlen(de->d_name);
+        if (len <= pl + tl || strncmp(de->d_name, prefix, pl) ||
+            strcmp(de->d_name + len - tl, TEMP_SUFFIX))
+            continue;
+        long pid = strtol(de->d_name + pl, NULL, 10);
+        if (pid > 0 && kill((pid_t)pid, 0) && errno == ESRCH &&
+            !path_format(path, "%s/%s", dir, de->d_name))
+            unlink(path);
+    }
+    closedir(d);
+}
+
 /* Reads the shard count, creating the stream when asked. */
 static int stream_meta_open(comet_db *db, const char *name, const char *dir, uint32_t shards,
                             int create, uint32_t *out)
@@ -167,6 +192,7 @@ static int stream_meta_open(comet_db *db, const char *name, const char *dir, uin
         return set_error(COMET_E_NO_STREAM, "stream '%s' does not exist", name);
     if (rc)
         return rc;
+    remove_dead_creators_temps(dir);
     if (shards && shards != *out)
         return set_error(COMET_E_SHARD_COUNT,
                          "stream '%s' has %u shards; opened with %u (the count is fixed at creation)",
