@@ -236,3 +236,9 @@ def classify(exc: BaseException, sink: object = None) -> SinkFailure:
         return _os_failure(exc, str(root) if root is not None else None)
     return SinkFailure(False, type(exc).__name__, one_line(str(exc) or repr(exc)),
                        "check the sink")
+
+
+class StreamRecreated(ValueError):
+    """The stream was deleted and created again since this group last shipped
+    it: its objects would take the old stream's keys (the same shards and
+    entry numbers), overwriting what was shipped before."""

@@ -55,7 +55,7 @@ import zstandard
 from storage_c import ReadBatch
 
 from .consumer import Consumer
-from .errors import ShipError, SinkFailure, classify
+from .errors import ShipError, SinkFailure, StreamRecreated, classify
 from .files import remove_stale_temp_files, write_durably
 from .loop import backoff, sleep_unless, stopper
 from .sinks import Sink
@@ -184,6 +184,7 @@ class Shipper:
         self._once = once
         self._last_status = time.monotonic()
         self.remove_temp_files()
+        self.check_incarnation()
         if not self.resume(stopped):
             return self.stats
         while not stopped():
@@ -387,6 +388,24 @@ class Shipper:
             log.info(json.dumps({"event": "temp_file_removed", "path": str(p)}))
         self.stats.temp_files_removed += len(removed)
         return len(removed)
+
+    def check_incarnation(self) -> None:
+        """Refuses a stream that was deleted and created again since this
+        group last shipped it: object keys name shards and entry numbers, so
+        the new stream's objects would overwrite the old ones'."""
+        created = self.consumer.log.stream_created_ns(self.consumer.stream)
+        marker = self.intents / "stream.created"
+        try:
+            seen = int(marker.read_text())
+        except (FileNotFoundError, ValueError):
+            write_durably(marker, b"%d" % created)
+            return
+        if seen != created:
+            raise StreamRecreated(
+                f"stream {self.consumer.stream!r} was deleted and created again since group "
+                f"{self.consumer.group!r} last shipped it; its objects would overwrite the old "
+                f"stream's (same keys): ship it to another prefix of the sink, then remove "
+                f"{self.intents} to start this group's record anew")
 
     # ---- intents: exactly once across crashes -----------------------------------------
 

@@ -321,6 +321,12 @@ class Log:
         self._forget_if_deleted(name, rc)
         raise_for(rc)
 
+    def stream_created_ns(self, name: str) -> int:
+        """When the stream was created (unix ns): a stream deleted and created
+        again under the same name has another value."""
+        s = self._streams.get(name) or self._open_stream(name, create=False)
+        return int(lib.comet_stream_created(s.ptr))
+
     def create_stream(self, name: str, shards: int | None = None) -> int:
         """Creates a stream (or checks an existing one's shard count); returns its shard count."""
         return self._open_stream(name, shards or self.config.shards, create=True).shards

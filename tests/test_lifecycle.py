@@ -227,3 +227,22 @@ def test_a_killed_stream_creation_leaves_no_temporary_file(data_dir: Path) -> No
     with Log(data_dir, Config(shards=1, background_flush=False)) as log:
         log.append("ev", b"{}")
     assert not stale.exists() and live.exists()
+
+
+def test_ship_refuses_a_stream_created_again_under_the_same_name(data_dir: Path, tmp_path: Path) -> None:
+    """Object keys name shards and entry numbers: a recreated stream's objects
+    would overwrite the old ones, so the same group refuses to ship it."""
+    out = tmp_path / "out"
+    with Log(data_dir, Config(shards=1)) as log:
+        log.append("ev", b'{"old":1}')
+    first = comet_cli("ship", str(data_dir), "ev", str(out), "--once")
+    assert first.returncode == 0, first.stderr
+    shipped = {p.relative_to(out): p.read_bytes() for p in out.rglob("*.zst")}
+    assert len(shipped) == 1
+    assert comet_cli("stream", "delete", str(data_dir), "ev", "--yes").returncode == 0
+    with Log(data_dir, Config(shards=1)) as log:
+        log.append("ev", b'{"new":1}')  # entry 0 again, same shard, same hour
+    again = comet_cli("ship", str(data_dir), "ev", str(out), "--once")
+    assert again.returncode == 1 and "deleted and created again" in again.stderr
+    assert "Traceback" not in again.stderr
+    assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*.zst")} == shipped  # untouched

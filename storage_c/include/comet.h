@@ -264,6 +264,9 @@ int comet_validate_stream_name(const char *name, size_t name_len);
  * removes. */
 int comet_stream_delete(comet_db *db, const char *name, size_t name_len);
 uint32_t comet_stream_shards(const comet_stream *s);
+/* When the stream was created (unix ns, from its metadata): a stream deleted
+ * and created again under the same name has another value. */
+int64_t comet_stream_created(const comet_stream *s);
 const char *comet_stream_name(const comet_stream *s);
 /* Stream names, each followed by '\n'. Returns the bytes needed (may exceed cap). */
 int64_t comet_list_streams(comet_db *db, char *buf, size_t cap);

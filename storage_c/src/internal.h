@@ -234,6 +234,7 @@ struct comet_stream {
     char name[COMET_STREAM_NAME_MAX + 1];
     char dir[COMET_PATH_MAX];
     uint32_t shard_count;
+    int64_t created_ns;     /* from stream.meta: tells a stream from one created again under its name */
     pthread_mutex_t open_lock;
     shard *_Atomic *shards; /* opened lazily */
     struct comet_stream *next;

@@ -55,7 +55,7 @@ int comet_validate_stream_name(const char *name, size_t len)
     return 0;
 }
 
-static int read_meta(const char *dir, const char *name, uint32_t *shards)
+static int read_meta(const char *dir, const char *name, uint32_t *shards, int64_t *created)
 {
     char path[COMET_PATH_MAX];
     if (path_format(path, "%s/%s", dir, STREAM_META_NAME))
@@ -77,6 +77,8 @@ static int read_meta(const char *dir, const char *name, uint32_t *shards)
     if (m.shard_count == 0 || m.shard_count > COMET_MAX_SHARDS)
         return set_error(COMET_E_CORRUPT, "%s: impossible shard count %u", path, m.shard_count);
     *shards = m.shard_count;
+    if (created)
+        *created = m.created_ns;
     return 0;
 }
 
@@ -125,7 +127,7 @@ static int stream_create(comet_db *db, const char *name, const char *dir, uint32
             return rc;
         }
         uint32_t known;
-        int rc = read_meta(dir, name, &known); /* created while we waited? */
+        int rc = read_meta(dir, name, &known, NULL); /* created while we waited? */
         int64_t n = rc == COMET_E_NO_STREAM ? count_streams(db) : 0;
         if (rc == COMET_E_NO_STREAM && n >= 0 && n >= db->cfg.max_streams) {
             close(lock);
@@ -178,15 +180,15 @@ static void remove_dead_creators_temps(const char *dir)
 
 /* Reads the shard count, creating the stream when asked. */
 static int stream_meta_open(comet_db *db, const char *name, const char *dir, uint32_t shards,
-                            int create, uint32_t *out)
+                            int create, uint32_t *out, int64_t *created)
 {
-    int rc = read_meta(dir, name, out);
+    int rc = read_meta(dir, name, out, created);
     if (rc == COMET_E_NO_STREAM && create) {
         uint32_t want = shards ? shards : db->cfg.default_shards;
         rc = stream_create(db, name, dir, want);
         if (rc)
             return rc;
-        rc = read_meta(dir, name, out); /* whoever created it first decided */
+        rc = read_meta(dir, name, out, created); /* whoever created it first decided */
     }
     if (rc == COMET_E_NO_STREAM)
         return set_error(COMET_E_NO_STREAM, "stream '%s' does not exist", name);
@@ -253,7 +255,7 @@ static int stream_open_in(comet_db *db, const char *name, uint32_t shards, int c
     strcpy(s->name, name);
     rc = path_format(s->dir, "%s/%s", db->path, name);
     if (!rc)
-        rc = stream_meta_open(db, name, s->dir, shards, create, &s->shard_count);
+        rc = stream_meta_open(db, name, s->dir, shards, create, &s->shard_count, &s->created_ns);
     if (!rc && !(s->shards = calloc(s->shard_count, sizeof *s->shards)))
         rc = set_error(COMET_E_NOMEM, "out of memory");
     if (rc) {
@@ -435,6 +437,11 @@ void stream_release(comet_stream *s)
         if (sh)
             shard_release(sh);
     }
+}
+
+int64_t comet_stream_created(const comet_stream *s)
+{
+    return s ? s->created_ns : COMET_E_INVALID;
 }
 
 uint32_t comet_stream_shards(const comet_stream *s)
