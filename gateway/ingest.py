@@ -124,8 +124,7 @@ async def read_body(receive: Receive, limit: int, length: int | None) -> Body:
     by chunk into one buffer of that size, so that no single copy of a large
     body (a join holds the GIL) runs on the event loop; an undeclared one
     (chunked) is joined on a worker thread."""
-    if length is not None and length > INLINE_BODY_BYTES:
-        return await _read_into(receive, bytearray(length), limit)
+    buffer = bytearray(length) if length is not None and length > INLINE_BODY_BYTES else None
     parts: list[bytes] = []
     size = 0
     while True:
@@ -133,38 +132,27 @@ async def read_body(receive: Receive, limit: int, length: int | None) -> Body:
         if message["type"] == "http.disconnect":
             raise ClientGone()
         chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
+        end = size + len(chunk)
+        if end > limit:
             raise HTTPError(413, "body_too_large",
                             f"request body is larger than max_body_bytes ({limit})")
-        parts.append(chunk)
-        if not message.get("more_body", False):
-            if len(parts) == 1:
-                return parts[0]
-            if size > INLINE_BODY_BYTES:
-                return await run_in_threadpool(b"".join, parts)
-            return b"".join(parts)
-
-
-async def _read_into(receive: Receive, buffer: bytearray, limit: int) -> bytearray:
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise ClientGone()
-        chunk = message.get("body", b"")
-        end = size + len(chunk)
-        if end > len(buffer):  # the server enforces Content-Length; be safe anyway
-            if end > limit:
-                raise HTTPError(413, "body_too_large",
-                                f"request body is larger than max_body_bytes ({limit})")
-            buffer.extend(bytes(end - len(buffer)))
-        buffer[size:end] = chunk
+        if buffer is None:
+            parts.append(chunk)
+        else:
+            if end > len(buffer):  # the server enforces Content-Length; be safe anyway
+                buffer.extend(bytes(end - len(buffer)))
+            buffer[size:end] = chunk
         size = end
         if not message.get("more_body", False):
-            if size < len(buffer):
-                del buffer[size:]
-            return buffer
+            break
+    if buffer is not None:
+        del buffer[size:]
+        return buffer
+    if len(parts) == 1:
+        return parts[0]
+    if size > INLINE_BODY_BYTES:
+        return await run_in_threadpool(b"".join, parts)
+    return b"".join(parts)
 
 
 class StreamGone(Exception):
@@ -319,29 +307,31 @@ def where_in_body(fault: BodyFault) -> str:
     return f"event {fault.index} (line {fault.line})"
 
 
+def one_event(body: Body) -> Body:
+    """The body, unless it holds nothing but whitespace (400), for the paths
+    that store it unchecked; the C check reports that itself (NoEvents)."""
+    if not body or body.isspace():
+        raise HTTPError(400, "empty_body", "the body holds no event")
+    return body
+
+
 def store(runtime: Runtime, stream: str, kind: str, body: Body,
           key: str | None) -> BatchResult:
     log = runtime.log
     assert log is not None
     try:
         if kind in BYTES_TYPES:
-            if not body or body.isspace():
-                raise HTTPError(400, "empty_body", "the body holds no event")
-            return log.append_batch(stream, [body], key=key)
+            return log.append_batch(stream, [one_event(body)], key=key)
         validate = runtime.config.validates(stream)
         if kind in NDJSON_TYPES:
             if validate:
                 return log.ingest(stream, body, "ndjson", key=key)
             if b"\r" in body:
                 body = body.replace(b"\r\n", b"\n")
-            if not body or body.isspace():
-                raise HTTPError(400, "empty_body", "the body holds no event")
-            return log.append_delimited(stream, body, key=key)  # no per-line work at all
+            return log.append_delimited(stream, one_event(body), key=key)  # no per-line work at all
         if validate or ARRAY_START.match(body):  # an array is split (and checked) in C
             return log.ingest(stream, body, "json", key=key)
-        if not body or body.isspace():
-            raise HTTPError(400, "empty_body", "the body holds no event")
-        return log.append_batch(stream, [body], key=key)
+        return log.append_batch(stream, [one_event(body)], key=key)
     except (InvalidJSON, NoEvents) as exc:
         raise bad_body(exc) from None
     except StorageFull as exc:

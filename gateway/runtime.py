@@ -124,7 +124,7 @@ class Runtime:
         budget = storage.retention_max_total_bytes
         if budget and self.log is not None:
             self.log.run_retention(room=need)
-            if log_bytes(self.config.data_dir) + need > budget:
+            if self.log.data_bytes() + need > budget:
                 return False
         self.storage_full = None
         return True
@@ -142,16 +142,3 @@ class Runtime:
     def release(self, nbytes: int) -> None:
         self.inflight -= nbytes
 
-
-def log_bytes(data_dir: str) -> int:
-    """Bytes of the segment and index files of a data directory: what the
-    retention budget counts."""
-    total = 0
-    for root, _, files in os.walk(data_dir):
-        for name in files:
-            if name.endswith((".log", ".idx")):
-                try:
-                    total += os.stat(os.path.join(root, name)).st_size
-                except FileNotFoundError:
-                    pass
-    return total

@@ -69,6 +69,10 @@ class _Stream:
             key = key.encode()
         return lib.comet_shard_for_key(self.ptr, key, len(key))
 
+    def out_of_range(self, shard: int) -> ShardRangeError:
+        return ShardRangeError(f"shard {shard} is out of range: stream {self.name!r} has "
+                               f"{self.shards} shards")
+
     def reset_rotation(self, owned: Sequence[int]) -> None:
         self.rotation = itertools.cycle(owned or range(self.shards))
 
@@ -80,8 +84,7 @@ class _Stream:
             rc = lib.COMET_E_SHARD_RANGE
         if rc < 0:
             if rc == lib.COMET_E_SHARD_RANGE:
-                raise ShardRangeError(f"shard {shard} is out of range: stream {self.name!r} has "
-                                      f"{self.shards} shards")
+                raise self.out_of_range(shard)
             raise_for(rc)
         self.handles[shard] = out[0]
         return out[0]
@@ -400,8 +403,7 @@ class Log:
             return lib.comet_append(s.ptr, shard, payload, len(payload), flags,
                                     DURABILITY_CODES[durability])
         except OverflowError:
-            raise ShardRangeError(f"shard {shard} is out of range: stream {s.name!r} has "
-                                  f"{s.shards} shards") from None
+            raise s.out_of_range(shard) from None
 
     def append_batch(self, stream: str, payloads: Iterable[bytes], *, shard: int | None = None,
                      key: str | bytes | None = None, durability: str | None = None) -> BatchResult:
@@ -419,8 +421,7 @@ class Log:
             rc = lib.comet_append_marshal(s.ptr, shard, framed, len(framed), self._raw_limit,
                                           DURABILITY_CODES[durability], ffi.NULL)
         except OverflowError:
-            raise ShardRangeError(f"shard {shard} is out of range: stream {stream!r} has "
-                                  f"{s.shards} shards") from None
+            raise s.out_of_range(shard) from None
         if rc == _WANTS_COMPRESSION:
             return self._append_compressed(s, shard, payloads, durability)
         if rc < 0:
@@ -447,8 +448,7 @@ class Log:
                                             1 if skip_empty else 0, self._raw_limit,
                                             DURABILITY_CODES[durability], count)
         except OverflowError:
-            raise ShardRangeError(f"shard {shard} is out of range: stream {stream!r} has "
-                                  f"{s.shards} shards") from None
+            raise s.out_of_range(shard) from None
         if rc == _WANTS_COMPRESSION:
             parts = buffer.split(delimiter)
             if parts and parts[-1] == b"":
@@ -487,8 +487,7 @@ class Log:
         try:
             rc = lib.comet_ingest(s.ptr, shard, req, res)
         except OverflowError:
-            raise ShardRangeError(f"shard {shard} is out of range: stream {stream!r} has "
-                                  f"{s.shards} shards") from None
+            raise s.out_of_range(shard) from None
         finally:
             req.body = ffi.NULL
         if rc < 0:
@@ -577,8 +576,7 @@ class Log:
             try:
                 rc = lib.comet_read(s.ptr, shard, req, res)
             except OverflowError:
-                raise ShardRangeError(f"shard {shard} is out of range: stream {stream!r} has "
-                                      f"{s.shards} shards") from None
+                raise s.out_of_range(shard) from None
             finally:
                 req.data = ffi.cast("uint8_t *", scratch._data_ptr)
                 req.data_capacity = scratch.capacity
@@ -590,8 +588,7 @@ class Log:
             try:
                 rc = lib.comet_read(s.ptr, shard, req, res)
             except OverflowError:
-                raise ShardRangeError(f"shard {shard} is out of range: stream {stream!r} has "
-                                      f"{s.shards} shards") from None
+                raise s.out_of_range(shard) from None
             if rc != _BUFFER_TOO_SMALL:
                 break
             scratch.ensure(res.needed_bytes, max_entries)
@@ -628,8 +625,7 @@ class Log:
         try:
             rc = lib.comet_group_open(s.ptr, shard, raw, len(raw), 1 if create else 0, out)
         except OverflowError:
-            raise ShardRangeError(f"shard {shard} is out of range: stream {stream!r} has "
-                                  f"{s.shards} shards") from None
+            raise s.out_of_range(shard) from None
         if rc < 0:
             self._raise(stream, rc)
         return Group(stream, shard, name, out[0])
@@ -656,6 +652,14 @@ class Log:
         rc = lib.comet_group_delete(s.ptr, raw, len(raw))
         if rc < 0:
             self._raise(stream, rc)
+
+    def data_bytes(self) -> int:
+        """Bytes of the segment and index files: what retention_max_total_bytes counts."""
+        self._check_open()
+        rc = lib.comet_data_bytes(self._db)
+        if rc < 0:
+            raise_for(rc)
+        return int(rc)
 
     def run_retention(self, room: int = 0) -> RetentionReport:
         """A retention pass now, over the shards this process owns; with

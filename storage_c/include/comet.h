@@ -380,6 +380,9 @@ int comet_run_retention(comet_db *db, comet_retention_report *out);
 /* The same, deleting what the policy allows until `room` more bytes fit in
  * retention_max_total_bytes (readiness after a storage-full error). */
 int comet_run_retention_room(comet_db *db, uint64_t room, comet_retention_report *out);
+/* Bytes of every segment and index file of the data directory: what
+ * retention_max_total_bytes counts. */
+int64_t comet_data_bytes(comet_db *db);
 
 /* Durability and inspection. */
 int comet_sync(comet_stream *s, int shard); /* shard < 0: every shard */

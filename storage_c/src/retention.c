@@ -231,6 +231,18 @@ static int retention_stream(comet_db *db, comet_stream *s, uint64_t *excess, int
     return 0;
 }
 
+int64_t comet_data_bytes(comet_db *db)
+{
+    if (!db)
+        return set_error(COMET_E_INVALID, "comet_data_bytes: null db");
+    int rc = db_enter(db);
+    if (rc)
+        return rc;
+    int64_t used = (int64_t)retention_total_bytes(db);
+    db_leave(db);
+    return used;
+}
+
 int comet_run_retention(comet_db *db, comet_retention_report *out)
 {
     return comet_run_retention_room(db, 0, out);
