@@ -19,47 +19,77 @@ PIPE_BUF = select.PIPE_BUF
 
 
 REQUEST_LINE = (b'{"event":"request","method":"POST","path":%b,"status":%d,"events":%d,'
-                b'"ms":%.3f,"slot":%b,"ts":%.6f}\n')
+                b'"ms":%.3f,"slot":%b,"ts":%d.%06d}\n')
+
+# How many requests wait for their lines at most: ~170 bytes each, so that one
+# batch usually fits one PIPE_BUF write.
+BATCH_LINES = 24
 
 
 class AccessLog:
-    """The access log, buffered: lines are collected and written together at
-    most ``interval`` seconds after the first of them (and at shutdown, by
-    ``flush``), in writes of at most PIPE_BUF bytes that end on a line.  One
-    write(2) per request cost about a sixth of what a single-event request
-    costs the worker; a kill -9 loses at most ``interval`` of access lines."""
+    """The access log, batched: a request costs a tuple append, and its line is
+    formatted and written with the others at most ``interval`` seconds later
+    (or once BATCH_LINES are waiting, and at shutdown, by ``flush``), in writes
+    of at most PIPE_BUF bytes that end on a line.  Formatting a line per request
+    in between the request's own work cost a live worker three to four times
+    what the same formatting costs in a loop (measured with py-spy: 4.5 % of a
+    worker's samples); one write(2) per request cost about a sixth of a
+    single-event request.  A kill -9 loses at most ``interval`` of access lines."""
 
     def __init__(self, fd: int = 1, interval: float = 0.2) -> None:
         self.fd = fd
         self.interval = interval
-        self.buffer = bytearray()
+        self.pending: list[tuple[str, int, int, float, int | None, int]] = []
+        self.paths: dict[str, bytes] = {}  # path -> its JSON string (a few streams, many requests)
         self._timer: asyncio.TimerHandle | None = None
 
     def request(self, path: str, status: int, events: int, seconds: float, slot: int | None) -> None:
-        """One ingest request's line (formatted directly: this runs per request)."""
-        self.write_line(REQUEST_LINE % (orjson.dumps(path), status, events, seconds * 1000,
-                                        b"null" if slot is None else b"%d" % slot, time.time()))
+        """One ingest request; its line is written with the batch."""
+        self.pending.append((path, status, events, seconds, slot, time.time_ns()))
+        if len(self.pending) >= BATCH_LINES:
+            self.flush()
+        elif self._timer is None:
+            self._arm()
 
     def write(self, fields: dict[str, Any]) -> None:
         fields["ts"] = time.time()
-        self.write_line(orjson.dumps(fields) + b"\n")
+        self.flush()
+        self._write(orjson.dumps(fields) + b"\n")
 
-    def write_line(self, line: bytes) -> None:
-        if len(self.buffer) + len(line) > PIPE_BUF:
+    def _arm(self) -> None:
+        try:
+            self._timer = asyncio.get_running_loop().call_later(self.interval, self._tick)
+        except RuntimeError:  # no loop (a caller outside the server): write now
             self.flush()
-        self.buffer += line
-        if self._timer is None:
-            try:
-                self._timer = asyncio.get_running_loop().call_later(self.interval, self._tick)
-            except RuntimeError:  # no loop (a caller outside the server): write now
-                self.flush()
 
     def _tick(self) -> None:
         self._timer = None
         self.flush()
 
+    def _line(self, path: str, status: int, events: int, seconds: float, slot: int | None,
+              ts_ns: int) -> bytes:
+        quoted = self.paths.get(path)
+        if quoted is None:
+            quoted = orjson.dumps(path)
+            if len(self.paths) < 1000:
+                self.paths[path] = quoted
+        second, ns = divmod(ts_ns, 1_000_000_000)
+        return REQUEST_LINE % (quoted, status, events, seconds * 1000,
+                               b"null" if slot is None else b"%d" % slot, second, ns // 1000)
+
     def flush(self) -> None:
-        data, self.buffer = bytes(self.buffer), bytearray()
+        pending, self.pending = self.pending, []
+        chunk = bytearray()
+        for record in pending:
+            line = self._line(*record)
+            if len(chunk) + len(line) > PIPE_BUF:
+                self._write(bytes(chunk))
+                chunk.clear()
+            chunk += line
+        if chunk:
+            self._write(bytes(chunk))
+
+    def _write(self, data: bytes) -> None:
         while data:
             try:
                 data = data[os.write(self.fd, data):]
