@@ -7,21 +7,23 @@ from __future__ import annotations
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from storage_c import Config, Log, StorageFull
+from storage_c.testing import clock_shifted
 
 from .conftest import read_all, worker
 
 SEG = 64 << 10
 
 
-def cfg(**kw: object) -> Config:
-    base = dict(shards=1, segment_bytes=SEG, background_flush=False, retention_interval_ms=0,
+def cfg(**kw: Any) -> Config:
+    base: dict[str, Any] = dict(shards=1, segment_bytes=SEG, background_flush=False, retention_interval_ms=0,
                 retention_protect_unconsumed=False)
     base.update(kw)
-    return Config(**base)  # type: ignore[arg-type]
+    return Config(**base)
 
 
 def fill(log: Log, n: int, stream: str = "r") -> None:
@@ -40,9 +42,9 @@ def test_by_age_keeps_the_active_segment_and_the_numbers(data_dir: Path) -> None
         segments = log.shard_stats("r", 0).segments
         assert segments > 5
         assert log.run_retention().deleted_segments == 0  # nothing old enough yet
-        time.sleep(0.4)
-        log.append("r", b"%08d" % 3000 + b"." * 200, shard=0)
-        report = log.run_retention()
+        with clock_shifted(0.4):
+            log.append("r", b"%08d" % 3000 + b"." * 200, shard=0)
+            report = log.run_retention()
         stats = log.shard_stats("r", 0)
         assert report.deleted_segments == segments - 1 and stats.segments == 1  # only the active
         assert stats.first_entry > 0 and stats.next_entry == 3001
@@ -83,18 +85,18 @@ def test_unconsumed_data_is_protected_until_forced(data_dir: Path) -> None:
         fast = log.group("r", 0, "fast")
         fast.ack(2999)
         slow.ack(99)
-        time.sleep(0.2)
-        log.append("r", b"x", shard=0)
-        report = log.run_retention()
-        assert report.deleted_segments == 0 and report.protected_segments == 1
-        assert entries(log)[0] == 0
-        slow.ack(1499)  # the slow group catches up part of the way
-        report = log.run_retention()
+        with clock_shifted(0.2):
+            log.append("r", b"x", shard=0)
+            report = log.run_retention()
+            assert report.deleted_segments == 0 and report.protected_segments == 1
+            assert entries(log)[0] == 0
+            slow.ack(1499)  # the slow group catches up part of the way
+            report = log.run_retention()
         stats = log.shard_stats("r", 0)
         assert report.deleted_segments > 0 and report.lost_entries == 0
         assert stats.first_entry <= 1500  # nothing it has not consumed
-        time.sleep(1.6)  # past force_delete_after
-        report = log.run_retention()
+        with clock_shifted(1.8):  # past force_delete_after
+            report = log.run_retention()
         stats = log.shard_stats("r", 0)
         assert report.deleted_segments > 0 and report.lost_entries > 0
         assert stats.retention_lost_entries == report.lost_entries
@@ -143,12 +145,12 @@ def test_background_retention_runs_by_itself(data_dir: Path) -> None:
                  fsync_interval_ms=50)
     with Log(data_dir, config) as log:
         fill(log, 3000)
-        time.sleep(0.3)
-        log.append("r", b"fresh", shard=0)  # the newest segment holds a fresh entry
-        deadline = time.monotonic() + 10
-        while log.shard_stats("r", 0).retention_deleted_segments == 0:
-            assert time.monotonic() < deadline, "the background pass never deleted anything"
-            time.sleep(0.05)
+        with clock_shifted(0.3):
+            log.append("r", b"fresh", shard=0)  # the newest segment holds a fresh entry
+            deadline = time.monotonic() + 10
+            while log.shard_stats("r", 0).retention_deleted_segments == 0:
+                assert time.monotonic() < deadline, "the background pass never deleted anything"
+                time.sleep(0.05)
         assert log.shard_stats("r", 0).first_entry > 0
     with Log(data_dir, cfg(retention_max_age_ms=1, retention_interval_ms=0,
                           background_flush=True, fsync_interval_ms=20)) as log:

@@ -393,6 +393,28 @@ int comet_verify_shard(comet_stream *s, uint32_t shard, comet_verify_report *out
 uint32_t comet_crc32c(uint32_t crc, const void *data, size_t len, int impl);
 int comet_crc32c_hw_available(void);
 
+/* ---- Testing: injected faults and a movable clock (sys.c) ---------------
+ * Every call the core makes to the operating system goes through one table
+ * (src/sys.h).  After comet_fault_arm, the nth call (1 = the next) of one of
+ * `kinds` fails with errno `err`; with `persist`, every later call of those
+ * kinds fails too (a disk that stays broken).  comet_clock_shift moves both
+ * clocks the core reads (cumulative), to age data without sleeping.  Process-
+ * wide and for tests: a production process never arms them. */
+#define COMET_FAULT_OPEN 0x01u    /* open, opendir */
+#define COMET_FAULT_SIZE 0x02u    /* fallocate, ftruncate, pwrite */
+#define COMET_FAULT_MAP 0x04u     /* mmap */
+#define COMET_FAULT_SYNC 0x08u    /* msync, fdatasync, fsync */
+#define COMET_FAULT_NAME 0x10u    /* rename, link, mkdir */
+#define COMET_FAULT_REMOVE 0x20u  /* unlink, rmdir */
+#define COMET_FAULT_READDIR 0x40u /* readdir */
+#define COMET_FAULT_ALLOC 0x80u   /* malloc, calloc, realloc */
+#define COMET_FAULT_ALL 0xFFu
+void comet_fault_arm(unsigned kinds, long nth, int err, int persist);
+void comet_fault_disarm(void);
+long comet_fault_calls(void); /* calls of the armed kinds since the arming */
+long comet_fault_fired(void); /* of those, how many were made to fail */
+void comet_clock_shift(int64_t ns);
+
 #ifdef __cplusplus
 }
 #endif

@@ -53,7 +53,7 @@ static int batch_reserve(batch *b, uint64_t n)
         return set_error(COMET_E_BATCH_TOO_LARGE, "batch of %" PRIu64 " entries is too large", n);
     if (n <= b->cap)
         return 0;
-    entry_ref *r = malloc(n * sizeof *r);
+    entry_ref *r = sys_malloc(n * sizeof *r);
     if (!r)
         return set_error(COMET_E_NOMEM, "out of memory for a batch of %" PRIu64 " entries", n);
     memcpy(r, b->refs, b->count * sizeof *r);
@@ -305,14 +305,14 @@ static int ingest_emit(void *arg, const uint8_t *event, uint32_t len, uint64_t i
     if (c->compress_above && len > c->compress_above) {
         if (c->packed_count == c->packed_cap) {
             uint32_t cap = c->packed_cap ? c->packed_cap * 2 : 8;
-            uint8_t **grown = realloc(c->packed, cap * sizeof *grown);
+            uint8_t **grown = sys_realloc(c->packed, cap * sizeof *grown);
             if (!grown)
                 return set_error(COMET_E_NOMEM, "out of memory for compressed events");
             c->packed = grown;
             c->packed_cap = cap;
         }
         size_t cap = codec_compress_bound(len);
-        uint8_t *dst = malloc(cap);
+        uint8_t *dst = sys_malloc(cap);
         if (!dst)
             return set_error(COMET_E_NOMEM, "out of memory compressing a %u-byte event", len);
         c->packed[c->packed_count++] = dst;

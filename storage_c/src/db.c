@@ -21,12 +21,12 @@
 /* Directories of deleted streams that a crash left behind. */
 static void remove_deleted_leftovers(const char *path)
 {
-    DIR *d = opendir(path);
+    DIR *d = sys_opendir(path);
     if (!d)
         return;
     struct dirent *de;
     char sub[COMET_PATH_MAX];
-    while ((de = readdir(d)))
+    while ((de = sys_readdir(d)))
         if (strncmp(de->d_name, DELETED_PREFIX, strlen(DELETED_PREFIX)) == 0 &&
             !path_format(sub, "%s/%s", path, de->d_name))
             remove_tree(sub);
@@ -133,7 +133,7 @@ static void *flusher_main(void *arg)
     int64_t last_retention = monotonic_ns();
     pthread_mutex_lock(&db->flusher_lock);
     while (!db->stopping) {
-        struct timespec deadline;
+        struct timespec deadline; /* the real clock: the condition variable waits on it */
         clock_gettime(CLOCK_MONOTONIC, &deadline);
         uint64_t ns = (uint64_t)deadline.tv_nsec + (uint64_t)db->cfg.fsync_interval_ms * 1000000;
         deadline.tv_sec += (time_t)(ns / 1000000000);
@@ -184,13 +184,25 @@ int comet_open(const char *path, const comet_config *cfg, comet_db **out)
     if (stat(path, &sb)) {
         if (errno != ENOENT || !(cfg->flags & COMET_OPEN_CREATE))
             return set_errno_error(errno, "cannot open data directory %s", path);
-        if (mkdir(path, 0755) && errno != EEXIST)
+        if (sys_mkdir(path, 0755) && errno != EEXIST)
             return set_errno_error(errno, "cannot create data directory %s", path);
+        char parent[COMET_PATH_MAX]; /* its name must survive a power cut too */
+        strcpy(parent, path);
+        char *slash = strrchr(parent, '/');
+        if (slash == parent)
+            slash[1] = '\0';
+        else if (slash)
+            *slash = '\0';
+        else
+            strcpy(parent, ".");
+        int err = fsync_dir(parent);
+        if (err)
+            return set_errno_error(err, "cannot sync %s", parent);
     } else if (!S_ISDIR(sb.st_mode)) {
         return set_error(COMET_E_INVALID, "%s is not a directory", path);
     }
     remove_deleted_leftovers(path);
-    comet_db *db = calloc(1, sizeof *db);
+    comet_db *db = sys_calloc(1, sizeof *db);
     if (!db)
         return set_error(COMET_E_NOMEM, "out of memory");
     strcpy(db->path, path);
@@ -198,6 +210,7 @@ int comet_open(const char *path, const comet_config *cfg, comet_db **out)
     db->slots_fd = -1;
     db->slot = -1;
     pthread_mutex_init(&db->lock, NULL);
+    pthread_mutex_init(&db->usage_lock, NULL);
     pthread_mutex_init(&db->flusher_lock, NULL);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
@@ -318,5 +331,6 @@ int comet_close(comet_db *db)
     for (comet_stream *s = db->streams; s; s = s->next)
         stream_release(s);
     comet_release_slot(db);
+    usage_close(db);
     return 0;
 }

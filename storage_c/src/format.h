@@ -13,6 +13,7 @@
 #include <assert.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #define FORMAT_VERSION 1
@@ -24,6 +25,7 @@
 #define MAGIC_STREAM 0x4d534d43u  /* "CMSM" */
 #define MAGIC_SLOTS 0x4c534d43u   /* "CMSL" */
 #define MAGIC_OFFSETS 0x464f4d43u /* "CMOF" */
+#define MAGIC_USAGE 0x53554d43u   /* "CMUS" */
 
 /* Every file header: magic, version, header size, then type-specific fields,
  * with a masked CRC32C of bytes [0, 60) at offset 60. */
@@ -263,11 +265,30 @@ typedef struct slot_record {
 #define SLOTS_LOCK_BASE 65536
 #define SLOTS_HEADER_LOCK_BYTE 0
 
+/* ---- Disk use: <data>/.usage ---------------------------------------------------
+ * What the data directory's segment and index files take, shared by every
+ * process that appends under a retention_max_total_bytes budget (usage.c): an
+ * estimate that never runs below the truth while every process adds what it
+ * allocates, set to the exact figure by each full count. */
+typedef struct usage_file {
+    uint32_t magic;
+    uint16_t version;
+    uint16_t header_bytes;
+    uint64_t bytes;              /* the estimate (under lock) */
+    int64_t counted_ns;          /* time of the last full count; 0: never */
+    uint8_t boot_id[16];         /* the lock below is re-initialised after a reboot */
+    uint8_t reserved[24];
+    padded_mutex lock;           /* robust, process-shared: reservations, deletions, counts */
+} usage_file;
+static_assert(offsetof(usage_file, lock) == FILE_HEADER_BYTES, "usage header is 64 bytes");
+#define USAGE_VERSION 1
+
 /* ---- Names -------------------------------------------------------------------- */
 #define STREAM_META_NAME "stream.meta"
 #define STATE_NAME "state"
 #define OFFSETS_NAME "offsets"
 #define SLOTS_NAME ".slots"
+#define USAGE_NAME ".usage"
 #define SEGMENT_SUFFIX ".log"
 #define INDEX_SUFFIX ".idx"
 #define TEMP_SUFFIX ".tmp"

@@ -9,24 +9,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "comet.h"
 
-int64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
-int64_t monotonic_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
+int64_t now_ns(void) { return sys_clock_ns(CLOCK_REALTIME); }
+int64_t monotonic_ns(void) { return sys_clock_ns(CLOCK_MONOTONIC); }
 
 static int hex_value(char c)
 {
@@ -68,10 +58,10 @@ int path_format(char *out, const char *fmt, ...)
 
 int fsync_dir(const char *dir)
 {
-    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    int fd = sys_open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0);
     if (fd < 0)
         return errno;
-    int rc = fsync(fd) ? errno : 0;
+    int rc = sys_fsync(fd) ? errno : 0;
     close(fd);
     return rc;
 }
@@ -82,7 +72,7 @@ int zero_fill(int fd, uint64_t from, uint64_t to)
 {
     while (from < to) {
         size_t n = (size_t)(to - from < sizeof zeros ? to - from : sizeof zeros);
-        ssize_t w = pwrite(fd, zeros, n, (off_t)from);
+        ssize_t w = sys_pwrite(fd, zeros, n, (off_t)from);
         if (w < 0) {
             if (errno == EINTR)
                 continue;
@@ -97,7 +87,7 @@ int preallocate(int fd, uint64_t size)
 {
     int rc;
     do
-        rc = posix_fallocate(fd, 0, (off_t)size);
+        rc = sys_fallocate(fd, 0, (off_t)size);
     while (rc == EINTR);
     return rc;
 }
@@ -108,7 +98,7 @@ int create_file_exclusive(const char *dir, const char *name, const void *data, s
     if (path_format(tmp, "%s/.%s.%ld.tmp", dir, name, (long)getpid()) ||
         path_format(final, "%s/%s", dir, name))
         return ENAMETOOLONG;
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    int fd = sys_open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0)
         return errno;
     int rc = 0;
@@ -123,12 +113,12 @@ int create_file_exclusive(const char *dir, const char *name, const void *data, s
             left -= (size_t)w;
         }
     }
-    if (!rc && fsync(fd))
+    if (!rc && sys_fsync(fd))
         rc = errno;
     close(fd);
-    if (!rc && link(tmp, final))
+    if (!rc && sys_link(tmp, final))
         rc = errno;
-    unlink(tmp);
+    sys_unlink(tmp);
     if (!rc)
         fsync_dir(dir);
     return rc;
@@ -136,7 +126,7 @@ int create_file_exclusive(const char *dir, const char *name, const void *data, s
 
 long read_file_prefix(const char *path, void *buf, size_t len)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int fd = sys_open(path, O_RDONLY | O_CLOEXEC, 0);
     if (fd < 0)
         return -errno;
     size_t got = 0;
@@ -155,4 +145,10 @@ long read_file_prefix(const char *path, void *buf, size_t len)
     }
     close(fd);
     return (long)got;
+}
+
+uint64_t file_disk_bytes(const char *path)
+{
+    struct stat sb;
+    return stat(path, &sb) ? 0 : (uint64_t)sb.st_blocks * 512;
 }

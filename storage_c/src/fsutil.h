@@ -9,6 +9,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "sys.h"
+
 #define COMET_PATH_MAX PATH_MAX
 
 int64_t now_ns(void);        /* CLOCK_REALTIME */
@@ -31,6 +33,10 @@ int preallocate(int fd, uint64_t size);
  * then link()s it into place.  Returns 0, EEXIST if the name exists, or an
  * errno value. */
 int create_file_exclusive(const char *dir, const char *name, const void *data, size_t len);
+
+/* Disk space a file takes (allocated blocks, what du counts), 0 when it is
+ * missing: the one measure of disk use (retention's budgets, comet stat). */
+uint64_t file_disk_bytes(const char *path);
 
 /* Reads exactly len bytes at offset 0; returns bytes read or -errno. */
 long read_file_prefix(const char *path, void *buf, size_t len);

@@ -44,13 +44,13 @@ static int write_index(const char *dir, uint32_t shard_id, uint64_t base, uint32
     segment_path(final, dir, base, INDEX_SUFFIX);
     if (path_format(tmp, "%s.%ld%s", final, (long)getpid(), TEMP_SUFFIX))
         return set_error(COMET_E_INVALID, "path too long: %s", final);
-    int fd = open(tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    int fd = sys_open(tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0)
         return set_errno_error(errno, "cannot create index %s", tmp);
     int err = preallocate(fd, file_bytes(capacity));
     if (err) {
         close(fd);
-        unlink(tmp);
+        sys_unlink(tmp);
         return set_errno_error(err, "cannot preallocate index %s", final);
     }
     uint8_t head[INDEX_RECORDS_OFFSET];
@@ -65,22 +65,22 @@ static int write_index(const char *dir, uint32_t shard_id, uint64_t base, uint32
     h->capacity = capacity;
     h->header_crc = crc32c_header(h);
     memcpy(head + INDEX_COUNT_OFFSET, &count, 4);
-    ssize_t w = pwrite(fd, head, sizeof head, 0);
+    ssize_t w = sys_pwrite(fd, head, sizeof head, 0);
     if (w == (ssize_t)sizeof head && count)
-        w = pwrite(fd, records, (size_t)count * sizeof *records, INDEX_RECORDS_OFFSET) ==
+        w = sys_pwrite(fd, records, (size_t)count * sizeof *records, INDEX_RECORDS_OFFSET) ==
                     (ssize_t)((size_t)count * sizeof *records)
                 ? w
                 : -1;
-    if (w != (ssize_t)sizeof head) {
+    if (w != (ssize_t)sizeof head || sys_fdatasync(fd)) { /* content durable before the name */
         err = errno ? errno : EIO;
         close(fd);
-        unlink(tmp);
+        sys_unlink(tmp);
         return set_errno_error(err, "cannot write index %s", final);
     }
     close(fd);
-    if (rename(tmp, final)) {
+    if (sys_rename(tmp, final)) {
         err = errno;
-        unlink(tmp);
+        sys_unlink(tmp);
         return set_errno_error(err, "cannot rename index %s", final);
     }
     return 0;
@@ -113,7 +113,7 @@ int index_map(segment *seg, const char *dir, uint32_t shard_id)
     char path[COMET_PATH_MAX];
     segment_path(path, dir, seg->base, INDEX_SUFFIX);
     seg->index_ok = 0;
-    int fd = open(path, O_RDWR | O_CLOEXEC);
+    int fd = sys_open(path, O_RDWR | O_CLOEXEC, 0);
     if (fd < 0)
         return -1;
     struct stat sb;
@@ -127,7 +127,7 @@ int index_map(segment *seg, const char *dir, uint32_t shard_id)
         return -1;
     }
     size_t bytes = file_bytes(h.capacity);
-    void *map = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    void *map = sys_mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     close(fd);
     if (map == MAP_FAILED)
         return -1;
@@ -238,7 +238,7 @@ int index_rebuild(segment *seg, const char *dir, uint32_t shard_id, uint64_t end
 {
     uint32_t interval = seg->index_interval ? seg->index_interval : 4096;
     uint32_t capacity = records_for(seg->capacity, interval);
-    index_record *records = malloc((size_t)capacity * sizeof *records);
+    index_record *records = sys_malloc((size_t)capacity * sizeof *records);
     if (!records)
         return set_error(COMET_E_NOMEM, "out of memory rebuilding an index");
     uint32_t count = 0;

@@ -141,6 +141,7 @@ typedef struct comet_shard {
     uint64_t active_gen;
     /* set by appends of this process, cleared by the flusher */
     atomic_int dirty;
+    int64_t state_synced_ns; /* under st->sync_lock: when this process last msynced the state */
     /* calls inside the C core using this shard; comet_close waits for zero */
     atomic_int users;
     /* consumer offsets (offsets.c) */
@@ -162,7 +163,12 @@ int64_t shard_append(shard *sh, const entry_ref *refs, uint32_t count, uint64_t 
 int shard_sync(shard *sh, uint64_t upto_entry);
 /* Segment containing entry (a new reference), or NULL with *next_base set to
  * the first base above entry when entry is in a gap. */
-segment *shard_segment_for(shard *sh, uint64_t entry, uint64_t *seg_end_entry);
+/* The segment holding entry (referenced), or NULL when entry lies before the
+ * first one (deleted); *seg_end_entry: the next segment's base.  An error when
+ * the directory cannot be listed or the segment mapped: COMET_E_CORRUPT (with
+ * *seg_end_entry set) when it is damaged or gone, another code for an I/O or
+ * memory failure, which readers report rather than skip. */
+int shard_segment_for(shard *sh, uint64_t entry, segment **out, uint64_t *seg_end_entry);
 segment *shard_segment_by_base(shard *sh, uint64_t base);
 int shard_segment_get(shard *sh, uint64_t base, segment **out); /* with the reason */
 /* Rebuilds seg's index file and swaps a fresh mapping of the segment into the
@@ -185,6 +191,8 @@ void offsets_close(shard *sh);
 int offsets_sync(shard *sh);
 /* Smallest offset of the registered groups (UINT64_MAX when none). */
 uint64_t offsets_min(shard *sh, int *registered);
+/* The furthest offset of the registered groups (0 when none). */
+uint64_t offsets_max(shard *sh);
 
 /* ---- retention.c --------------------------------------------------------- */
 
@@ -205,13 +213,20 @@ uint64_t retention_free_oldest(comet_db *db, uint64_t need, int64_t now, uint64_
 
 /* Scans the tail from the committed point, keeps whole batches, cuts the rest.
  * Called with the append lock held. */
-int recovery_repair_tail(shard *sh, int state_rebuilt);
+int recovery_repair_tail(shard *sh, int state_rebuilt); /* 0 or STATE_REBUILT / STATE_REBOOTED */
 
 /* ---- state.c ------------------------------------------------------------- */
 
+/* *rebuilt: STATE_REBUILT when the state was created or re-created (the
+ * commit point must come from a scan), STATE_REBOOTED when it was written
+ * before the machine restarted (only its durable point is sure), else 0. */
+#define STATE_REBUILT 1
+#define STATE_REBOOTED 2
 int state_open(shard *sh, int *rebuilt);
 void state_close(shard *sh);
 int state_init_locks(state_file *st);
+/* A robust, process-shared mutex (in a shared mapping); 0 or an errno value. */
+int robust_mutex_init(pthread_mutex_t *m);
 
 static inline uint64_t wc_get(const state_file *st, int c)
 {
@@ -275,6 +290,10 @@ struct comet_db {
     atomic_int users;  /* calls inside the core at db level */
     pthread_mutex_t lock; /* streams list */
     comet_stream *streams;
+    /* usage.c: the shared disk-use estimate, mapped on first use */
+    usage_file *_Atomic usage;
+    atomic_int usage_failed;
+    pthread_mutex_t usage_lock;
     /* slots.c */
     int slots_fd;
     int slot;
@@ -286,6 +305,30 @@ struct comet_db {
     int stopping;
     struct comet_db *next_retired; /* closed handles, kept (see comet_close) */
 };
+
+/* ---- usage.c --------------------------------------------------------------- */
+
+/* Bytes the data directory's segment and index files take: never below the
+ * truth (see usage.c). */
+uint64_t usage_estimate(comet_db *db);
+/* Whether bytes about to be allocated fit under budget: 0 when not (*used:
+ * the estimate compared); USAGE_RESERVED when they are reserved, with the
+ * estimate's mutex held until usage_allocated; USAGE_FITS when they fit by a
+ * full count (no shared estimate: nothing reserved, nothing held). */
+#define USAGE_RESERVED 1
+#define USAGE_FITS 2
+int usage_reserve(comet_db *db, uint64_t bytes, uint64_t budget, uint64_t *used);
+/* After USAGE_RESERVED: the allocation is done (or failed: done = 0, the
+ * reservation is given back); lets the mutex go. */
+void usage_allocated(comet_db *db, uint64_t bytes, int done);
+/* Counts every file (a walk, outside shard locks), makes that plus what is
+ * reserved the estimate, and returns it. */
+uint64_t usage_recount(comet_db *db);
+/* Around deleting segment files: the estimate goes down by bytes, atomically
+ * with respect to counts.  Pass begin's result to end. */
+int usage_begin_delete(comet_db *db);
+void usage_end_delete(comet_db *db, int locked, uint64_t bytes);
+void usage_close(comet_db *db);
 
 int db_enter(comet_db *db); /* COMET_E_CLOSED once closing; pair with db_leave */
 void db_leave(comet_db *db);

@@ -113,7 +113,7 @@ static int drop_gap(json_splitter *j, const uint8_t *from, const uint8_t *to)
 {
     if (!j->copying) {
         if (!j->scratch) {
-            j->scratch = malloc(j->end - j->body);
+            j->scratch = sys_malloc(j->end - j->body);
             if (!j->scratch) {
                 j->code = set_error(COMET_E_NOMEM, "out of memory for a %zu-byte body",
                                     (size_t)(j->end - j->body));

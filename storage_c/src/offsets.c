@@ -47,12 +47,7 @@ static group_slot *slot_at(const shard *sh, uint32_t i)
     return (group_slot *)(sh->offsets + OFFSETS_SLOTS_OFFSET + (size_t)i * sizeof(group_slot));
 }
 
-static int64_t coarse_now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME_COARSE, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
+static int64_t coarse_now_ns(void) { return sys_clock_ns(CLOCK_REALTIME_COARSE); }
 
 int comet_validate_group_name(const char *name, size_t len)
 {
@@ -103,7 +98,7 @@ int offsets_open(shard *sh)
     char path[COMET_PATH_MAX];
     if (path_format(path, "%s/%s", sh->dir, OFFSETS_NAME))
         return set_error(COMET_E_INVALID, "path too long in %s", sh->dir);
-    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    int fd = sys_open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (fd < 0)
         return set_errno_error(errno, "cannot open %s", path);
     struct stat sb;
@@ -119,7 +114,7 @@ int offsets_open(shard *sh)
         close(fd);
         return rc;
     }
-    void *map = mmap(NULL, OFFSETS_FILE_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    void *map = sys_mmap(NULL, OFFSETS_FILE_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (map == MAP_FAILED) {
         rc = set_errno_error(errno, "cannot map %s", path);
         close(fd);
@@ -163,7 +158,7 @@ int offsets_sync(shard *sh)
 {
     if (sh->offsets_fd < 0)
         return 0;
-    return fdatasync(sh->offsets_fd) ? set_errno_error(errno, "fdatasync of %s/%s failed", sh->dir,
+    return sys_fdatasync(sh->offsets_fd) ? set_errno_error(errno, "fdatasync of %s/%s failed", sh->dir,
                                                        OFFSETS_NAME)
                                      : 0;
 }
@@ -182,6 +177,20 @@ uint64_t offsets_min(shard *sh, int *registered)
             min = off;
     }
     return min;
+}
+
+uint64_t offsets_max(shard *sh)
+{
+    uint64_t max = 0;
+    for (uint32_t i = 0; i < OFFSETS_GROUPS; i++) {
+        group_slot *s = slot_at(sh, i);
+        if (atomic_load_explicit(&s->state, memory_order_acquire) != 1)
+            continue;
+        uint64_t off = atomic_load_explicit(&s->offset, memory_order_acquire);
+        if (off > max)
+            max = off;
+    }
+    return max;
 }
 
 /* ---- registration ---------------------------------------------------------- */
@@ -267,7 +276,7 @@ int comet_group_open(comet_stream *s, uint32_t shard_id, const char *name, size_
         return (int)i;
     }
     if (!g) {
-        g = calloc(1, sizeof *g);
+        g = sys_calloc(1, sizeof *g);
         if (!g) {
             shard_leave(sh);
             return set_error(COMET_E_NOMEM, "out of memory");

@@ -31,6 +31,7 @@ typedef struct cursor {
     uint64_t skipped;
     uint64_t damaged;
     int reloaded;
+    int err;           /* a segment could not be read (COMET_E_*): the read stops there */
 } cursor;
 
 static void cursor_drop(cursor *c)
@@ -41,13 +42,21 @@ static void cursor_drop(cursor *c)
 }
 
 /* Positions the cursor at the index record before target (or its segment
- * start); entries below target are then walked over by the caller. */
+ * start); entries below target are then walked over by the caller.  Returns
+ * 0 when there is nothing to read from target on, or when the segment cannot
+ * be read (c->err: an I/O error is reported, never skipped like deleted data). */
 static int cursor_seek(cursor *c, uint64_t target)
 {
     cursor_drop(c);
     for (;;) {
         uint64_t end;
-        segment *seg = shard_segment_for(c->sh, target, &end);
+        segment *seg;
+        int rc = shard_segment_for(c->sh, target, &seg, &end);
+        if (rc && rc != COMET_E_CORRUPT) { /* a damaged or vanished segment is skipped below */
+            c->err = rc;
+            c->entry = target;
+            return 0;
+        }
         if (seg) {
             uint64_t rel, off;
             index_lookup(seg, target - seg->base, &rel, &off);
@@ -256,6 +265,8 @@ static int read_locked_in(shard *sh, const comet_read_request *req, comet_read_r
     }
 done:
     cursor_drop(&c);
+    if (c.err && n == 0) /* with entries read, they are returned; the next read meets the error */
+        return c.err;
     res->count = n;
     res->data_bytes = used;
     res->next_entry = c.entry > from ? c.entry : from;
@@ -292,12 +303,14 @@ static int64_t find_time_in(shard *sh, int64_t ts)
     /* Segments from the newest whose first entry is older than ts. */
     size_t i = n;
     while (i > 0) {
-        segment *seg = shard_segment_by_base(sh, bases[i - 1]);
-        int64_t first_ts = INT64_MIN;
-        if (seg) {
-            memcpy(&first_ts, seg->map + SEGMENT_DATA_OFFSET + 12, 8);
-            shard_segment_release(sh, seg);
+        segment *seg;
+        if ((rc = shard_segment_get(sh, bases[i - 1], &seg))) {
+            free(bases);
+            return rc;
         }
+        int64_t first_ts;
+        memcpy(&first_ts, seg->map + SEGMENT_DATA_OFFSET + 12, 8);
+        shard_segment_release(sh, seg);
         i--;
         if (first_ts < ts)
             break;
@@ -305,9 +318,11 @@ static int64_t find_time_in(shard *sh, int64_t ts)
     uint64_t answer = limit;
     cursor c = {.sh = sh, .limit = limit};
     for (; i < n && answer == limit; i++) {
-        segment *seg = shard_segment_by_base(sh, bases[i]);
-        if (!seg)
-            continue;
+        segment *seg;
+        if ((rc = shard_segment_get(sh, bases[i], &seg))) {
+            free(bases);
+            return rc;
+        }
         uint64_t rel, off;
         index_lookup_time(seg, ts, &rel, &off);
         uint64_t start = seg->base + rel;
@@ -315,8 +330,13 @@ static int64_t find_time_in(shard *sh, int64_t ts)
         if (start >= limit)
             break;
         c.entry = start;
-        if (!cursor_seek(&c, start))
+        if (!cursor_seek(&c, start)) {
+            if (c.err) {
+                free(bases);
+                return c.err;
+            }
             continue;
+        }
         int64_t lf;
         uint64_t seg_end = c.seg_end;
         while ((lf = cursor_next(&c, start)) >= 0 && c.entry < seg_end) {
@@ -330,6 +350,10 @@ static int64_t find_time_in(shard *sh, int64_t ts)
             c.entry++;
         }
         cursor_drop(&c);
+        if (c.err) {
+            free(bases);
+            return c.err;
+        }
     }
     free(bases);
     return (int64_t)answer;

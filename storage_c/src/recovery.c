@@ -47,17 +47,17 @@ typedef struct scan_point {
 
 static void remove_temp_files(const char *dir)
 {
-    DIR *d = opendir(dir);
+    DIR *d = sys_opendir(dir);
     if (!d)
         return;
     struct dirent *de;
     char path[COMET_PATH_MAX];
     size_t tl = strlen(TEMP_SUFFIX);
-    while ((de = readdir(d))) {
+    while ((de = sys_readdir(d))) {
         size_t len = strlen(de->d_name);
         if (len > tl && strcmp(de->d_name + len - tl, TEMP_SUFFIX) == 0 &&
             path_format(path, "%s/%s", dir, de->d_name) == 0)
-            unlink(path);
+            sys_unlink(path);
     }
     closedir(d);
 }
@@ -94,13 +94,13 @@ static void set_aside(shard *sh, uint64_t base, int has_data)
     char path[COMET_PATH_MAX], idx[COMET_PATH_MAX], orphan[COMET_PATH_MAX];
     segment_path(path, sh->dir, base, SEGMENT_SUFFIX);
     segment_path(idx, sh->dir, base, INDEX_SUFFIX);
-    unlink(idx);
+    sys_unlink(idx);
     if (has_data) {
         segment_path(orphan, sh->dir, base, SEGMENT_SUFFIX ORPHAN_SUFFIX);
-        rename(path, orphan);
+        sys_rename(path, orphan);
         wc_add(sh->st, WC_ORPHANED_SEGMENTS, 1);
     } else {
-        unlink(path);
+        sys_unlink(path);
     }
 }
 
@@ -109,6 +109,26 @@ static int segment_has_data(const segment *seg)
     uint32_t lf;
     return seg && entry_validate(seg, SEGMENT_DATA_OFFSET, seg->base, ENTRY_LEN_MASK, &lf) ==
                       ENTRY_OK;
+}
+
+/* A consumer group may have acknowledged entries that did not survive (its
+ * offsets page reached the disk, the entries' pages did not).  Their numbers
+ * are never handed out again: new entries start after the furthest offset,
+ * in a segment of their own, and readers count the numbers between as
+ * missing.  Otherwise the group would skip the new entries given those
+ * numbers, and shipped objects named by entry number would be overwritten. */
+static void skip_acknowledged(shard *sh, int *changed)
+{
+    state_file *st = sh->st;
+    uint64_t next = atomic_load(&st->next_entry), acked = offsets_max(sh);
+    if (acked <= next)
+        return;
+    atomic_store(&st->active_base, acked);
+    atomic_store(&st->active_end, 0);
+    atomic_store(&st->write_hwm, 0);
+    atomic_store(&st->zeroed_end, 0);
+    atomic_store_explicit(&st->next_entry, acked, memory_order_release);
+    *changed = 1;
 }
 
 static int no_segments(shard *sh, uint64_t next)
@@ -123,6 +143,8 @@ static int no_segments(shard *sh, uint64_t next)
         atomic_store(&st->first_entry, next);
     if (atomic_load(&st->durable_entry) > next)
         atomic_store(&st->durable_entry, next);
+    int changed = 0;
+    skip_acknowledged(sh, &changed);
     atomic_fetch_add(&st->active_gen, 1);
     atomic_store(&st->recovery_pending, 0);
     return 0;
@@ -143,9 +165,11 @@ static segment *hold(holds *h, uint64_t base)
 {
     if (h->n == h->cap) {
         size_t cap = h->cap ? 2 * h->cap : 8;
-        segment **grown = realloc(h->seg, cap * sizeof *grown);
-        if (!grown)
+        segment **grown = sys_realloc(h->seg, cap * sizeof *grown);
+        if (!grown) { /* fatal: a NULL here must not read as a damaged segment */
+            h->fatal = set_error(COMET_E_NOMEM, "out of memory recovering %s", h->sh->dir);
             return NULL;
+        }
         h->seg = grown;
         h->cap = cap;
     }
@@ -234,8 +258,9 @@ static int apply_cut(shard *sh, holds *h, scan_point cut, uint64_t furthest,
     return 0;
 }
 
-int recovery_repair_tail(shard *sh, int state_rebuilt)
+int recovery_repair_tail(shard *sh, int how)
 {
+    int state_rebuilt = how == STATE_REBUILT;
     state_file *st = sh->st;
     remove_temp_files(sh->dir);
     uint64_t *bases;
@@ -248,16 +273,29 @@ int recovery_repair_tail(shard *sh, int state_rebuilt)
         return no_segments(sh, state_rebuilt ? 0 : atomic_load(&st->next_entry));
     }
 
+    /* Entries up to the commit point are kept even without a batch end after
+     * them (a batch is whole once the commit point passed it).  After a
+     * restart the state's commit point may have reached the disk before the
+     * entries did: only its durable point is sure, and what follows it is
+     * scanned.  Without a usable point (a state re-created, or one older than
+     * every segment) nothing is taken as committed and every segment is
+     * scanned: only batch ends move the cut, and segments that were created
+     * but never written (the power went first) end the log. */
     uint64_t committed = atomic_load(&st->next_entry);
-    if (state_rebuilt || committed < bases[0])
-        committed = bases[n - 1];
+    if (how == STATE_REBOOTED && atomic_load(&st->durable_entry) < committed)
+        committed = atomic_load(&st->durable_entry);
+    uint64_t scan_from = committed;
+    if (state_rebuilt || committed < bases[0]) {
+        scan_from = how ? bases[0] : bases[n - 1];
+        committed = how ? 0 : bases[n - 1];
+    }
     uint64_t state_active =
         atomic_load(&st->active_end) ? atomic_load(&st->active_base) : UINT64_MAX;
     int changed = state_rebuilt;
     holds h = {.seg = NULL, .n = 0, .cap = 0, .sh = sh, .fatal = 0};
 
     size_t i = n - 1;
-    while (i > 0 && bases[i] > committed)
+    while (i > 0 && bases[i] > scan_from)
         i--;
     segment *seg = hold(&h, bases[i]);
     if (h.fatal) {
@@ -267,24 +305,31 @@ int recovery_repair_tail(shard *sh, int state_rebuilt)
     }
     uint64_t rel = 0, off = SEGMENT_DATA_OFFSET;
     if (seg) {
-        index_lookup(seg, committed - seg->base, &rel, &off);
+        index_lookup(seg, scan_from - seg->base, &rel, &off);
         uint32_t lf;
         if (!seg->index_ok ||
             (rel && entry_validate(seg, off, seg->base + rel, ENTRY_LEN_MASK, &lf) != ENTRY_OK)) {
             /* a wrong index must not make good entries look damaged */
-            seg = rebuild_held(&h, seg, committed);
-            index_lookup(seg, committed - seg->base, &rel, &off);
+            seg = rebuild_held(&h, seg, scan_from);
+            index_lookup(seg, scan_from - seg->base, &rel, &off);
             if (rel && entry_validate(seg, off, seg->base + rel, ENTRY_LEN_MASK, &lf) != ENTRY_OK)
                 rel = 0, off = SEGMENT_DATA_OFFSET;
         }
     }
     uint64_t e = bases[i] + rel;
     scan_point cut = {seg, e, off, atomic_load(&st->last_ts)};
+    /* Where the log stood before its first gap, and whether any entry after
+     * it checks out: when none does, the segments after the gap were never
+     * written (created, then the power went) and the log ends before it. */
+    scan_point before_gap = {0};
+    size_t gap_at = 0;
+    int good_after_gap = 0;
 
     for (;;) {
         uint32_t lf = 0;
         entry_check c = seg ? entry_validate(seg, off, e, ENTRY_LEN_MASK, &lf) : ENTRY_BAD;
         if (c == ENTRY_OK) {
+            good_after_gap |= before_gap.seg != NULL;
             int64_t ts = timestamp_at(seg, off);
             off += ENTRY_HEADER_BYTES + (lf & ENTRY_LEN_MASK);
             e++;
@@ -320,8 +365,13 @@ int recovery_repair_tail(shard *sh, int state_rebuilt)
         }
         if (j >= n || h.fatal)
             break;
-        if (bases[j] != e)
+        if (bases[j] != e) {
             changed = 1; /* a gap: readers count what is missing */
+            if (!before_gap.seg && cut.seg) {
+                before_gap = cut;
+                gap_at = j;
+            }
+        }
         i = j;
         seg = hold(&h, bases[j]);
         if (h.fatal)
@@ -330,6 +380,15 @@ int recovery_repair_tail(shard *sh, int state_rebuilt)
         off = SEGMENT_DATA_OFFSET;
         if (seg)
             cut = (scan_point){seg, e, off, cut.ts};
+    }
+    if (!h.fatal && before_gap.seg && !good_after_gap) {
+        cut = before_gap;
+        for (size_t k = gap_at; k < n; k++) {
+            segment *empty = hold(&h, bases[k]);
+            if (h.fatal)
+                break;
+            set_aside(sh, bases[k], empty && segment_has_data(empty));
+        }
     }
     free(bases);
     if (h.fatal) {
@@ -347,6 +406,11 @@ int recovery_repair_tail(shard *sh, int state_rebuilt)
     release_all(&h);
     if (rc)
         return rc;
+    skip_acknowledged(sh, &changed);
+    if (how == STATE_REBOOTED) { /* what is read after a restart came from the disk */
+        atomic_store(&st->durable_base, atomic_load(&st->active_base));
+        atomic_store(&st->durable_entry, atomic_load(&st->next_entry));
+    }
     uint64_t *after;
     size_t m;
     if (shard_segment_bases(sh, &after, &m) == 0) {

@@ -34,9 +34,8 @@
 static uint64_t size_of(const char *dir, uint64_t base, const char *suffix)
 {
     char path[COMET_PATH_MAX];
-    struct stat sb;
     segment_path(path, dir, base, suffix);
-    return stat(path, &sb) ? 0 : (uint64_t)sb.st_size;
+    return file_disk_bytes(path);
 }
 
 uint64_t retention_shard_bytes(shard *sh)
@@ -59,40 +58,39 @@ static int ends_with(const char *s, const char *suffix)
 
 static uint64_t dir_log_bytes(const char *dir)
 {
-    DIR *d = opendir(dir);
+    DIR *d = sys_opendir(dir);
     if (!d)
         return 0;
     uint64_t total = 0;
     char path[COMET_PATH_MAX];
     struct dirent *de;
-    struct stat sb;
-    while ((de = readdir(d)))
+    while ((de = sys_readdir(d)))
         if ((ends_with(de->d_name, SEGMENT_SUFFIX) || ends_with(de->d_name, INDEX_SUFFIX)) &&
-            !path_format(path, "%s/%s", dir, de->d_name) && !stat(path, &sb))
-            total += (uint64_t)sb.st_size;
+            !path_format(path, "%s/%s", dir, de->d_name))
+            total += file_disk_bytes(path);
     closedir(d);
     return total;
 }
 
 uint64_t retention_total_bytes(comet_db *db)
 {
-    DIR *d = opendir(db->path);
+    DIR *d = sys_opendir(db->path);
     if (!d)
         return 0;
     uint64_t total = 0;
     char path[COMET_PATH_MAX];
     struct dirent *de;
-    while ((de = readdir(d))) {
+    while ((de = sys_readdir(d))) {
         if (comet_validate_stream_name(de->d_name, strlen(de->d_name)))
             continue;
         if (path_format(path, "%s/%s", db->path, de->d_name))
             continue;
-        DIR *s = opendir(path);
+        DIR *s = sys_opendir(path);
         if (!s)
             continue;
         struct dirent *sd;
         char shard_dir[COMET_PATH_MAX];
-        while ((sd = readdir(s)))
+        while ((sd = sys_readdir(s)))
             if (strncmp(sd->d_name, "shard-", 6) == 0 &&
                 !path_format(shard_dir, "%s/%s", path, sd->d_name))
                 total += dir_log_bytes(shard_dir);
@@ -116,13 +114,15 @@ static int64_t first_timestamp(shard *sh, uint64_t base)
     return ts;
 }
 
-static void delete_segment(shard *sh, uint64_t base)
+static void delete_segment(shard *sh, uint64_t base, uint64_t bytes)
 {
     char path[COMET_PATH_MAX];
+    int locked = usage_begin_delete(sh->stream->db);
     segment_path(path, sh->dir, base, SEGMENT_SUFFIX);
-    unlink(path);
+    int gone = sys_unlink(path) == 0;
     segment_path(path, sh->dir, base, INDEX_SUFFIX);
-    unlink(path); /* an index left by a crash here has no segment: it is never read */
+    sys_unlink(path); /* an index left by a crash here has no segment: it is never read */
+    usage_end_delete(sh->stream->db, locked, gone ? bytes : 0);
 }
 
 int retention_shard(shard *sh, uint64_t need, int64_t now, comet_retention_report *rep)
@@ -137,7 +137,7 @@ int retention_shard(shard *sh, uint64_t need, int64_t now, comet_retention_repor
     uint64_t active = atomic_load(&st->active_end) ? atomic_load(&st->active_base) : UINT64_MAX;
     uint64_t keep = cfg->retention_min_segments > 1 ? cfg->retention_min_segments : 1;
     uint64_t total = 0;
-    uint64_t *sizes = calloc(n ? n : 1, sizeof *sizes);
+    uint64_t *sizes = sys_calloc(n ? n : 1, sizeof *sizes);
     if (!sizes) {
         free(bases);
         return set_error(COMET_E_NOMEM, "out of memory");
@@ -170,7 +170,7 @@ int retention_shard(shard *sh, uint64_t need, int64_t now, comet_retention_repor
             }
             lost_here = end - (min_offset > bases[i] ? min_offset : bases[i]);
         }
-        delete_segment(sh, bases[i]);
+        delete_segment(sh, bases[i], sizes[i]);
         freed += sizes[i];
         deleted++;
         lost += lost_here;
@@ -259,18 +259,18 @@ int comet_run_retention_room(comet_db *db, uint64_t room, comet_retention_report
         memset(out, 0, sizeof *out);
     uint64_t excess = 0;
     if (db->cfg.retention_max_total_bytes) {
-        uint64_t used = retention_total_bytes(db) + room;
+        uint64_t used = usage_recount(db) + room;
         excess = used > db->cfg.retention_max_total_bytes ? used - db->cfg.retention_max_total_bytes : 0;
     }
     int64_t now = now_ns();
-    DIR *d = opendir(db->path);
+    DIR *d = sys_opendir(db->path);
     if (!d) {
         rc = set_errno_error(errno, "cannot list %s", db->path);
         db_leave(db);
         return rc;
     }
     struct dirent *de;
-    while (!rc && (de = readdir(d))) {
+    while (!rc && (de = sys_readdir(d))) {
         size_t len = strlen(de->d_name);
         if (comet_validate_stream_name(de->d_name, len))
             continue;
@@ -279,6 +279,8 @@ int comet_run_retention_room(comet_db *db, uint64_t room, comet_retention_report
             continue; /* a directory that is not a stream */
         rc = retention_stream(db, s, &excess, now, out);
     }
+    if (!rc && errno) /* the listing ended early: the rest is for the next pass */
+        rc = set_errno_error(errno, "cannot list %s", db->path);
     closedir(d);
     if (!rc)
         clear_error();
@@ -299,7 +301,7 @@ static int grow_candidates(candidate **c, size_t n, size_t *cap)
     if (n < *cap)
         return 0;
     size_t want = *cap ? *cap * 2 : 64;
-    candidate *more = realloc(*c, want * sizeof *more);
+    candidate *more = sys_realloc(*c, want * sizeof *more);
     if (!more)
         return -1;
     *c = more;
@@ -319,9 +321,9 @@ static size_t gather(comet_db *db, candidate **out)
 {
     size_t n = 0, cap = 0;
     candidate *c = NULL;
-    DIR *d = opendir(db->path);
+    DIR *d = sys_opendir(db->path);
     struct dirent *de;
-    while (d && (de = readdir(d))) {
+    while (d && (de = sys_readdir(d))) {
         size_t len = strlen(de->d_name);
         comet_stream *s;
         if (comet_validate_stream_name(de->d_name, len) ||
@@ -349,6 +351,11 @@ static size_t gather(comet_db *db, candidate **out)
             c[n++] = (candidate){sh, newest};
         }
     }
+    if (d && errno) { /* a partial listing would not know which data is the oldest */
+        for (size_t i = 0; i < n; i++)
+            shard_leave(c[i].sh);
+        n = 0;
+    }
     if (d)
         closedir(d);
     clear_error();
@@ -361,6 +368,14 @@ static size_t gather(comet_db *db, candidate **out)
 uint64_t retention_free_oldest(comet_db *db, uint64_t need, int64_t now, uint64_t *protected_segments)
 {
     *protected_segments = 0;
+    /* The shortfall was measured on the estimate, which counts no deletion:
+     * what it overstates needs no deleting. */
+    uint64_t estimate = usage_estimate(db), counted = usage_recount(db);
+    if (estimate > counted) {
+        if (estimate - counted >= need)
+            return need;
+        need -= estimate - counted;
+    }
     uint64_t freed = 0;
     for (int pass = 0; pass < 4 && freed < need; pass++) {
         candidate *c = NULL;

@@ -42,18 +42,18 @@ static int cmp_u64(const void *a, const void *b)
 
 static int list_bases(const char *dir, uint64_t **out, size_t *count)
 {
-    DIR *d = opendir(dir);
+    DIR *d = sys_opendir(dir);
     if (!d)
         return set_errno_error(errno, "cannot list %s", dir);
     size_t n = 0, cap = 16;
-    uint64_t *bases = malloc(cap * sizeof *bases);
+    uint64_t *bases = sys_malloc(cap * sizeof *bases);
     struct dirent *de;
-    while (bases && (de = readdir(d))) {
+    while (bases && (de = sys_readdir(d))) {
         uint64_t b;
         if (!parse_base(de->d_name, SEGMENT_SUFFIX, &b))
             continue;
         if (n == cap) {
-            uint64_t *grown = realloc(bases, 2 * cap * sizeof *bases);
+            uint64_t *grown = sys_realloc(bases, 2 * cap * sizeof *bases);
             if (!grown) {
                 free(bases);
                 bases = NULL;
@@ -64,9 +64,14 @@ static int list_bases(const char *dir, uint64_t **out, size_t *count)
         }
         bases[n++] = b;
     }
+    int err = bases ? errno : 0; /* from the readdir that ended the loop */
     closedir(d);
     if (!bases)
         return set_error(COMET_E_NOMEM, "out of memory listing %s", dir);
+    if (err) { /* a partial listing would look like missing segments */
+        free(bases);
+        return set_errno_error(err, "cannot list %s", dir);
+    }
     qsort(bases, n, sizeof *bases, cmp_u64);
     *out = bases;
     *count = n;
@@ -94,7 +99,7 @@ static int refresh_locked(shard *sh)
     int rc = list_bases(sh->dir, &bases, &n);
     if (rc)
         return rc;
-    segment **segs = calloc(n ? n : 1, sizeof *segs);
+    segment **segs = sys_calloc(n ? n : 1, sizeof *segs);
     if (!segs) {
         free(bases);
         return set_error(COMET_E_NOMEM, "out of memory listing %s", sh->dir);
@@ -183,23 +188,26 @@ static size_t find_le_locked(const shard *sh, uint64_t entry)
     return lo; /* the answer is lo - 1; 0 means none */
 }
 
-segment *shard_segment_for(shard *sh, uint64_t entry, uint64_t *seg_end_entry)
+int shard_segment_for(shard *sh, uint64_t entry, segment **out, uint64_t *seg_end_entry)
 {
-    segment *seg = NULL;
+    *out = NULL;
     pthread_mutex_lock(&sh->cache_lock);
-    refresh_if_stale_locked(sh);
-    size_t i = find_le_locked(sh, entry);
-    if (i == 0) {
-        *seg_end_entry = sh->nsegs ? sh->segs[0]->base : UINT64_MAX;
-    } else {
-        *seg_end_entry = i < sh->nsegs ? sh->segs[i]->base : UINT64_MAX;
-        if (ensure_mapped_locked(sh, i - 1) == 0) {
-            seg = sh->segs[i - 1];
-            seg->refs++;
+    int rc = refresh_if_stale_locked(sh);
+    if (!rc) {
+        size_t i = find_le_locked(sh, entry);
+        if (i == 0) {
+            *seg_end_entry = sh->nsegs ? sh->segs[0]->base : UINT64_MAX;
+        } else {
+            *seg_end_entry = i < sh->nsegs ? sh->segs[i]->base : UINT64_MAX;
+            rc = ensure_mapped_locked(sh, i - 1);
+            if (!rc) {
+                *out = sh->segs[i - 1];
+                (*out)->refs++;
+            }
         }
     }
     pthread_mutex_unlock(&sh->cache_lock);
-    return seg;
+    return rc;
 }
 
 int shard_segment_get(shard *sh, uint64_t base, segment **out)
@@ -208,10 +216,13 @@ int shard_segment_get(shard *sh, uint64_t base, segment **out)
     int rc = 0;
     pthread_mutex_lock(&sh->cache_lock);
     for (int attempt = 0; attempt < 2 && !seg; attempt++) {
-        if (attempt)
-            refresh_locked(sh);
-        else
-            refresh_if_stale_locked(sh);
+        /* A directory that cannot be listed is an I/O error, not a missing
+         * segment: saying "missing" would send the caller into recovery. */
+        int listed = attempt ? refresh_locked(sh) : refresh_if_stale_locked(sh);
+        if (listed) {
+            rc = listed;
+            break;
+        }
         size_t i = find_le_locked(sh, base);
         if (!i || sh->segs[i - 1]->base != base) {
             rc = set_error(COMET_E_CORRUPT, "segment %" PRIu64 " of %s is missing", base, sh->dir);
@@ -293,7 +304,7 @@ int shard_segment_bases(shard *sh, uint64_t **bases, size_t *count)
     int rc = refresh_if_stale_locked(sh);
     if (!rc) {
         *count = sh->nsegs;
-        *bases = malloc((sh->nsegs ? sh->nsegs : 1) * sizeof **bases);
+        *bases = sys_malloc((sh->nsegs ? sh->nsegs : 1) * sizeof **bases);
         if (!*bases)
             rc = set_error(COMET_E_NOMEM, "out of memory");
         for (size_t i = 0; !rc && i < sh->nsegs; i++)

@@ -69,7 +69,7 @@ int segment_create(const char *dir, uint32_t shard_id, uint64_t base, uint64_t c
                           index_interval);
     if (rc)
         return rc;
-    int fd = open(tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    int fd = sys_open(tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) {
         rc = set_errno_error(errno, "cannot create segment %s", tmp);
         goto fail;
@@ -83,22 +83,29 @@ int segment_create(const char *dir, uint32_t shard_id, uint64_t base, uint64_t c
     }
     segment_header h;
     header_fill(&h, shard_id, base, capacity, index_coverage);
-    if (pwrite(fd, &h, sizeof h, 0) != (ssize_t)sizeof h) {
+    if (sys_pwrite(fd, &h, sizeof h, 0) != (ssize_t)sizeof h) {
         rc = set_errno_error(errno ? errno : EIO, "cannot write segment header %s", tmp);
         close(fd);
         goto fail;
     }
+    /* Header and size durable before the name is: a power cut must never
+     * leave an empty file under a segment's name. */
+    if (sys_fsync(fd)) {
+        rc = set_errno_error(errno, "cannot sync segment %s", tmp);
+        close(fd);
+        goto fail;
+    }
     close(fd);
-    if (link(tmp, final)) {
+    if (sys_link(tmp, final)) {
         rc = set_errno_error(errno, "cannot link segment %s", final);
         goto fail;
     }
-    unlink(tmp);
+    sys_unlink(tmp);
     fsync_dir(dir);
     return 0;
 fail:
-    unlink(tmp);
-    unlink(idx);
+    sys_unlink(tmp);
+    sys_unlink(idx);
     return rc;
 }
 
@@ -124,7 +131,7 @@ static int check_header(const segment_header *h, uint64_t size, uint32_t shard_i
 
 static int map_file(segment *seg, const char *path, uint32_t shard_id)
 {
-    int fd = open(path, O_RDWR | O_CLOEXEC);
+    int fd = sys_open(path, O_RDWR | O_CLOEXEC, 0);
     if (fd < 0)
         return errno == ENOENT ? set_error(COMET_E_CORRUPT, "segment %s is missing", path)
                                : set_errno_error(errno, "cannot open segment %s", path);
@@ -149,7 +156,7 @@ static int map_file(segment *seg, const char *path, uint32_t shard_id)
     /* The whole reserved size is mapped, so that growth needs no new mapping;
      * nothing past `size` (the capacity) is ever touched. */
     uint64_t span = h.reserved > size && h.reserved <= SEGMENT_MAX_BYTES ? h.reserved : size;
-    void *map = mmap(NULL, span, PROT_READ, MAP_SHARED, fd, 0);
+    void *map = sys_mmap(NULL, span, PROT_READ, MAP_SHARED, fd, 0);
     close(fd);
     if (map == MAP_FAILED)
         return set_errno_error(errno, "cannot map segment %s", path);
@@ -161,7 +168,7 @@ static int map_file(segment *seg, const char *path, uint32_t shard_id)
 
 segment *segment_new(uint64_t base)
 {
-    segment *seg = calloc(1, sizeof *seg);
+    segment *seg = sys_calloc(1, sizeof *seg);
     if (seg) {
         seg->base = base;
         seg->fd = -1;
@@ -193,7 +200,7 @@ int segment_fd(segment *seg, const char *dir)
         return seg->fd;
     char path[COMET_PATH_MAX];
     segment_path(path, dir, seg->base, SEGMENT_SUFFIX);
-    seg->fd = open(path, O_RDWR | O_CLOEXEC);
+    seg->fd = sys_open(path, O_RDWR | O_CLOEXEC, 0);
     if (seg->fd < 0)
         return set_errno_error(errno, "cannot open segment %s", path);
     return seg->fd;
@@ -228,7 +235,7 @@ int segment_grow(segment *seg, const char *dir, uint64_t capacity, int empty, in
         *remap = 1;
     }
     h.header_crc = crc32c_header(&h);
-    if (pwrite(fd, &h, sizeof h, 0) != (ssize_t)sizeof h)
+    if (sys_pwrite(fd, &h, sizeof h, 0) != (ssize_t)sizeof h)
         return set_errno_error(errno ? errno : EIO, "cannot rewrite header of segment %" PRIu64,
                                seg->base);
     if (!*remap) {
@@ -270,7 +277,7 @@ int segment_writable(segment *seg, const char *dir)
     int fd = segment_fd(seg, dir);
     if (fd < 0)
         return fd;
-    void *map = mmap(NULL, seg->map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    void *map = sys_mmap(NULL, seg->map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (map == MAP_FAILED)
         return set_errno_error(errno, "cannot map segment %" PRIu64 " for writing", seg->base);
     seg->wmap = map;

@@ -42,7 +42,7 @@ static const comet_config *shard_config(const shard *sh)
 
 int shard_open(comet_stream *stream, uint32_t id, shard **out)
 {
-    shard *sh = calloc(1, sizeof *sh);
+    shard *sh = sys_calloc(1, sizeof *sh);
     if (!sh)
         return set_error(COMET_E_NOMEM, "out of memory opening a shard");
     sh->stream = stream;
@@ -55,13 +55,19 @@ int shard_open(comet_stream *stream, uint32_t id, shard **out)
         rc = set_error(COMET_E_INVALID, "path of shard %u of %s is too long", id, stream->dir);
         goto fail;
     }
-    if (mkdir(sh->dir, 0755) && errno != EEXIST) {
+    if (sys_mkdir(sh->dir, 0755) == 0) {
+        int err = fsync_dir(stream->dir); /* the new shard's name must survive a power cut */
+        if (err) {
+            rc = set_errno_error(err, "cannot sync %s", stream->dir);
+            goto fail;
+        }
+    } else if (errno != EEXIST) {
         rc = set_errno_error(errno, "cannot create %s", sh->dir);
         goto fail;
     }
     char path[COMET_PATH_MAX];
     path_format(path, "%s/%s", sh->dir, STATE_NAME); /* sh->dir leaves room: see comet_open */
-    sh->state_fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    sh->state_fd = sys_open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (sh->state_fd < 0) {
         rc = set_errno_error(errno, "cannot open %s", path);
         goto fail;
@@ -198,12 +204,15 @@ static int writer_segment(shard *sh)
     if (atomic_load_explicit(&st->active_end, memory_order_relaxed) == 0)
         return 0; /* no segment yet */
     uint64_t base = atomic_load_explicit(&st->active_base, memory_order_relaxed);
-    segment *seg = shard_segment_by_base(sh, base);
-    if (!seg) {
+    segment *seg = NULL;
+    int rc = shard_segment_get(sh, base, &seg);
+    if (rc == COMET_E_CORRUPT) { /* really not there: recovery decides what the shard holds */
         atomic_store(&st->recovery_pending, 1);
         return set_error(COMET_E_CORRUPT, "active segment %" PRIu64 " of %s is missing", base,
                          sh->dir);
     }
+    if (rc)
+        return rc;
     int fd = shard_segment_fd(sh, seg);
     if (fd < 0 || (fd = segment_writable(seg, sh->dir)) < 0) {
         shard_segment_release(sh, seg);
@@ -227,11 +236,13 @@ static void start_segment(state_file *st, uint64_t base)
 static _Thread_local uint64_t budget_short, budget_protected;
 
 /* Keeps the data directory inside retention_max_total_bytes: new_bytes of
- * new segment space must fit once retention has deleted what it may from this
- * shard.  The per-shard size limit is applied here too, as policy (it never
- * fails). */
-static int enforce_budget(shard *sh, uint64_t new_bytes)
+ * new segment space must fit in the shared estimate (usage.c), which reserves
+ * them; *reserved then tells the caller to call usage_allocated once the file
+ * is created or grown.  The per-shard size limit is applied here too, as
+ * policy (it never fails). */
+static int enforce_budget(shard *sh, uint64_t new_bytes, int *reserved)
 {
+    *reserved = 0;
     const comet_config *cfg = shard_config(sh);
     int64_t now = now_ns();
     if (cfg->retention_max_shard_bytes &&
@@ -243,9 +254,12 @@ static int enforce_budget(shard *sh, uint64_t new_bytes)
     uint64_t budget = cfg->retention_max_total_bytes;
     if (!budget)
         return 0;
-    uint64_t used = retention_total_bytes(sh->stream->db);
-    if (used + new_bytes <= budget)
+    uint64_t used; /* the shared estimate: no walk under this lock */
+    int fit = usage_reserve(sh->stream->db, new_bytes, budget, &used);
+    if (fit) {
+        *reserved = fit == USAGE_RESERVED;
         return 0;
+    }
     /* Over budget: the oldest data of the whole directory goes first, this
      * shard's included, in shard_append, outside this lock. */
     budget_short = used + new_bytes - budget;
@@ -301,11 +315,14 @@ static int make_room(shard *sh, uint64_t total)
     if (sh->active && (end + total <= limit || next == sh->active->base)) {
         uint64_t have = sh->active->capacity;
         uint64_t capacity = grown_capacity(cfg, have, end + total, limit);
-        rc = enforce_budget(sh, capacity - have);
+        int reserved;
+        rc = enforce_budget(sh, capacity - have, &reserved);
         if (rc)
             return rc;
         int remap;
         rc = segment_grow(sh->active, sh->dir, capacity, next == sh->active->base, &remap);
+        if (reserved)
+            usage_allocated(sh->stream->db, capacity - have, rc == 0);
         if (rc)
             return rc;
         if (remap)
@@ -314,10 +331,13 @@ static int make_room(shard *sh, uint64_t total)
         uint64_t need = SEGMENT_DATA_OFFSET + total;
         uint64_t capacity = grown_capacity(cfg, 0, need, limit);
         uint64_t coverage = limit > need ? limit : need;
-        rc = enforce_budget(sh, capacity + index_bytes_for(cfg, coverage));
+        int reserved;
+        rc = enforce_budget(sh, capacity + index_bytes_for(cfg, coverage), &reserved);
         if (rc)
             return rc;
         rc = segment_create(sh->dir, sh->id, next, capacity, coverage, cfg->index_interval_bytes);
+        if (reserved)
+            usage_allocated(sh->stream->db, capacity + index_bytes_for(cfg, coverage), rc == 0);
         if (rc)
             return rc;
         if (sh->active)
@@ -372,14 +392,17 @@ int64_t shard_append(shard *sh, const entry_ref *refs, uint32_t count, uint64_t 
     uint64_t gen_before = atomic_load_explicit(&st->active_gen, memory_order_relaxed);
     budget_short = 0;
     rc = make_room(sh, total_bytes);
-    if (rc == COMET_E_STORAGE_FULL && budget_short) {
+    for (int attempt = 0; rc == COMET_E_STORAGE_FULL && budget_short && attempt < 8; attempt++) {
         /* Over the directory's budget and this shard has nothing more to
          * delete: free the oldest data of the whole directory, whatever
          * process owns it.  That takes other shards' locks, so this one is
          * let go meanwhile (never two locks at once: no lock order to break),
-         * and everything is read again once it is back. */
+         * and everything is read again once it is back.  Another appender
+         * may take the room freed first: then again, while deleting frees
+         * something. */
         shard_unlock(sh);
-        retention_free_oldest(sh->stream->db, budget_short, now_ns(), &budget_protected);
+        uint64_t freed = retention_free_oldest(sh->stream->db, budget_short, now_ns(),
+                                               &budget_protected);
         if ((rc = shard_lock_noting_wait(sh, &slow)))
             return rc;
         if ((rc = shard_check_deleted(sh))) {
@@ -387,9 +410,13 @@ int64_t shard_append(shard *sh, const entry_ref *refs, uint32_t count, uint64_t 
             return rc;
         }
         slow = 1;
+        int last = attempt > 0 && !freed;
+        budget_short = 0;
         rc = make_room(sh, total_bytes);
-        budget_short = budget_protected = 0;
+        if (last)
+            break;
     }
+    budget_short = budget_protected = 0;
     if (rc) {
         shard_unlock(sh);
         if (rc == COMET_E_STORAGE_FULL)

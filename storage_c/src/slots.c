@@ -60,7 +60,7 @@ static int write_header(int fd, uint32_t process_count)
     h.header_bytes = FILE_HEADER_BYTES;
     h.process_count = process_count;
     h.header_crc = crc32c_header(&h);
-    return pwrite(fd, &h, sizeof h, 0) == (ssize_t)sizeof h ? 0 : (errno ? errno : EIO);
+    return sys_pwrite(fd, &h, sizeof h, 0) == (ssize_t)sizeof h ? 0 : (errno ? errno : EIO);
 }
 
 /* Under the header lock: make the file's process_count ours, or fail. */
@@ -102,7 +102,7 @@ int comet_claim_slot(comet_db *db, int want)
     char path[COMET_PATH_MAX];
     if (path_format(path, "%s/%s", db->path, SLOTS_NAME))
         return set_error(COMET_E_INVALID, "data directory path too long");
-    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    int fd = sys_open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (fd < 0)
         return set_errno_error(errno, "cannot open %s", path);
     int err = ofd_lock(fd, SLOTS_HEADER_LOCK_BYTE, 1, F_WRLCK, 1);
@@ -129,7 +129,7 @@ int comet_claim_slot(comet_db *db, int want)
                                    count, db->path, count);
     if (!rc) {
         slot_record rec = {(int64_t)getpid(), now_ns()};
-        if (pwrite(fd, &rec, sizeof rec, SLOTS_RECORDS_OFFSET + (off_t)slot * (off_t)sizeof rec) < 0)
+        if (sys_pwrite(fd, &rec, sizeof rec, SLOTS_RECORDS_OFFSET + (off_t)slot * (off_t)sizeof rec) < 0)
             rc = set_errno_error(errno, "cannot write slot record in %s", path);
     }
     ofd_lock(fd, SLOTS_HEADER_LOCK_BYTE, 1, F_UNLCK, 0);

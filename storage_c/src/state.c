@@ -27,7 +27,7 @@
 #include "errors.h"
 #include "internal.h"
 
-static int init_mutex(pthread_mutex_t *m)
+int robust_mutex_init(pthread_mutex_t *m)
 {
     pthread_mutexattr_t attr;
     int rc = pthread_mutexattr_init(&attr);
@@ -46,11 +46,11 @@ int state_init_locks(state_file *st)
     memset(&st->append_lock, 0, sizeof st->append_lock);
     memset(&st->sync_lock, 0, sizeof st->sync_lock);
     memset(&st->groups_lock, 0, sizeof st->groups_lock);
-    int rc = init_mutex(&st->append_lock.mutex);
+    int rc = robust_mutex_init(&st->append_lock.mutex);
     if (!rc)
-        rc = init_mutex(&st->sync_lock.mutex);
+        rc = robust_mutex_init(&st->sync_lock.mutex);
     if (!rc)
-        rc = init_mutex(&st->groups_lock.mutex);
+        rc = robust_mutex_init(&st->groups_lock.mutex);
     return rc ? set_errno_error(rc, "cannot initialise shard locks") : 0;
 }
 
@@ -84,12 +84,12 @@ int state_open(shard *sh, int *rebuilt)
     int fresh = sb.st_size == 0;
     if (sb.st_size != STATE_FILE_BYTES) {
         int err = preallocate(sh->state_fd, STATE_FILE_BYTES);
-        if (!err && sb.st_size > STATE_FILE_BYTES && ftruncate(sh->state_fd, STATE_FILE_BYTES))
+        if (!err && sb.st_size > STATE_FILE_BYTES && sys_ftruncate(sh->state_fd, STATE_FILE_BYTES))
             err = errno;
         if (err)
             return set_errno_error(err, "cannot size state file of %s", sh->dir);
     }
-    void *map = mmap(NULL, STATE_FILE_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, sh->state_fd, 0);
+    void *map = sys_mmap(NULL, STATE_FILE_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, sh->state_fd, 0);
     if (map == MAP_FAILED)
         return set_errno_error(errno, "cannot map state file of %s", sh->dir);
     sh->st = map;
@@ -109,7 +109,7 @@ int state_open(shard *sh, int *rebuilt)
         int rc = state_reset(sh, boot_id);
         if (rc)
             return rc;
-        *rebuilt = 1; /* recovery finds the commit point in the segments */
+        *rebuilt = STATE_REBUILT; /* recovery finds the commit point in the segments */
         return 0;
     }
     if (memcmp(st->boot_id, boot_id, 16) != 0) {
@@ -117,6 +117,7 @@ int state_open(shard *sh, int *rebuilt)
         if (rc)
             return rc;
         header_seal(st, boot_id);
+        *rebuilt = STATE_REBOOTED;
     }
     return 0;
 }

@@ -14,9 +14,8 @@
 static uint64_t allocated_bytes(const char *dir, uint64_t base, const char *suffix)
 {
     char path[COMET_PATH_MAX];
-    struct stat sb;
     segment_path(path, dir, base, suffix);
-    return stat(path, &sb) ? 0 : (uint64_t)sb.st_blocks * 512;
+    return file_disk_bytes(path);
 }
 
 static int stats_of(shard *sh, comet_shard_stats *out);

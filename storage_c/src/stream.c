@@ -102,7 +102,7 @@ static int64_t count_streams(comet_db *db)
     if (need < 0)
         return need;
     int64_t count = 0;
-    char *buf = malloc((size_t)need + 1);
+    char *buf = sys_malloc((size_t)need + 1);
     if (!buf)
         return set_error(COMET_E_NOMEM, "out of memory");
     int64_t got = comet_list_streams(db, buf, (size_t)need + 1);
@@ -119,7 +119,7 @@ static int stream_create(comet_db *db, const char *name, const char *dir, uint32
 {
     int lock = -1;
     if (db->cfg.max_streams) {
-        lock = open(db->path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        lock = sys_open(db->path, O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0);
         if (lock < 0 || flock(lock, LOCK_EX)) {
             int rc = set_errno_error(errno, "cannot lock %s to create stream '%s'", db->path, name);
             if (lock >= 0)
@@ -142,7 +142,7 @@ static int stream_create(comet_db *db, const char *name, const char *dir, uint32
         }
     }
     int rc = 0;
-    if (mkdir(dir, 0755) && errno != EEXIST)
+    if (sys_mkdir(dir, 0755) && errno != EEXIST)
         rc = set_errno_error(errno, "cannot create stream directory %s", dir);
     int err = rc ? 0 : create_meta(dir, shards);
     if (err && err != EEXIST)
@@ -158,14 +158,14 @@ static int stream_create(comet_db *db, const char *name, const char *dir, uint32
  * before they linked them into place; a live creator's is left alone. */
 static void remove_dead_creators_temps(const char *dir)
 {
-    DIR *d = opendir(dir);
+    DIR *d = sys_opendir(dir);
     if (!d)
         return;
     char prefix[64], path[COMET_PATH_MAX];
     snprintf(prefix, sizeof prefix, ".%s.", STREAM_META_NAME);
     size_t pl = strlen(prefix), tl = strlen(TEMP_SUFFIX);
     struct dirent *de;
-    while ((de = readdir(d))) {
+    while ((de = sys_readdir(d))) {
         size_t len = strlen(de->d_name);
         if (len <= pl + tl || strncmp(de->d_name, prefix, pl) ||
             strcmp(de->d_name + len - tl, TEMP_SUFFIX))
@@ -173,7 +173,7 @@ static void remove_dead_creators_temps(const char *dir)
         long pid = strtol(de->d_name + pl, NULL, 10);
         if (pid > 0 && kill((pid_t)pid, 0) && errno == ESRCH &&
             !path_format(path, "%s/%s", dir, de->d_name))
-            unlink(path);
+            sys_unlink(path);
     }
     closedir(d);
 }
@@ -246,7 +246,7 @@ static int stream_open_in(comet_db *db, const char *name, uint32_t shards, int c
             return 0;
         }
     }
-    comet_stream *s = calloc(1, sizeof *s);
+    comet_stream *s = sys_calloc(1, sizeof *s);
     if (!s) {
         pthread_mutex_unlock(&db->lock);
         return set_error(COMET_E_NOMEM, "out of memory");
@@ -256,7 +256,7 @@ static int stream_open_in(comet_db *db, const char *name, uint32_t shards, int c
     rc = path_format(s->dir, "%s/%s", db->path, name);
     if (!rc)
         rc = stream_meta_open(db, name, s->dir, shards, create, &s->shard_count, &s->created_ns);
-    if (!rc && !(s->shards = calloc(s->shard_count, sizeof *s->shards)))
+    if (!rc && !(s->shards = sys_calloc(s->shard_count, sizeof *s->shards)))
         rc = set_error(COMET_E_NOMEM, "out of memory");
     if (rc) {
         pthread_mutex_unlock(&db->lock);
@@ -346,9 +346,9 @@ static int remove_one(const char *path, const struct stat *sb, int flag, struct 
 {
     (void)sb, (void)ftw;
     if (flag == FTW_DP)
-        rmdir(path);
+        sys_rmdir(path);
     else
-        unlink(path);
+        sys_unlink(path);
     return 0;
 }
 
@@ -386,7 +386,7 @@ int comet_stream_delete(comet_db *db, const char *name, size_t name_len)
     if (!rc && path_format(hidden, "%s/%s%s.%ld.%u", db->path, DELETED_PREFIX, s->name,
                            (long)getpid(), atomic_fetch_add(&counter, 1)))
         rc = set_error(COMET_E_INVALID, "data directory path too long");
-    if (!rc && rename(s->dir, hidden))
+    if (!rc && sys_rename(s->dir, hidden))
         rc = set_errno_error(errno, "cannot move stream directory %s out of the way", s->dir);
     if (!rc) {
         fsync_dir(db->path);
@@ -478,14 +478,14 @@ int64_t comet_list_streams(comet_db *db, char *buf, size_t cap)
         return set_error(COMET_E_INVALID, "comet_list_streams: null db");
     if (atomic_load(&db->closed))
         return set_error(COMET_E_CLOSED, "data directory %s is closed", db->path);
-    DIR *d = opendir(db->path);
+    DIR *d = sys_opendir(db->path);
     if (!d)
         return set_errno_error(errno, "cannot list %s", db->path);
     size_t need = 0;
     struct dirent *de;
     char path[COMET_PATH_MAX];
     struct stat sb;
-    while ((de = readdir(d))) {
+    while ((de = sys_readdir(d))) {
         if (comet_validate_stream_name(de->d_name, strlen(de->d_name)) ||
             path_format(path, "%s/%s/%s", db->path, de->d_name, STREAM_META_NAME) ||
             stat(path, &sb))
@@ -497,7 +497,10 @@ int64_t comet_list_streams(comet_db *db, char *buf, size_t cap)
         }
         need += len + 1;
     }
+    int err = errno; /* from the readdir that ended the loop */
     closedir(d);
+    if (err)
+        return set_errno_error(err, "cannot list %s", db->path);
     clear_error();
     return (int64_t)need;
 }

@@ -2,6 +2,8 @@
  * recovery from damage, and a holder of the append lock dying. */
 #include <fcntl.h>
 #include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -276,6 +278,8 @@ typedef struct racer {
     comet_stream *s;
     comet_shard *h;
     int closed_seen;
+    _Atomic int appended; /* the main thread closes once every racer is under way */
+    read_buf *rb;         /* each thread its own */
 } racer;
 
 static void *race_appends(void *arg)
@@ -288,9 +292,10 @@ static void *race_appends(void *arg)
             break;
         }
         CHECK_OK(a);
+        atomic_store(&r->appended, i + 1);
         if (i % 64 == 0)
-            CHECK(read_some(r->s, 0, (uint64_t)a, 4, &rb, 0) == 0 ||
-                  comet_read(r->s, 0, &(comet_read_request){0}, &rb.res) == COMET_E_CLOSED);
+            CHECK(read_some(r->s, 0, (uint64_t)a, 4, r->rb, 0) == 0 ||
+                  comet_read(r->s, 0, &(comet_read_request){0}, &r->rb->res) == COMET_E_CLOSED);
     }
     return NULL;
 }
@@ -305,15 +310,19 @@ static void test_close_races_with_appends(void)
     racer r[3];
     pthread_t t[3];
     for (int i = 0; i < 3; i++) {
-        r[i] = (racer){s, NULL, 0};
+        r[i] = (racer){.s = s, .rb = malloc(sizeof(read_buf))};
+        CHECK(r[i].rb != NULL);
         CHECK_OK(comet_shard_open(s, 0, &r[i].h));
         CHECK(pthread_create(&t[i], NULL, race_appends, &r[i]) == 0);
     }
-    usleep(20000);
+    for (int i = 0; i < 3; i++)
+        while (atomic_load(&r[i].appended) < 100)
+            sched_yield();
     CHECK_OK(comet_close(db));
     for (int i = 0; i < 3; i++) {
         pthread_join(t[i], NULL);
         CHECK(r[i].closed_seen);
+        free(r[i].rb);
     }
     CHECK(comet_append(s, 0, "z", 1, 0, -1) == COMET_E_CLOSED);
     CHECK(comet_close(db) == 0);
@@ -340,6 +349,119 @@ static void test_config_check(void)
     CHECK(comet_config_check(NULL) == COMET_E_INVALID);
 }
 
+/* The background thread (flush every millisecond, retention every
+ * millisecond over a small budget) while two threads append to two streams,
+ * one through the directory-wide budget, and a third reads: what ThreadSanitizer
+ * (make tsan) watches.  Every append succeeds or reports the budget. */
+typedef struct busy {
+    comet_db *db;
+    comet_stream *s;
+    uint32_t shard;
+    int reader;
+    _Atomic int *stop;
+    read_buf *rb;
+} busy;
+
+static void *busy_main(void *arg)
+{
+    busy *b = arg;
+    uint64_t next = 0;
+    for (int i = 0; i < 20000 && !atomic_load(b->stop); i++) {
+        if (b->reader) {
+            int rc = read_some(b->s, b->shard, next, 64, b->rb, 0);
+            CHECK_OK(rc);
+            next = b->rb->res.next_entry;
+            continue;
+        }
+        if (b->s != NULL && b->shard == 0 && b->db && i % 2000 == 1999 && strcmp(comet_stream_name(b->s), "b") == 0) {
+            char name[16]; /* new streams while the budget pass walks the list */
+            snprintf(name, sizeof name, "c%d", i / 2000);
+            comet_stream *c;
+            CHECK_OK(comet_stream_open(b->db, name, strlen(name), 1, 1, &c));
+        }
+        char p[300];
+        memset(p, 'a' + (i % 26), sizeof p);
+        int64_t rc = comet_append(b->s, b->shard, p, sizeof p, 0, -1);
+        CHECK(rc >= 0 || rc == COMET_E_STORAGE_FULL);
+    }
+    return NULL;
+}
+
+static void test_background_thread_with_appends_and_reads(void)
+{
+    char *dir = scratch_dir();
+    comet_config cfg;
+    comet_config_default(&cfg);
+    cfg.segment_bytes = 64 << 10;
+    cfg.fsync_interval_ms = 1;
+    cfg.retention_interval_ms = 1;
+    cfg.retention_max_total_bytes = 1 << 20;
+    cfg.retention_protect_unconsumed = 0;
+    comet_db *db = NULL;
+    CHECK_OK(comet_open(dir, &cfg, &db));
+    comet_stream *a = open_stream(db, "a", 2), *b2 = open_stream(db, "b", 1);
+    _Atomic int stop = 0;
+    busy work[4] = {{db, a, 0, 0, &stop, NULL}, {db, a, 1, 0, &stop, NULL},
+                    {db, b2, 0, 0, &stop, NULL}, {db, a, 0, 1, &stop, malloc(sizeof(read_buf))}};
+    CHECK(work[3].rb != NULL);
+    pthread_t t[4];
+    for (int i = 0; i < 4; i++)
+        CHECK(pthread_create(&t[i], NULL, busy_main, &work[i]) == 0);
+    for (int i = 0; i < 3; i++)
+        pthread_join(t[i], NULL);
+    atomic_store(&stop, 1);
+    pthread_join(t[3], NULL);
+    free(work[3].rb);
+    CHECK(comet_data_bytes(db) <= (int64_t)(2 << 20));
+    CHECK_OK(comet_close(db));
+    rm_tree(dir);
+}
+
+/* Two processes append to two streams under one small directory budget:
+ * each reserves from the shared estimate (.usage) instead of counting files,
+ * so they cannot both take the last room.  Counting the files while the
+ * other process deletes one and creates the next can see both (a walk is not
+ * atomic): one segment of slack while they run, none once they are done. */
+static void test_budget_across_processes(void)
+{
+    char *dir = scratch_dir();
+    comet_config cfg;
+    comet_config_default(&cfg);
+    cfg.segment_bytes = 64 << 10;
+    cfg.flags |= COMET_OPEN_NO_FLUSHER;
+    cfg.retention_max_total_bytes = 768 << 10;
+    cfg.retention_protect_unconsumed = 0;
+    cfg.retention_interval_ms = 0;
+    const int64_t segment = (64 << 10) + 4096; /* a segment and its index */
+    pid_t child = fork();
+    CHECK(child >= 0);
+    const char *name = child == 0 ? "child" : "parent";
+    comet_db *db = NULL;
+    CHECK_OK(comet_open(dir, &cfg, &db));
+    comet_stream *s = open_stream(db, name, 1);
+    char p[500];
+    memset(p, 'b', sizeof p);
+    for (int i = 0; i < 6000; i++) {
+        CHECK_OK(comet_append(s, 0, p, sizeof p, 0, -1));
+        CHECK(comet_data_bytes(db) <= (int64_t)cfg.retention_max_total_bytes + segment);
+    }
+    CHECK_OK(comet_close(db));
+    if (child == 0)
+        _exit(0);
+    int status;
+    CHECK(waitpid(child, &status, 0) == child && WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    CHECK_OK(comet_open(dir, &cfg, &db));
+    CHECK(comet_data_bytes(db) <= (int64_t)cfg.retention_max_total_bytes);
+    comet_stream *a = open_stream(db, "parent", 0), *b = open_stream(db, "child", 0);
+    comet_shard_stats sa, sb;
+    CHECK_OK(comet_shard_stats_get(a, 0, &sa));
+    CHECK_OK(comet_shard_stats_get(b, 0, &sb));
+    CHECK(sa.next_entry == 6000 && sb.next_entry == 6000);
+    CHECK(sa.retention_deleted_segments + sb.retention_deleted_segments > 0);
+    CHECK_OK(comet_close(db));
+    rm_tree(dir);
+}
+
 int main(void)
 {
     RUN(test_config_check);
@@ -351,5 +473,7 @@ int main(void)
     RUN(test_missing_state_and_index_rebuilt);
     RUN(test_lock_holder_dies);
     RUN(test_close_races_with_appends);
+    RUN(test_background_thread_with_appends_and_reads);
+    RUN(test_budget_across_processes);
     return 0;
 }

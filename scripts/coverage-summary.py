@@ -1,0 +1,61 @@
+"""Line coverage of the C core by its tests: `make coverage` builds each C test
+with --coverage in a directory of its own under BUILD and runs it; this sums
+gcov's per-line counts over all of them (a line is covered when any test ran
+it) and prints one row per source file of SRC plus the total.
+
+    python3 scripts/coverage-summary.py build/coverage storage_c/src
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+
+def line_counts(test_dir: Path) -> dict[str, dict[int, int]]:
+    """{source file name: {line: count}} of one test's run, from gcov's JSON."""
+    notes = sorted(p.name for p in test_dir.glob("*.gcno"))
+    out = subprocess.run(["gcov", "--json-format", "--stdout", *notes], cwd=test_dir,
+                         capture_output=True, text=True, check=True).stdout
+    counts: dict[str, dict[int, int]] = defaultdict(dict)
+    decoder = json.JSONDecoder()
+    text, at = out.strip(), 0
+    while at < len(text):  # one JSON document per note file, back to back
+        doc, end = decoder.raw_decode(text, at)
+        at = end
+        while at < len(text) and text[at].isspace():
+            at += 1
+        for f in doc["files"]:
+            lines = counts[Path(f["file"]).name]
+            for line in f["lines"]:
+                n = line["line_number"]
+                lines[n] = lines.get(n, 0) + line["count"]
+    return counts
+
+
+def main(build: str, src: str) -> int:
+    sources = {p.name for p in Path(src).glob("*.c")}
+    total: dict[str, dict[int, int]] = defaultdict(dict)
+    for test_dir in sorted(p for p in Path(build).iterdir() if p.is_dir()):
+        for name, lines in line_counts(test_dir).items():
+            if name in sources:
+                for n, c in lines.items():
+                    total[name][n] = total[name].get(n, 0) + c
+    print(f"{'file':<16} {'lines':>6} {'run':>6} {'cover':>7}")
+    all_lines = all_run = 0
+    for name in sorted(sources):
+        lines = total.get(name, {})
+        run = sum(1 for c in lines.values() if c)
+        all_lines += len(lines)
+        all_run += run
+        pct = 100 * run / len(lines) if lines else 0.0
+        print(f"{name:<16} {len(lines):>6} {run:>6} {pct:>6.1f}%")
+    print(f"{'total':<16} {all_lines:>6} {all_run:>6} {100 * all_run / max(all_lines, 1):>6.1f}%")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(*sys.argv[1:3]))

@@ -1,0 +1,189 @@
+/*
+ * usage.c - what the data directory takes on disk, without a walk per growth.
+ *
+ * A budget (retention_max_total_bytes) is checked before a segment is created
+ * or grown, under the shard's append lock.  Counting means a stat of every
+ * segment and index file of the directory: done under the lock at every
+ * growth, the check cost more the more shards and streams there were.
+ *
+ * Instead every process that appends under a budget maps <data>/.usage: an
+ * estimate of the bytes, kept under a robust process-shared mutex that is
+ * held only while files are allocated, deleted or counted.  An appender
+ * reserves what it is about to allocate (usage_reserve: the estimate goes up
+ * and the mutex stays held, or the reservation fails when it would pass the
+ * budget: two appenders can never both take the last room), allocates, and
+ * lets go (usage_allocated, which gives back what was not allocated).
+ * Allocations are thereby serialised across the directory: one file
+ * creation or growth at a time, once per segment chunk.  Retention's
+ * deletions take the estimate down under the same mutex.  A full count
+ * (usage_recount: the walk, under the mutex, outside every shard lock) is
+ * exact, since no allocation or deletion can run during it; it runs when the
+ * estimate first says the budget is spent and at every retention pass over a
+ * budget, and corrects what deletes files without going through here (a
+ * stream deleted, a segment set aside by recovery: the estimate only runs high
+ * meanwhile).  A process that dies holding the mutex leaves the next holder
+ * to count again (EOWNERDEAD).  Without the file (it cannot be created or
+ * mapped) every check is a full count, as before: slower, and not atomic
+ * across appenders.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "errors.h"
+#include "internal.h"
+
+#define USAGE_FILE_BYTES 4096
+
+static void count_into(comet_db *db, usage_file *u)
+{
+    u->bytes = retention_total_bytes(db);
+    u->counted_ns = now_ns();
+}
+
+/* Sets a new file up, or one from another boot (its lock may be held by a
+ * process that is gone) or version; under flock. */
+static int set_up(comet_db *db, usage_file *u)
+{
+    uint8_t boot[16];
+    read_boot_id(boot);
+    if (u->magic == MAGIC_USAGE && u->version == USAGE_VERSION && !memcmp(u->boot_id, boot, 16))
+        return 0;
+    memset(u, 0, sizeof *u);
+    if (robust_mutex_init(&u->lock.mutex))
+        return -1;
+    count_into(db, u);
+    memcpy(u->boot_id, boot, 16);
+    u->version = USAGE_VERSION;
+    u->header_bytes = FILE_HEADER_BYTES;
+    u->magic = MAGIC_USAGE;
+    return 0;
+}
+
+static usage_file *map_usage(comet_db *db)
+{
+    char path[COMET_PATH_MAX];
+    if (path_format(path, "%s/%s", db->path, USAGE_NAME))
+        return NULL;
+    int fd = sys_open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return NULL;
+    usage_file *u = NULL;
+    struct stat sb;
+    if (!flock(fd, LOCK_EX) && !fstat(fd, &sb) &&
+        (sb.st_size >= USAGE_FILE_BYTES || !sys_ftruncate(fd, USAGE_FILE_BYTES))) {
+        void *map = sys_mmap(NULL, USAGE_FILE_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        if (map != MAP_FAILED) {
+            u = map;
+            if (set_up(db, u)) {
+                munmap(map, USAGE_FILE_BYTES);
+                u = NULL;
+            }
+        }
+    }
+    flock(fd, LOCK_UN);
+    close(fd);
+    return u;
+}
+
+/* The shared estimate, mapped on first use (NULL when it cannot be). */
+static usage_file *usage_of(comet_db *db)
+{
+    usage_file *u = atomic_load_explicit(&db->usage, memory_order_acquire);
+    if (u || atomic_load_explicit(&db->usage_failed, memory_order_relaxed))
+        return u;
+    pthread_mutex_lock(&db->usage_lock);
+    u = atomic_load(&db->usage);
+    if (!u && !atomic_load(&db->usage_failed)) {
+        u = map_usage(db);
+        if (u)
+            atomic_store_explicit(&db->usage, u, memory_order_release);
+        else
+            atomic_store(&db->usage_failed, 1);
+    }
+    pthread_mutex_unlock(&db->usage_lock);
+    return u;
+}
+
+/* Takes the estimate's lock; a holder that died leaves it counted again. */
+static int lock_usage(comet_db *db, usage_file *u)
+{
+    int rc = pthread_mutex_lock(&u->lock.mutex);
+    if (rc == EOWNERDEAD) {
+        pthread_mutex_consistent(&u->lock.mutex);
+        count_into(db, u);
+        rc = 0;
+    }
+    return rc;
+}
+
+int usage_reserve(comet_db *db, uint64_t bytes, uint64_t budget, uint64_t *used)
+{
+    usage_file *u = usage_of(db);
+    if (!u || lock_usage(db, u)) {
+        *used = retention_total_bytes(db);
+        return *used + bytes <= budget ? USAGE_FITS : 0;
+    }
+    *used = u->bytes;
+    if (u->bytes + bytes > budget) {
+        pthread_mutex_unlock(&u->lock.mutex);
+        return 0;
+    }
+    u->bytes += bytes;
+    return USAGE_RESERVED; /* the mutex stays held until usage_allocated */
+}
+
+void usage_allocated(comet_db *db, uint64_t bytes, int done)
+{
+    usage_file *u = atomic_load_explicit(&db->usage, memory_order_acquire);
+    if (!done)
+        u->bytes = u->bytes > bytes ? u->bytes - bytes : 0;
+    pthread_mutex_unlock(&u->lock.mutex);
+}
+
+int usage_begin_delete(comet_db *db)
+{
+    usage_file *u = atomic_load_explicit(&db->usage, memory_order_acquire);
+    return u && !lock_usage(db, u);
+}
+
+void usage_end_delete(comet_db *db, int locked, uint64_t bytes)
+{
+    usage_file *u = atomic_load_explicit(&db->usage, memory_order_acquire);
+    if (!locked || !u)
+        return;
+    u->bytes = u->bytes > bytes ? u->bytes - bytes : 0;
+    pthread_mutex_unlock(&u->lock.mutex);
+}
+
+uint64_t usage_estimate(comet_db *db)
+{
+    usage_file *u = usage_of(db);
+    if (!u || lock_usage(db, u))
+        return retention_total_bytes(db);
+    uint64_t bytes = u->bytes;
+    pthread_mutex_unlock(&u->lock.mutex);
+    return bytes;
+}
+
+uint64_t usage_recount(comet_db *db)
+{
+    usage_file *u = usage_of(db);
+    if (!u || lock_usage(db, u))
+        return retention_total_bytes(db);
+    count_into(db, u);
+    uint64_t bytes = u->bytes;
+    pthread_mutex_unlock(&u->lock.mutex);
+    return bytes;
+}
+
+void usage_close(comet_db *db)
+{
+    usage_file *u = atomic_exchange(&db->usage, NULL);
+    if (u)
+        munmap(u, USAGE_FILE_BYTES);
+}

@@ -1,0 +1,354 @@
+/* Injected faults (src/sys.h), in the way SQLite tests itself: a scenario
+ * that opens a data directory, creates a stream, appends through several
+ * rotations, acknowledges a consumer group, syncs, ages the data with the
+ * injected clock, runs retention and closes, is run again and again with
+ * the Nth system call (or allocation) of one kind failing, once or from then
+ * on, for every N until the scenario no longer reaches the Nth call.
+ *
+ * Each run must end with a COMET_E_* code and a message (or succeed), never
+ * crash, leak (ASan) or lose what it acknowledged: reopened without faults,
+ * every appended entry that retention did not delete reads back intact,
+ * verification finds no damage, no group is ahead of its shard's data, and
+ * no healthy segment was set aside (*.orphan). */
+#include <dirent.h>
+#include <errno.h>
+#include <sys/stat.h>
+
+#include "util.h"
+
+#define SHARDS 2
+#define APPENDS 1500
+#define MAX_N 5000
+
+static read_buf rb;
+
+typedef struct outcome {
+    uint64_t acked[SHARDS]; /* entries appended with success, per shard */
+    int rc;                 /* the first error, 0 when none */
+    const char *step;
+} outcome;
+
+static void payload_for(uint32_t shard, uint64_t e, uint8_t *out, uint32_t *len)
+{
+    *len = 40 + (uint32_t)((e * 7919 + shard) % 200);
+    for (uint32_t k = 0; k < *len; k++)
+        out[k] = (uint8_t)(e * 31 + k + shard);
+}
+
+static comet_config scenario_config(void)
+{
+    comet_config cfg;
+    comet_config_default(&cfg);
+    cfg.segment_bytes = 64 << 10;
+    cfg.flags |= COMET_OPEN_NO_FLUSHER;
+    cfg.retention_max_age_ms = 60000;
+    cfg.retention_protect_unconsumed = 0;
+    cfg.retention_interval_ms = 0;
+    cfg.retention_max_total_bytes = 64 << 20; /* never reached: exercises the disk-use estimate */
+    return cfg;
+}
+
+static int failed(outcome *o, const char *step, long long rc)
+{
+    if (rc >= 0)
+        return 0;
+    o->rc = (int)rc;
+    o->step = step;
+    return 1;
+}
+
+/* Runs the scenario; stops at the first error (closing what it opened). */
+static void scenario(const char *dir, outcome *o)
+{
+    memset(o, 0, sizeof *o);
+    comet_config cfg = scenario_config();
+    comet_db *db = NULL;
+    if (failed(o, "open", comet_open(dir, &cfg, &db)))
+        return;
+    comet_stream *s = NULL;
+    comet_group *g = NULL;
+    if (failed(o, "stream_open", comet_stream_open(db, "s", 1, SHARDS, 1, &s)) ||
+        failed(o, "group_open", comet_group_open(s, 0, "g", 1, 1, &g)))
+        goto close;
+    for (uint64_t i = 0; i < APPENDS; i++) {
+        uint32_t shard = (uint32_t)(i % SHARDS);
+        uint8_t p[256];
+        uint32_t len;
+        payload_for(shard, o->acked[shard], p, &len);
+        int64_t got = comet_append(s, shard, p, len, 0, -1);
+        if (failed(o, "append", got))
+            goto close;
+        CHECK((uint64_t)got == o->acked[shard]);
+        o->acked[shard]++;
+        if (shard == 0 && i % 50 == 0 && failed(o, "ack", comet_group_ack(g, o->acked[0] - 1)))
+            goto close;
+    }
+    if (failed(o, "sync", comet_sync(s, -1)))
+        goto close;
+    comet_clock_shift(120LL * 1000000000); /* every entry is now past retention_max_age_ms */
+    comet_retention_report rep;
+    memset(&rep, 0, sizeof rep);
+    failed(o, "retention", comet_run_retention(db, &rep));
+close:;
+    int rc = comet_close(db);
+    if (!o->rc)
+        failed(o, "close", rc);
+}
+
+static int has_orphans(const char *dir)
+{
+    char path[1024];
+    snprintf(path, sizeof path, "%s/s", dir);
+    DIR *d = opendir(path);
+    if (!d)
+        return 0;
+    int found = 0;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        if (de->d_name[0] == '.')
+            continue;
+        char sub[1300];
+        snprintf(sub, sizeof sub, "%s/%s", path, de->d_name);
+        DIR *sd = opendir(sub);
+        struct dirent *f;
+        while (sd && (f = readdir(sd)))
+            if (strstr(f->d_name, ".orphan"))
+                found = 1;
+        if (sd)
+            closedir(sd);
+    }
+    closedir(d);
+    return found;
+}
+
+/* Reopened without faults: what the scenario acknowledged is there. */
+static void check_after(const char *dir, const outcome *o, unsigned kinds, long n)
+{
+    comet_config cfg = scenario_config();
+    comet_db *db = NULL;
+    int rc = comet_open(dir, &cfg, &db);
+    if (rc < 0) {
+        fprintf(stderr, "kinds %#x n %ld: reopen failed: %s (%s)\n", kinds, n, comet_strerror(rc),
+                comet_last_error());
+        exit(1);
+    }
+    comet_stream *s = NULL;
+    rc = comet_stream_open(db, "s", 1, 0, 0, &s);
+    if (rc == COMET_E_NO_STREAM) { /* never created: then nothing was acknowledged */
+        CHECK(o->acked[0] == 0 && o->acked[1] == 0);
+        CHECK_OK(comet_close(db));
+        return;
+    }
+    CHECK_OK(rc);
+    for (uint32_t shard = 0; shard < SHARDS; shard++) {
+        comet_shard_stats st;
+        CHECK_OK(comet_shard_stats_get(s, shard, &st));
+        if (st.next_entry < o->acked[shard]) {
+            fprintf(stderr, "kinds %#x n %ld (%s failed): shard %u has %llu entries, %llu were "
+                    "acknowledged\n", kinds, n, o->step ? o->step : "-", shard,
+                    (unsigned long long)st.next_entry, (unsigned long long)o->acked[shard]);
+            exit(1);
+        }
+        for (uint64_t e = st.first_entry; e < o->acked[shard];) {
+            CHECK_OK(read_some(s, shard, e, 1024, &rb, 0));
+            CHECK(rb.res.count > 0);
+            for (uint32_t i = 0; i < rb.res.count && e < o->acked[shard]; i++, e++) {
+                uint8_t want[256];
+                uint32_t len;
+                payload_for(shard, e, want, &len);
+                CHECK(rb.entries[i] == (int64_t)e);
+                CHECK((uint32_t)(rb.offsets[i + 1] - rb.offsets[i]) == len);
+                CHECK(memcmp(rb.data + rb.offsets[i], want, len) == 0);
+            }
+        }
+        comet_verify_report vr;
+        CHECK_OK(comet_verify_shard(s, shard, &vr));
+        CHECK(vr.bad_entries == 0);
+    }
+    comet_group *g = NULL;
+    if (comet_group_open(s, 0, "g", 1, 0, &g) == 0) {
+        comet_shard_stats st;
+        CHECK_OK(comet_shard_stats_get(s, 0, &st));
+        CHECK((uint64_t)comet_group_offset(g) <= st.next_entry);
+    }
+    CHECK_OK(comet_close(db));
+    if (has_orphans(dir)) {
+        fprintf(stderr, "kinds %#x n %ld (%s failed): a segment was set aside as .orphan\n",
+                kinds, n, o->step ? o->step : "-");
+        exit(1);
+    }
+}
+
+static int known_code(int rc)
+{
+    return rc == COMET_E_IO || rc == COMET_E_NOMEM || rc == COMET_E_STORAGE_FULL;
+}
+
+/* Every N for one kind mask: returns how many runs met a fault. */
+static long sweep(unsigned kinds, int err, int persist)
+{
+    long n;
+    for (n = 1; n <= MAX_N; n++) {
+        char *dir = scratch_dir();
+        outcome o;
+        comet_fault_arm(kinds, n, err, persist);
+        scenario(dir, &o);
+        long fired = comet_fault_fired();
+        comet_fault_disarm();
+        if (fired && o.rc && !known_code(o.rc)) {
+            fprintf(stderr, "kinds %#x n %ld: %s failed with %d (%s: %s)\n", kinds, n, o.step,
+                    o.rc, comet_strerror(o.rc), comet_last_error());
+            exit(1);
+        }
+        if (o.rc)
+            CHECK(comet_last_error()[0] != '\0');
+        check_after(dir, &o, kinds, n);
+        rm_tree(dir);
+        if (!fired)
+            break;
+    }
+    CHECK(n <= MAX_N);
+    return n - 1;
+}
+
+/* ---- recovery under faults ---------------------------------------------- */
+
+#define PREPARED 1500
+
+/* A directory whose shard 0 lost its state file and an index (recovery
+ * rebuilds them at the next open), made without faults. */
+static void prepare_recovery(const char *dir, outcome *o)
+{
+    memset(o, 0, sizeof *o);
+    comet_config cfg = scenario_config();
+    comet_db *db = NULL;
+    CHECK_OK(comet_open(dir, &cfg, &db));
+    comet_stream *s = open_stream(db, "s", SHARDS);
+    for (uint64_t i = 0; i < PREPARED; i++) {
+        uint32_t shard = (uint32_t)(i % SHARDS);
+        uint8_t p[256];
+        uint32_t len;
+        payload_for(shard, o->acked[shard], p, &len);
+        CHECK_OK(comet_append(s, shard, p, len, 0, -1));
+        o->acked[shard]++;
+    }
+    CHECK_OK(comet_close(db));
+    char path[1024];
+    snprintf(path, sizeof path, "%s/s/shard-0000/state", dir);
+    CHECK(unlink(path) == 0);
+    snprintf(path, sizeof path, "%s/s/shard-0000/00000000000000000000.idx", dir);
+    CHECK(unlink(path) == 0);
+}
+
+/* Opens (recovering shard 0), reads everything back, appends one entry to each shard. */
+static void recover(const char *dir, outcome *o)
+{
+    comet_config cfg = scenario_config();
+    comet_db *db = NULL;
+    if (failed(o, "open", comet_open(dir, &cfg, &db)))
+        return;
+    comet_stream *s = NULL;
+    if (failed(o, "stream_open", comet_stream_open(db, "s", 1, 0, 0, &s)))
+        goto close;
+    for (uint32_t shard = 0; shard < SHARDS; shard++) {
+        for (uint64_t e = 0; e < o->acked[shard];) {
+            if (failed(o, "read", read_some(s, shard, e, 1024, &rb, 0)))
+                goto close;
+            if (rb.res.count == 0 || rb.entries[0] != (int64_t)e) {
+                fprintf(stderr, "recovery, fault %ld of %ld calls: shard %u read from %llu gave %u "
+                        "entries from %lld (next %llu), no error\n", comet_fault_fired(),
+                        comet_fault_calls(), shard, (unsigned long long)e, rb.res.count,
+                        rb.res.count ? (long long)rb.entries[0] : -1LL,
+                        (unsigned long long)rb.res.next_entry);
+                exit(1);
+            }
+            e += rb.res.count;
+        }
+        uint8_t p[256];
+        uint32_t len;
+        payload_for(shard, o->acked[shard], p, &len);
+        int64_t got = comet_append(s, shard, p, len, 0, -1);
+        if (failed(o, "append", got))
+            goto close;
+        CHECK((uint64_t)got == o->acked[shard]);
+        o->acked[shard]++;
+    }
+close:;
+    int rc = comet_close(db);
+    if (!o->rc)
+        failed(o, "close", rc);
+}
+
+static long sweep_recovery(unsigned kinds, int err, int persist)
+{
+    long n;
+    for (n = 1; n <= MAX_N; n++) {
+        char *dir = scratch_dir();
+        outcome o;
+        prepare_recovery(dir, &o);
+        comet_fault_arm(kinds, n, err, persist);
+        recover(dir, &o);
+        long fired = comet_fault_fired();
+        comet_fault_disarm();
+        if (fired && o.rc && !known_code(o.rc)) {
+            fprintf(stderr, "recovery, kinds %#x n %ld: %s failed with %d (%s: %s)\n", kinds, n,
+                    o.step, o.rc, comet_strerror(o.rc), comet_last_error());
+            exit(1);
+        }
+        check_after(dir, &o, kinds, n);
+        rm_tree(dir);
+        if (!fired)
+            break;
+    }
+    CHECK(n <= MAX_N);
+    return n - 1;
+}
+
+static void test_every_failure_point(void)
+{
+    static const struct { unsigned kinds; const char *name; int err; } kinds[] = {
+        {COMET_FAULT_OPEN, "open", EIO},       {COMET_FAULT_SIZE, "size", ENOSPC},
+        {COMET_FAULT_MAP, "map", ENOMEM},      {COMET_FAULT_SYNC, "sync", EIO},
+        {COMET_FAULT_NAME, "name", EIO},       {COMET_FAULT_REMOVE, "remove", EIO},
+        {COMET_FAULT_READDIR, "readdir", EIO}, {COMET_FAULT_ALLOC, "alloc", ENOMEM},
+    };
+    for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++)
+        for (int persist = 0; persist <= 1; persist++) {
+            long points = sweep(kinds[k].kinds, kinds[k].err, persist);
+            long in_recovery = sweep_recovery(kinds[k].kinds, kinds[k].err, persist);
+            fprintf(stderr, "    %-8s %-12s: %3ld failure points in the scenario, %3ld in recovery\n",
+                    kinds[k].name, persist ? "from then on" : "once", points, in_recovery);
+        }
+}
+
+static void test_clock_shift_ages_data(void)
+{
+    char *dir = scratch_dir();
+    comet_config cfg = scenario_config();
+    comet_db *db = NULL;
+    CHECK_OK(comet_open(dir, &cfg, &db));
+    comet_stream *s = open_stream(db, "s", 1);
+    for (int i = 0; i < 2000; i++)
+        CHECK_OK(comet_append(s, 0, "0123456789012345678901234567890123456789", 40, 0, -1));
+    comet_shard_stats before;
+    CHECK_OK(comet_shard_stats_get(s, 0, &before));
+    CHECK(before.segments > 1);
+    comet_retention_report rep;
+    memset(&rep, 0, sizeof rep);
+    CHECK_OK(comet_run_retention(db, &rep));
+    CHECK(rep.deleted_segments == 0); /* nothing is a minute old yet */
+    comet_clock_shift(61LL * 1000000000);
+    CHECK_OK(comet_run_retention(db, &rep));
+    comet_shard_stats after;
+    CHECK_OK(comet_shard_stats_get(s, 0, &after));
+    CHECK(rep.deleted_segments == before.segments - 1 && after.segments == 1);
+    CHECK_OK(comet_close(db));
+    rm_tree(dir);
+}
+
+int main(void)
+{
+    RUN(test_clock_shift_ages_data);
+    RUN(test_every_failure_point);
+    return 0;
+}

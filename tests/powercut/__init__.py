@@ -1,0 +1,12 @@
+"""Power-cut tests (issue 13): the storage on a FUSE filesystem that forgets what was not synced.
+
+fs.py is the filesystem (what is volatile, what a cut does), harness.py mounts
+it and cuts, writer.py is the storage-using process, conftest.py the
+``powercut`` fixture.  Scenarios: test_always.py, test_groups.py,
+test_interval.py, test_lifecycle.py (and test_fs.py for the filesystem's own
+model); test_bugs.py holds the scenarios that fail because of storage bugs.
+
+Needs /dev/fuse, Debian's fuse3 and libfuse3-3 (scripts/install-fuse.sh) and
+mfusepy (pyproject's dev extras); runs as root, or unprivileged where user
+namespaces are allowed.  POWERCUT_CUTS sets the cuts per scenario (default 30).
+"""

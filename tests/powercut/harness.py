@@ -1,0 +1,200 @@
+"""Drives the power-cut filesystem (fs.py) from a test: mount, spawn writers, cut, remount.
+
+Every mount is a new "boot": the processes that use it are started in a mount
+namespace of their own where ``/proc/sys/kernel/random/boot_id`` reads a fresh
+id.  After a real power cut the kernel's boot id changes, and the storage relies
+on that to re-initialise process-shared locks a dead writer may have left
+"held" in a state page that reached the disk (see storage_c/FORMAT.md, shard
+state); without it a surviving lock word would block the next opener forever.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+FS = Path(__file__).with_name("fs.py")
+WRITER = Path(__file__).with_name("writer.py")
+FUSECTL = Path("/sys/fs/fuse/connections")
+
+
+class Writer(subprocess.Popen[str]):
+    """A process spawned on the mount; its stderr went to the file ``stderr_path``."""
+
+    stderr_path: Path
+
+
+def _root() -> bool:
+    return os.geteuid() == 0
+
+
+def _ensure_fusectl() -> bool:
+    """The fusectl filesystem (for aborting a connection); mounted if we may."""
+    if FUSECTL.is_dir() and any(FUSECTL.iterdir()):
+        return True
+    if not _root() or not FUSECTL.is_dir():
+        return False
+    with open("/proc/self/mounts") as mounts:
+        if any(line.split()[1] == str(FUSECTL) for line in mounts):
+            return True
+    return subprocess.run(["mount", "-t", "fusectl", "fusectl", str(FUSECTL)],
+                          capture_output=True).returncode == 0
+
+
+class PowerCutFS:
+    """One power-cut filesystem mounted at ``root/mnt``, its daemon, its current boot."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.mnt = root / "mnt"
+        self.mnt.mkdir(parents=True, exist_ok=True)
+        self.procs: list[Writer] = []
+        self.conn: str | None = None
+        self.boot_file = root / "boot_id"
+        self.cuts = 0
+        self.spawned = 0
+        self.fusectl = _ensure_fusectl()
+        env = dict(os.environ, PYTHONPATH=str(REPO))
+        self.daemon = subprocess.Popen([sys.executable, str(FS), str(self.mnt)], env=env,
+                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                       bufsize=1)
+        self.mount()
+
+    # ---- daemon control ---------------------------------------------------------
+
+    def _cmd(self, line: str) -> str:
+        assert self.daemon.stdin and self.daemon.stdout
+        self.daemon.stdin.write(line + "\n")
+        self.daemon.stdin.flush()
+        answer = self.daemon.stdout.readline().strip()
+        if not answer:
+            raise RuntimeError(f"power-cut fs daemon died (exit {self.daemon.poll()}) on {line!r}")
+        return answer
+
+    def mount(self) -> None:
+        assert self._cmd("mount") == "mounted"
+        self.conn = str(os.stat(self.mnt).st_dev)
+        self.boot_file.write_text(str(uuid.uuid4()) + "\n")
+
+    def checkpoint(self) -> None:
+        """``sync`` then: the dirty pages go to the daemon, and all it holds is durable."""
+        writeback(self.mnt)
+        assert self._cmd("syncall") == "synced"
+
+    def synclog(self, since: float) -> list[tuple[float, str]]:
+        """(monotonic time, path) of every fsync/fsyncdir the daemon served since ``since``."""
+        return [tuple(x) for x in json.loads(self._cmd(f"synclog {since}").split(" ", 1)[1])]
+
+    def stats(self) -> dict[str, int]:
+        return json.loads(self._cmd("stats").split(" ", 1)[1])
+
+    # ---- processes on the mount -------------------------------------------------
+
+    def spawn(self, *args: object, stdin: int | None = None,
+              env: dict[str, str] | None = None) -> Writer:
+        """``python writer.py ARGS`` in this boot's namespace; stdout is a pipe of lines."""
+        inner = [sys.executable, str(WRITER), *map(str, args)]
+        script = 'mount --bind "$0" /proc/sys/kernel/random/boot_id && exec "$@"'
+        ns = ["unshare", "--mount", "--propagation", "private"]
+        if not _root():
+            ns = ["unshare", "--user", "--map-root-user", "--mount", "--propagation", "private"]
+        env = dict(os.environ, PYTHONPATH=str(REPO), **(env or {}))
+        # stderr to a file: after the cut the dying writers' EIO tracebacks are expected
+        self.spawned += 1
+        err = self.root / f"proc-{self.spawned}.stderr"
+        with open(err, "w") as errfile:
+            proc = Writer([*ns, "sh", "-c", script, str(self.boot_file), *inner],
+                          env=env, stdin=stdin, stdout=subprocess.PIPE, stderr=errfile,
+                          text=True, bufsize=1)
+        proc.stderr_path = err
+        self.procs.append(proc)
+        return proc
+
+    def _kill_all(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGKILL)
+        for proc in self.procs:
+            proc.wait()
+        self.procs = [p for p in self.procs if p.stdout and not p.stdout.closed]
+
+    def _unmount(self) -> None:
+        if self.fusectl and self.conn:
+            try:  # drop the kernel's page cache unwritten: what a power cut does to it
+                (FUSECTL / self.conn / "abort").write_text("1")
+            except OSError:
+                pass
+        subprocess.run(["fusermount3", "-u", "-z", str(self.mnt)], capture_output=True)
+
+    # ---- the cut ----------------------------------------------------------------
+
+    def cut(self, mode: str = "clean", seed: int = 0) -> tuple[float, int]:
+        """The power fails now: returns (the instant, monotonic clock; pages kept).
+
+        Writers are SIGKILLed after the instant, their unread output stays
+        readable from their pipes; the filesystem is back mounted, in a new boot.
+        """
+        assert self._cmd("freeze") == "frozen"
+        instant = time.monotonic()
+        self._kill_all()
+        self._unmount()
+        answer = self._cmd(f"reset {mode} {seed}").split()
+        self.cuts += 1
+        self.mount()
+        return instant, int(answer[2])
+
+    def close(self) -> None:
+        try:
+            self._kill_all()
+        finally:
+            for proc in self.procs:
+                if proc.stdout:
+                    proc.stdout.close()
+            self.procs = []
+            self._unmount()
+            if self.daemon.poll() is None:
+                try:
+                    assert self.daemon.stdin  # a pipe (stdin=PIPE)
+                    self.daemon.stdin.write("quit\n")
+                    self.daemon.stdin.flush()
+                    self.daemon.wait(timeout=10)
+                except (OSError, subprocess.TimeoutExpired):
+                    self.daemon.kill()
+                    self.daemon.wait()
+            for stream in (self.daemon.stdin, self.daemon.stdout):
+                if stream:
+                    stream.close()
+            shutil.rmtree(self.mnt, ignore_errors=True)
+
+
+def writeback(mnt: Path) -> None:
+    """Has the kernel write the mount's dirty pages to the daemon (syncfs: no fsync
+    reaches it, so they stay volatile): what the page cache may do at any time."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = os.open(mnt, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        libc.syncfs(fd)
+    finally:
+        os.close(fd)
+
+
+def make_synced_dir(path: Path) -> Path:
+    """mkdir, then fsync the parent: an installation step (the data directory
+    exists, durably, before the storage is first opened)."""
+    path.mkdir()
+    fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return path

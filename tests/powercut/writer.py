@@ -1,0 +1,217 @@
+"""The processes of the power-cut scenarios (started by harness.PowerCutFS.spawn).
+
+``writer.py MODE DATA ROUND SEED``: opens the log in DATA (recovery runs: this is
+the reopen after a cut), prints what survived as one ``S {json}`` line, then
+works until it is killed, printing one line per acknowledged operation:
+
+- ``append DURABILITY SHARDS``: ``A shard entry payload t`` after each append
+  returned (t: CLOCK_MONOTONIC, comparable with the cut's instant);
+- ``consume``: a consumer process of group ``g`` (another process than the
+  writer, as ``comet ship`` is): ``G shard offset t`` after each ack;
+- ``lifecycle``: creates, appends to (``always``, large entries: frequent
+  rotations), runs retention on and deletes streams: ``C name``,
+  ``A name shard entry payload``, ``R segments``, ``D name``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import struct
+import sys
+import time
+from pathlib import Path
+from typing import TypedDict, Unpack, cast
+
+from storage_c import Config, Durability, Log
+
+SEGMENT = 64 << 10
+STREAM = "events"
+GROUP = "g"
+
+
+class ExtraConfig(TypedDict, total=False):
+    """The Config fields the scenarios set beyond those of ``config``."""
+
+    retention_max_shard_bytes: int
+    retention_interval_ms: int
+    retention_protect_unconsumed: bool
+
+
+def config(durability: Durability = "always", shards: int = 2,
+           **extra: Unpack[ExtraConfig]) -> Config:
+    return Config(shards=shards, segment_bytes=SEGMENT, segment_chunk_bytes=SEGMENT,
+                  durability=durability, fsync_interval_ms=100, compression_threshold=0,
+                  **extra)
+
+
+def raw_offsets(data: Path) -> dict[str, dict[str, int]]:
+    """Group offsets as the offsets files hold them, before any process opens them."""
+    out: dict[str, dict[str, int]] = {}
+    for path in sorted(data.glob("*/shard-*/offsets")):
+        raw = path.read_bytes()
+        groups = {}
+        for slot in range(512):
+            at = 4096 + 128 * slot
+            if at + 128 > len(raw):
+                break
+            state, length = struct.unpack_from("<II", raw, at)
+            if state == 1 and 0 < length < 48:
+                name = raw[at + 8: at + 8 + length].decode("ascii", "replace")
+                groups[name] = struct.unpack_from("<Q", raw, at + 64)[0]
+        out[str(path.parent.relative_to(data))] = groups
+    return out
+
+
+def files(data: Path) -> dict[str, int]:
+    out = {}
+    for dirpath, _, names in os.walk(data):
+        for name in names:
+            path = Path(dirpath, name)
+            out[str(path.relative_to(data))] = path.stat().st_size
+    return out
+
+
+def dump(log: Log, data: Path, raw: dict) -> dict:
+    """What survived.  POWERCUT_FROM (JSON {"stream/shard": entry}) lists entries
+    from there only (the earlier ones were checked after earlier cuts)."""
+    start = json.loads(os.environ.get("POWERCUT_FROM", "{}"))
+    streams = {}
+    for name in log.streams():
+        shards = []
+        for shard in range(log.shard_count(name)):
+            st = log.shard_stats(name, shard)
+            entries: list[list[int | str]] = []
+            since = max(st.first_entry, start.get(f"{name}/{shard}", 0))
+            for batch in log.iter_entries(name, shard, since):
+                entries.extend([e, p.decode().rstrip("x")]
+                               for e, p in zip(batch.entries, batch.payloads))
+            shards.append({"first": st.first_entry, "listed_from": since, "next": st.next_entry,
+                           "durable": st.durable_entry, "entries": entries,
+                           "truncated": st.truncated_entries,
+                           "skipped": st.skipped_entries, "crc_failures": st.crc_failures,
+                           "groups": {g.name: g.offset for g in log.groups(name, shard)}})
+        streams[name] = shards
+    report = log.verify()
+    return {"streams": streams, "raw_offsets": raw, "files": files(data),
+            "verify": {"ok": report.ok, "bad_entries": report.bad_entries,
+                       "problems": [repr(p) for p in report.problems]}}
+
+
+def say(line: str) -> None:
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+def open_and_dump(data: Path, cfg: Config) -> Log:
+    raw = raw_offsets(data) if data.exists() else {}
+    try:
+        log = Log(data, cfg)
+        say("S " + json.dumps(dump(log, data, raw)))
+    except Exception as exc:  # reported to the test, which fails with it
+        say("E " + json.dumps({"error": f"{type(exc).__name__}: {exc}", "raw_offsets": raw,
+                               "files": files(data) if data.exists() else {}}))
+        sys.exit(1)
+    return log
+
+
+def run_append(data: Path, rnd: int, rng: random.Random, durability: Durability,
+               shards: int) -> None:
+    log = open_and_dump(data, config(durability, shards))
+    seq = 0
+    while True:
+        payload = f"{rnd}.{seq}"
+        shard, entry = log.append(STREAM, payload.encode() + b"x" * rng.randrange(200),
+                                  shard=seq % shards)
+        say(f"A {shard} {entry} {payload} {time.monotonic()}")
+        seq += 1
+
+
+def run_batches(data: Path, rnd: int, rng: random.Random, durability: Durability,
+                shards: int) -> None:
+    """Batches of 1-40 entries: ``B shard first count tag t``; entry i's payload is tag.i.
+
+    POWERCUT_PAD: payload padding (default up to 100 bytes); POWERCUT_RETAIN: keep
+    at most that many segments per shard (retention every 100 ms)."""
+    pad = int(os.environ.get("POWERCUT_PAD", "100"))
+    retain = int(os.environ.get("POWERCUT_RETAIN", "0"))
+    extra = ExtraConfig(retention_max_shard_bytes=retain * SEGMENT, retention_interval_ms=100,
+                        retention_protect_unconsumed=False) if retain else ExtraConfig()
+    log = open_and_dump(data, config(durability, shards, **extra))
+    seq = 0
+    while True:
+        tag = f"{rnd}.{seq}"
+        count = rng.randrange(1, 41)
+        result = log.append_batch(STREAM, [f"{tag}.{i}".encode() + b"x" * rng.randrange(pad)
+                                           for i in range(count)], shard=seq % shards)
+        say(f"B {seq % shards} {result.first} {count} {tag} {time.monotonic()}")
+        seq += 1
+
+
+def run_consume(data: Path, rnd: int, rng: random.Random, shards: int) -> None:
+    log = open_and_dump(data, config("interval", shards))
+    groups = [log.group(STREAM, shard, GROUP) for shard in range(shards)]
+    while True:
+        moved = False
+        for group in groups:
+            batch = log.read(STREAM, group.shard, group.offset, rng.randrange(1, 20))
+            if len(batch):
+                offset = group.ack(batch.entries[-1])
+                say(f"G {group.shard} {offset} {time.monotonic()}")
+                moved = True
+        if not moved:
+            time.sleep(0.001)  # nothing to consume yet: the writer is another process
+
+
+def run_lifecycle(data: Path, rnd: int, rng: random.Random) -> None:
+    cfg = config("always", 1, retention_max_shard_bytes=3 * SEGMENT, retention_interval_ms=0,
+                 retention_protect_unconsumed=False)
+    log = open_and_dump(data, cfg)
+    live = list(log.streams())
+    made = 0
+    seq = 0
+    while True:
+        action = rng.random()
+        if not live or action < 0.08:
+            name = f"s{rnd}-{made}"
+            made += 1
+            log.create_stream(name, 1)
+            live.append(name)
+            say(f"C {name}")
+        elif action < 0.12 and len(live) > 1:
+            name = live.pop(rng.randrange(len(live)))
+            log.delete_stream(name)
+            say(f"D {name}")
+        elif action < 0.2:
+            report = log.run_retention()
+            say(f"R {report.deleted_segments}")
+        else:
+            name = rng.choice(live)
+            payload = f"{rnd}.{seq}"
+            seq += 1
+            _, entry = log.append(name, payload.encode() + b"x" * rng.randrange(2000, 9000),
+                                  shard=0)
+            say(f"A {name} 0 {entry} {payload}")
+
+
+def main() -> None:
+    mode, data, rnd, seed = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+    rng = random.Random(seed)
+    # MODE's DURABILITY argument: Config rejects any value but a Durability
+    if mode == "append":
+        run_append(data, rnd, rng, cast(Durability, sys.argv[5]), int(sys.argv[6]))
+    elif mode == "batches":
+        run_batches(data, rnd, rng, cast(Durability, sys.argv[5]), int(sys.argv[6]))
+    elif mode == "consume":
+        run_consume(data, rnd, rng, int(sys.argv[5]))
+    elif mode == "lifecycle":
+        run_lifecycle(data, rnd, rng)
+    elif mode == "dump":
+        open_and_dump(data, config(cast(Durability, sys.argv[5]), int(sys.argv[6])))
+    else:
+        raise SystemExit(f"unknown mode {mode}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,86 @@
+"""Injected system-call failures seen from Python (storage_c.testing): each
+gives a clear error, nothing stored is lost or changed, and the log works
+again once the fault is gone.  The exhaustive sweep over every failure point
+is the C test storage_c/tests/test_faults.c."""
+
+from __future__ import annotations
+
+import errno
+from pathlib import Path
+
+import pytest
+
+from storage_c import Config, Log, StorageFull, StorageIOError
+from storage_c.testing import MAP, NAME, OPEN, SIZE, SYNC, faults
+
+SEG = 64 << 10
+
+
+def cfg() -> Config:
+    return Config(shards=1, segment_bytes=SEG, background_flush=False, retention_interval_ms=0)
+
+
+def payload(e: int) -> bytes:
+    return b"%08d" % e + b"." * 300
+
+
+def all_entries(log: Log) -> list[tuple[int, bytes]]:
+    out: list[tuple[int, bytes]] = []
+    for batch in log.iter_entries("s", 0):
+        assert batch.skipped == 0
+        out.extend(zip(batch.entries, batch.payloads))
+    return out
+
+
+def fill(log: Log, n: int) -> None:
+    log.create_stream("s", 1)
+    for e in range(n):
+        assert log.append("s", payload(e), shard=0) == (0, e)
+
+
+def test_a_failing_fdatasync_is_an_io_error_and_the_data_stays(data_dir: Path) -> None:
+    with Log(data_dir, cfg()) as log:
+        fill(log, 50)
+        with faults(SYNC, persist=True) as plan:
+            with pytest.raises(StorageIOError, match="Input/output error"):
+                log.sync("s")
+        assert plan.fired >= 1
+        log.sync("s")
+        assert all_entries(log) == [(e, payload(e)) for e in range(50)]
+
+
+@pytest.mark.parametrize("kind,err,error", [(OPEN, errno.EMFILE, StorageIOError),
+                                            (NAME, errno.EIO, StorageIOError),
+                                            (SIZE, errno.ENOSPC, StorageFull)])
+def test_a_rotation_that_cannot_create_its_segment_fails_cleanly(
+        data_dir: Path, kind: int, err: int, error: type[Exception]) -> None:
+    with Log(data_dir, cfg()) as log:
+        fill(log, 150)  # about 47 KiB: the next 200 entries need a new segment
+        stored = 150
+        with faults(kind, err=err, persist=True):
+            with pytest.raises(error):
+                for e in range(150, 350):
+                    log.append("s", payload(e), shard=0)
+                    stored += 1
+        assert stored < 350
+        for e in range(stored, 350):  # the fault is gone: the log goes on where it stopped
+            assert log.append("s", payload(e), shard=0) == (0, e)
+        assert all_entries(log) == [(e, payload(e)) for e in range(350)]
+    with Log(data_dir, cfg()) as log:  # and reopens to the same
+        assert all_entries(log) == [(e, payload(e)) for e in range(350)]
+
+
+def test_a_segment_that_cannot_be_mapped_is_an_error_not_a_skip(data_dir: Path) -> None:
+    with Log(data_dir, cfg()) as log:
+        fill(log, 600)  # several segments
+        assert log.shard_stats("s", 0).segments > 2
+    with Log(data_dir, cfg()) as log:
+        log.open_stream("s")
+        # Too many open files: before, the reader took the segments it could
+        # not open for deleted ones and skipped their entries (a consumer
+        # would have acknowledged past them).
+        with faults(MAP | OPEN, err=errno.EMFILE, persist=True):
+            with pytest.raises(StorageIOError, match="Too many open files"):
+                log.read("s", 0, 0, 1000)
+        assert all_entries(log) == [(e, payload(e)) for e in range(600)]
+        assert log.shard_stats("s", 0).skipped_entries == 0
