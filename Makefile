@@ -14,9 +14,9 @@ SAN := -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize
 BUILD := build/c
 CTESTS := $(patsubst storage_c/tests/%.c,$(BUILD)/%,$(wildcard storage_c/tests/test_*.c))
 
-.PHONY: test serve system-deps test-deps venv ctest pytest bench clean locust-venv loadtest soak
+.PHONY: test serve system-deps test-deps docker-deps venv ctest pytest bench clean locust-venv loadtest soak
 
-test: system-deps test-deps $(STAMP) locust-venv ctest pytest
+test: system-deps test-deps $(STAMP) locust-venv ctest tsan coverage typecheck pytest
 
 serve: system-deps $(STAMP)
 	$(VENV)/bin/comet serve --data-dir ./data --host 127.0.0.1 --port 8080
@@ -30,17 +30,19 @@ system-deps:
 	  { $$SUDO apt-get update -q >/dev/null && $$SUDO apt-get install -y -q libzstd-dev >/dev/null; }; \
 	fi
 
-# What only the tests need (idempotent): Java for Spark's JVM, and OpenStack
-# Swift for the object-store integration test (its test skips, saying why, if
-# Swift cannot be installed).
-test-deps:
-	@if ! command -v java >/dev/null 2>&1; then \
-	  echo "installing Java (for Spark)"; \
-	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-	  $$SUDO apt-get install -y -q openjdk-17-jre-headless >/dev/null 2>&1 || \
-	  { $$SUDO apt-get update -q >/dev/null && $$SUDO apt-get install -y -q openjdk-17-jre-headless >/dev/null; }; \
-	fi
-	@scripts/install-swift.sh || echo "warning: OpenStack Swift is not installed; its test will be skipped"
+# What only the tests need (idempotent; scripts/apt-install.sh installs what is missing):
+# Java for Spark's JVM; OpenStack Swift, the real S3 of tests/test_spark_swift.py
+# (tests/swift_server.py); and docker-deps.
+SWIFT_PACKAGES := swift swift-proxy swift-object swift-container swift-account
+test-deps: docker-deps
+	@scripts/apt-install.sh openjdk-17-jre-headless $(SWIFT_PACKAGES)
+	@scripts/install-fuse.sh
+
+# Docker (Debian's docker.io and debootstrap) and the local base image of docker/Dockerfile
+# (debootstrap, cached: no image registry needed).  A private dockerd started for this is
+# stopped again; tests/test_docker.py starts and stops its own.  See docker/README.md.
+docker-deps:
+	@scripts/build-base-image.sh
 
 venv: $(STAMP)
 
@@ -57,6 +59,34 @@ ctest: $(CTESTS)
 $(BUILD)/%: storage_c/tests/%.c $(CSRC) $(CHDR) storage_c/tests/check.h storage_c/tests/util.h
 	@mkdir -p $(BUILD)
 	$(CC) $(CFLAGS_COMMON) $(SAN) $(CSRC) $< -o $@ -lzstd -lpthread
+
+# The same C tests under ThreadSanitizer (the races: appenders, readers, the
+# background flusher and retention, close).
+TSAN_BUILD := build/tsan
+TSAN_TESTS := $(patsubst storage_c/tests/%.c,$(TSAN_BUILD)/%,$(wildcard storage_c/tests/test_*.c))
+.PHONY: tsan coverage
+tsan: $(TSAN_TESTS)
+	@set -e; for t in $(TSAN_TESTS); do echo "$$t"; TSAN_OPTIONS=halt_on_error=1 $$t >/dev/null; done
+
+$(TSAN_BUILD)/%: storage_c/tests/%.c $(CSRC) $(CHDR) storage_c/tests/check.h storage_c/tests/util.h
+	@mkdir -p $(TSAN_BUILD)
+	$(CC) $(CFLAGS_COMMON) -O1 -g -fsanitize=thread $(CSRC) $< -o $@ -lzstd -lpthread
+
+# Line coverage of storage_c/src by the C tests (gcov), printed as one figure per
+# file and a total; the report is build/coverage/summary.txt.
+COV_BUILD := build/coverage
+coverage:
+	@rm -rf $(COV_BUILD) && mkdir -p $(COV_BUILD)
+	@set -e; for t in storage_c/tests/test_*.c; do n=$$(basename $$t .c); \
+	  mkdir -p $(COV_BUILD)/$$n && \
+	  $(CC) $(CFLAGS_COMMON) -O0 --coverage $(CSRC) $$t -o $(COV_BUILD)/$$n/run -lzstd -lpthread && \
+	  (cd $(COV_BUILD)/$$n && ./run >/dev/null 2>&1); done
+	@$(PYTHON) scripts/coverage-summary.py $(COV_BUILD) storage_c/src | tee $(COV_BUILD)/summary.txt
+
+# The type checker over the Python packages and their tests ([tool.mypy] in pyproject.toml).
+.PHONY: typecheck
+typecheck: $(STAMP)
+	$(PY) -m mypy
 
 pytest: $(STAMP)
 	@set +e; $(PY) -m pytest $(PYTEST_ARGS); rc=$$?; \

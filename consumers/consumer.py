@@ -17,27 +17,13 @@ import logging
 import os
 from typing import Callable, Iterable, Sequence
 
-from storage_c import AckGapError, Config, Group, Log, ReadBatch, StreamNotFound
-from storage_c._comet import lib
-from storage_c.errors import raise_for
+from storage_c import AckGapError, Config, Group, Log, ReadBatch, StreamNotFound, check_group_name
 
 from .loop import ProcessStats, process_batches
 
 log = logging.getLogger("comet.consumer")
 
 DEFAULT_BATCH = 1000
-# Consumers only read: no background retention of their own.  The background
-# flusher stays on for the acks: it fdatasyncs a shard's offsets file within
-# fsync_interval_ms of an ack, so a power failure rewinds a group by at most
-# that much (it never touches segments, which this process does not write).
-READER_CONFIG = Config(retention_interval_ms=0)
-
-
-def check_group_name(name: str) -> None:
-    raw = name.encode("utf-8", "surrogateescape")
-    rc = lib.comet_validate_group_name(raw, len(raw))
-    if rc < 0:
-        raise_for(rc)
 
 
 class Consumer:
@@ -58,7 +44,11 @@ class Consumer:
             if not 0 <= i < n:
                 raise ValueError(f"assignment {assignment!r}: need 0 <= i < n")
         self._owns_log = not isinstance(data_dir, Log)
-        self.log = Log(data_dir, config or READER_CONFIG) if self._owns_log else data_dir  # type: ignore[arg-type]
+        # A path is opened as a reader (Config.reader): no retention of its
+        # own, and the flusher on so that acks are fsynced within
+        # fsync_interval_ms.  A Log passed in is used as its owner opened it.
+        self.log: Log = (data_dir if isinstance(data_dir, Log)
+                         else Log(data_dir, config or Config.reader()))
         self.stream = stream
         self.group = group
         self._only = None if shards is None else sorted(set(shards))

@@ -11,7 +11,6 @@ stored), so a crash at any point redelivers, never loses.
 
 from __future__ import annotations
 
-import base64
 import random
 import threading
 import time
@@ -21,6 +20,7 @@ from typing import TYPE_CHECKING, Callable
 import orjson
 
 from storage_c import ReadBatch
+from storage_c.export import json_value
 
 if TYPE_CHECKING:
     from .consumer import Consumer
@@ -52,7 +52,7 @@ def stopper(stop: Callable[[], bool] | object | None) -> Callable[[], bool]:
     if isinstance(stop, threading.Event):
         return stop.is_set
     if callable(stop):
-        return stop  # type: ignore[return-value]
+        return stop
     raise TypeError("stop is a threading.Event or a callable returning bool")
 
 
@@ -73,7 +73,9 @@ def backoff(retry: int, base: float, cap: float) -> float:
 
 
 def dead_letter(consumer: Consumer, batch: ReadBatch, error: BaseException, attempts: int) -> None:
-    """Stores every entry of the batch in <stream>.dlq with where it came from."""
+    """Stores every entry of the batch in <stream>.dlq with where it came from;
+    ``payload`` is the entry's JSON as stored, or the envelope
+    ``{"base64": ...}`` of a payload that is not JSON (storage_c.export)."""
     records = [
         orjson.dumps({
             "id": f"{batch.shard}-{entry}",
@@ -84,7 +86,7 @@ def dead_letter(consumer: Consumer, batch: ReadBatch, error: BaseException, atte
             "group": consumer.group,
             "attempts": attempts,
             "error": repr(error),
-            "payload_base64": base64.b64encode(payload).decode(),
+            "payload": json_value(payload),
         })
         for entry, ts, payload in zip(batch.entries, batch.timestamps, batch.payloads)
     ]

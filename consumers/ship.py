@@ -1,9 +1,10 @@
 """The shipping worker: drains a stream into NDJSON objects compressed with
 zstd, in a directory or an S3 bucket, exactly once.
 
-Keys come from the offsets an object covers::
+Keys come from the offsets an object covers, below the hive-style
+partition every export of the log shares (``storage_c.export``)::
 
-    <prefix>/<stream>/dt=YYYY-MM-DD/hour=HH/shard=NNNN/<first>-<last>.ndjson.zst
+    <prefix>/stream=<stream>/dt=YYYY-MM-DD/hour=HH/shard=NNNN/<first>-<last>.ndjson.zst
 
 (the date and hour of its first entry, UTC; entry numbers padded to 20
 digits so that keys sort in log order).  An object is cut before it would pass
@@ -19,8 +20,9 @@ exactly that object (same entries, same bytes, same key) before doing
 anything else.  An upload therefore either happened and is acknowledged, or
 is repeated to the same key: never a second, overlapping object.
 
-Lines are the payloads.  A payload holding a newline would break the NDJSON
-framing; it is written as ``{"comet_base64": "..."}`` instead.
+Lines are the payloads.  A payload that would break the NDJSON framing (it
+holds a newline) or would read back as an envelope is written
+as the envelope ``{"base64": "..."}`` instead (``storage_c.export``).
 
 Failures (``errors.classify``): every failed upload is logged
 (``upload_failed``) and counted (``ShipStats``, the periodic ``status`` line)
@@ -39,7 +41,6 @@ its files, since shards are never shipped by two processes at once.
 
 from __future__ import annotations
 
-import base64
 import json
 import logging
 import os
@@ -47,22 +48,22 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable
+from typing import Callable, cast
 
 import orjson
 import zstandard
 
 from storage_c import ReadBatch
+from storage_c.export import HOUR_NS, ndjson_batch_ok, ndjson_line, partition_path
+from storage_c.files import remove_stale_temp_files, write_durably
 
 from .consumer import Consumer
 from .errors import ShipError, SinkFailure, StreamRecreated, classify
-from .files import remove_stale_temp_files, write_durably
 from .loop import backoff, sleep_unless, stopper
 from .sinks import Sink
 
 log = logging.getLogger("comet.ship")
 
-HOUR_NS = 3600 * 10**9
 MiB = 1 << 20
 ONCE_MAX_RETRIES = 5
 """Retries of one upload with ``once`` when ``max_retries`` is not set."""
@@ -144,15 +145,10 @@ class Pending:
         self.last = last
 
 
-def to_line(payload: bytes) -> bytes:
-    if b"\n" in payload:
-        return orjson.dumps({"comet_base64": base64.b64encode(payload).decode()}) + b"\n"
-    return payload + b"\n"
-
-
 def object_key(stream: str, shard: int, hour: int, first: int, last: int) -> str:
-    when = datetime.fromtimestamp(hour * 3600, tz=timezone.utc)
-    return (f"{stream}/dt={when:%Y-%m-%d}/hour={when:%H}/shard={shard:04d}/"
+    """The key of the object of entries ``first``..``last`` of ``shard``,
+    whose first entry falls in ``hour`` (hours since the epoch, UTC)."""
+    return (f"{partition_path(stream, hour * HOUR_NS)}/shard={shard:04d}/"
             f"{first:020d}-{last:020d}.ndjson.zst")
 
 
@@ -214,21 +210,23 @@ class Shipper:
         nd = log.read_ndjson(stream, shard, start, self.config.batch_size,
                              max_bytes=min(limit, 16 * MiB))
         entries, stamps = nd.entries, nd.timestamps
+        data = cast(bytes, nd.data)  # bytes: read_ndjson was given no into= buffer
         if not len(entries):
             if nd.skipped and p is None:  # deleted or damaged entries: move past them
                 self.consumer.ack(shard, nd.next_entry - 1)
             return bool(nd.skipped)
         hour = stamps[0] // HOUR_NS
-        simple = nd.newline_payloads == 0 and stamps[-1] // HOUR_NS == hour and len(nd.data) <= limit
+        simple = (nd.newline_payloads == 0 and stamps[-1] // HOUR_NS == hour
+                  and len(data) <= limit and ndjson_batch_ok(data))
         if simple and p is not None and p.hour != hour:
             if not self.flush(shard, stopped):
                 return False
             p = None
-        if simple and (p is None or p.size + len(nd.data) <= limit):
+        if simple and (p is None or p.size + len(data) <= limit):
             # The common case: the batch, already NDJSON, joins the object whole.
             if p is None:
                 p = self._open(shard, entries[0], hour)
-            p.add(nd.data, len(entries), entries[-1])
+            p.add(data, len(entries), entries[-1])
             return p.size < limit or self.flush(shard, stopped)
         return self.take(shard, log.read(stream, shard, start, len(entries), 64 * MiB), stopped)
 
@@ -239,7 +237,7 @@ class Shipper:
         stamps, entries = batch.timestamps, batch.entries
         p = self.pending.get(shard)
         for i, payload in enumerate(batch.payloads):
-            line = to_line(payload)
+            line = ndjson_line(payload)
             hour = stamps[i] // HOUR_NS
             if p is not None and (hour != p.hour or (p.count and p.size + len(line) > limit)):
                 if not self.flush(shard, stopped):
@@ -436,7 +434,7 @@ class Shipper:
                                                min(self.config.batch_size, last - at + 1))
                 for entry, payload in zip(batch.entries, batch.payloads):
                     if entry <= last:
-                        p.add(to_line(payload), 1, entry)
+                        p.add(ndjson_line(payload), 1, entry)
                 if batch.next_entry == at:
                     break  # the log ends before the intent's range: it was cut by recovery
                 at = batch.next_entry

@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlparse
 
+from storage_c.files import remove_stale_temp_files, write_durably
+
 from .errors import SinkError
-from .files import remove_stale_temp_files, write_durably
 
 # What botocore accepts before it sends anything (stores add their own rules).
 VALID_BUCKET = re.compile(r"^[a-zA-Z0-9.\-_]{1,255}$")
@@ -51,7 +52,7 @@ class DirectorySink:
 
     def remove_temp_files(self, key: str, *, mine_are_stale: bool = False) -> list[Path]:
         """Removes the temporary files that writers now dead left in the
-        directory of ``key`` (see ``files.remove_stale_temp_files``)."""
+        directory of ``key`` (see ``storage_c.files.remove_stale_temp_files``)."""
         _check_key(key)
         return remove_stale_temp_files((self.root / key).parent, mine_are_stale=mine_are_stale)
 
@@ -103,7 +104,7 @@ class S3Sink:
         self.client.put_object(Bucket=self.bucket, Key=self._full(key), Body=data)
 
     def keys(self, prefix: str = "") -> list[str]:
-        out = []
+        out: list[str] = []
         start = f"{self.prefix}/" if self.prefix else ""
         paginator = self.client.get_paginator("list_objects_v2")
         for page in paginator.paginate(Bucket=self.bucket, Prefix=start + prefix):

@@ -41,6 +41,10 @@ class Gateway:
         self.state = app.state
         self.router = app.router
 
+    def claim_slot(self) -> None:
+        """Claims this worker's process slot (gunicorn's post_worker_init)."""
+        self.ingest.runtime.claim_slot()
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST" and scope["path"].startswith(PREFIX):
             await self.ingest(scope, receive, send)
@@ -48,9 +52,9 @@ class Gateway:
             await self.app(scope, receive, send)
 
 
-def create_app(config: GatewayConfig, *, access_log: bool = True) -> Gateway:
+def create_app(config: GatewayConfig) -> Gateway:
     runtime = Runtime(config)
-    access = logs.AccessLog() if access_log else None
+    access = logs.AccessLog() if config.access_log else None
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

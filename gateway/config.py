@@ -12,6 +12,7 @@
     validate = true             # check JSON and NDJSON bodies before storing
     auto_create = true          # or false, or name patterns: ["logs-*", "metrics.*"]
     max_streams = 100           # streams the data directory may hold (0: no limit)
+    access_log = true           # one JSON line per ingest request on stdout
 
     [storage]                   # any field of storage_c.Config
     shards = 16
@@ -73,6 +74,8 @@ class GatewayConfig:
     gets 409 (0: no limit)."""
     admin: bool = False
     """Allow DELETE /streams/{name} and changing consumer groups over HTTP."""
+    access_log: bool = True
+    """One JSON line per ingest request on stdout (batched: written within 200 ms)."""
     retry_after_s: int = 1
     slot_wait_s: float = 10.0
     """How long a starting worker waits for a free process slot before serving (with 503s)."""

@@ -23,12 +23,11 @@ import re
 import time
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
 from urllib.parse import parse_qsl
 
 import orjson
 from starlette.concurrency import run_in_threadpool
-from starlette.types import Receive, Send
+from starlette.types import Receive, Scope, Send
 
 from storage_c import (
     BatchResult,
@@ -84,7 +83,7 @@ class Head:
     authorization: str = ""
 
     @classmethod
-    def parse(cls, scope: dict[str, Any]) -> Head:
+    def parse(cls, scope: Scope) -> Head:
         head = cls(scope["path"][len(PREFIX):])
         for name, value in scope["headers"]:
             if name == b"content-type":
@@ -173,7 +172,7 @@ class Ingest:
         self.valid_names: set[str] = set()
         self.opened: set[str] = set()
 
-    async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         t0 = time.perf_counter()
         head = Head.parse(scope)
         outcome = Outcome()

@@ -165,9 +165,7 @@ def render(log: Log, data_dir: str | os.PathLike[str]) -> str:
                            s.total("append_latency_count")))
     family("comet_consumer_lag", "gauge", "Entries committed but not acknowledged, per group.")
     for s in stats:
-        lags: dict[str, int] = {}
-        for g in s.groups:
-            lags[g.name] = lags.get(g.name, 0) + g.lag
-        for group, lag in sorted(lags.items()):
-            lines.append(_line("comet_consumer_lag", {"stream": s.stream, "group": group}, lag))
+        for group in s.group_lag().values():
+            lines.append(_line("comet_consumer_lag", {"stream": s.stream, "group": group.name},
+                               group.lag))
     return "\n".join(lines) + "\n"

@@ -32,7 +32,7 @@ def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
 def document(config: GatewayConfig) -> dict[str, Any]:
     auth_errors = {"401": _error("No bearer token (when tokens are required)."),
                    "403": _error("The bearer token is not accepted.")}
-    security = [{"bearer": []}] if config.auth_required else []
+    security: list[dict[str, list[str]]] = [{"bearer": []}] if config.auth_required else []
     ingest = {
         "summary": "Append events to a stream",
         "description": "One request is one atomic batch in one shard: every event is stored, "

@@ -4,14 +4,21 @@ worker answers the same."""
 
 from __future__ import annotations
 
-import base64
 import os
 
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from storage_c import CometError, ShardRangeError, StreamNameError, StreamNotFound, check_stream_name
+from storage_c import (
+    CometError,
+    ShardRangeError,
+    StreamNameError,
+    StreamNotFound,
+    StreamStats,
+    check_stream_name,
+)
+from storage_c.export import json_value
 
 from .errors import HTTPError
 from .runtime import Runtime
@@ -41,7 +48,7 @@ def readyz(runtime: Runtime) -> Response:
                  "process_count": runtime.config.worker_count})
 
 
-def _stream(runtime: Runtime, name: str):  # type: ignore[no-untyped-def]
+def _stream(runtime: Runtime, name: str) -> StreamStats:
     try:
         check_stream_name(name)
         assert runtime.log is not None
@@ -64,11 +71,6 @@ def list_streams(runtime: Runtime) -> Response:
 
 def describe_stream(runtime: Runtime, name: str) -> Response:
     s = _stream(runtime, name)
-    groups: dict[str, dict[str, int]] = {}
-    for g in s.groups:
-        agg = groups.setdefault(g.name, {"lag": 0, "shards": 0})
-        agg["lag"] += g.lag
-        agg["shards"] += 1
     return json({
         "name": name,
         "entries": s.entries,
@@ -78,7 +80,8 @@ def describe_stream(runtime: Runtime, name: str) -> Response:
         "shards": [{"shard": x.shard, "first": x.first_entry, "next": x.next_entry,
                     "durable": x.durable_entry, "segments": x.segments, "disk_bytes": x.disk_bytes}
                    for x in s.shards],
-        "groups": [{"name": n, **v} for n, v in sorted(groups.items())],
+        "groups": [{"name": g.name, "lag": g.lag, "shards": g.shards}
+                   for g in s.group_lag().values()],
     })
 
 
@@ -93,13 +96,6 @@ def _int_param(request: Request, name: str, default: int, low: int, high: int) -
     if not low <= value <= high:
         raise HTTPError(400, "bad_parameter", f"{name} must be between {low} and {high}")
     return value
-
-
-def _value(payload: bytes) -> object:
-    try:
-        return orjson.loads(payload)
-    except orjson.JSONDecodeError:
-        return {"base64": base64.b64encode(payload).decode()}
 
 
 def peek(request: Request, runtime: Runtime, name: str) -> Response:
@@ -117,6 +113,6 @@ def peek(request: Request, runtime: Runtime, name: str) -> Response:
         raise HTTPError(500, "storage_error", str(exc)) from None
     return json({
         "stream": name, "shard": shard, "next": batch.next_entry, "skipped": batch.skipped,
-        "entries": [{"id": e.id, "entry": e.entry, "timestamp": e.timestamp, "value": _value(e.payload)}
+        "entries": [{"id": e.id, "entry": e.entry, "timestamp": e.timestamp, "value": json_value(e.payload)}
                     for e in batch],
     })

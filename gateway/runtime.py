@@ -78,12 +78,6 @@ class Runtime:
             log.info('{"event": "slot_claimed", "slot": %d, "waited_s": %.1f}', slot, waited)
             return
 
-    def wait_until_ready(self, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        while self.slot is None and time.monotonic() < deadline:
-            time.sleep(0.01)
-        return self.slot is not None
-
     @property
     def slot(self) -> int | None:
         return self._slot  # kept here: asked per request (the access log)

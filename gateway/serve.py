@@ -1,41 +1,61 @@
 """`comet serve`: the gateway on gunicorn with uvicorn workers.
 
-Options given on the command line are exported as COMET_* variables, so that
-the gunicorn master (which reads gateway/gunicorn.conf.py) and every worker
-(which builds the app from the environment) see one configuration.  The
-process then becomes gunicorn (exec), so signals reach the master directly:
-HUP reloads the workers gracefully, TERM drains and stops.
+The command reads the configuration (the file, then COMET_* variables, then
+the command line's options, which win) and runs gunicorn in this process
+(gateway.server.GatewayServer), so signals reach the master directly: HUP
+reloads the configuration and the workers gracefully, TERM drains and stops.
+
+``serve`` is this package's ``comet`` command, found by ``comet`` through the
+``comet.commands`` entry points (pyproject.toml).  This module imports no
+web framework until the command runs.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
-import sys
 from pathlib import Path
-from typing import Mapping
+from typing import Callable, Mapping
 
-from .config import load
+import click
 
-CONF = Path(__file__).with_name("gunicorn.conf.py")
-
-
-def gunicorn_argv() -> list[str]:
-    return [sys.executable, "-m", "gunicorn", "-c", str(CONF), "gateway.wsgi:app"]
+from .config import ConfigError, GatewayConfig, load
 
 
-def prepare_env(config_file: str | None, overrides: Mapping[str, object]) -> dict[str, str]:
-    env = dict(os.environ)
-    if config_file:
-        env["COMET_CONFIG"] = str(Path(config_file).resolve())
-    for key, value in overrides.items():
-        if value is not None:
-            env[f"COMET_{key.upper()}"] = str(value)
-    if "COMET_DATA_DIR" in env:
-        env["COMET_DATA_DIR"] = str(Path(env["COMET_DATA_DIR"]).resolve())
-    load(env=env)  # fail here, with a clear message, rather than in every worker
-    return env
+def config_reader(config_file: str | None,
+                  overrides: Mapping[str, object]) -> Callable[[], GatewayConfig]:
+    """What reads the configuration now and at every reload: ``config_file``
+    (else $COMET_CONFIG), the environment, then ``overrides`` (options given
+    on the command line).  The data directory is made absolute."""
+    path = str(Path(config_file).resolve()) if config_file else None
+
+    def read() -> GatewayConfig:
+        env = dict(os.environ)
+        env.update({f"COMET_{key.upper()}": str(value) for key, value in overrides.items()
+                    if value is not None})
+        config = load(path, env=env)
+        return dataclasses.replace(config, data_dir=str(Path(config.data_dir).resolve()))
+
+    return read
 
 
-def exec_gunicorn(config_file: str | None, overrides: Mapping[str, object]) -> None:
-    env = prepare_env(config_file, overrides)
-    os.execvpe(sys.executable, gunicorn_argv(), env)
+@click.command()
+@click.option("--config", "config_file", type=click.Path(dir_okay=False), envvar="COMET_CONFIG",
+              help="TOML configuration file.")
+@click.option("--data-dir", help="Data directory (default ./data).")
+@click.option("--host", help="Address to bind (default 127.0.0.1).")
+@click.option("--port", type=int, help="Port (default 8080).")
+@click.option("--workers", type=int, help="Worker processes (default: one per CPU).")
+def serve(config_file: str | None, data_dir: str | None, host: str | None, port: int | None,
+          workers: int | None) -> None:
+    """Runs the HTTP ingest gateway (gunicorn + uvicorn workers).
+
+    HUP reloads the workers gracefully; TERM drains and stops."""
+    read = config_reader(config_file, {"data_dir": data_dir, "host": host, "port": port,
+                                       "workers": workers})
+    from .server import GatewayServer  # the web stack, only for this command
+    try:
+        server = GatewayServer(read)
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
+    server.run()

@@ -79,7 +79,7 @@ import socket
 import struct
 import sys
 import time
-from typing import Any
+from typing import Any, cast
 
 from gunicorn.arbiter import Arbiter
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
@@ -141,21 +141,20 @@ class CometCycle(RequestResponseCycle):
     part of its body: one write(2) per small response instead of two (the
     second write was about a tenth of a single-event request's CPU)."""
 
-    transport: _Transport
-
     async def send(self, message: Any) -> None:
+        transport = cast(_Transport, self.transport)  # CometHttpProtocol gives every cycle one
         if message["type"] == "http.response.start" and not self.response_started:
-            self.transport.hold()
+            transport.hold()
             try:
                 await super().send(message)
             except BaseException:
-                self.transport.release()
+                transport.release()
                 raise
             return
         try:
             await super().send(message)
         finally:
-            self.transport.release()
+            transport.release()
 
 
 class CometHttpProtocol(HttpToolsProtocol):
@@ -178,9 +177,9 @@ class CometHttpProtocol(HttpToolsProtocol):
 
     # ---- connection events -----------------------------------------------------------
 
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]  # uvicorn narrows it
         self.raw = transport
-        super().connection_made(_Transport(transport, self))  # type: ignore[arg-type]
+        super().connection_made(_Transport(transport, self))  # type: ignore[arg-type]  # a Transport's stand-in
         if getattr(self.server_state, "draining", False):  # accepted after the stop began
             self.shutdown()
 
@@ -197,7 +196,8 @@ class CometHttpProtocol(HttpToolsProtocol):
         if self.draining and not self.closing and not self.discard and self._idle():
             self._arm_drain_timer(self._grace())  # part of a request head (or nothing yet)
 
-    def eof_received(self) -> bool | None:
+    # uvicorn declares None; asyncio.Protocol allows a bool (True: keep the transport open)
+    def eof_received(self) -> bool | None:  # type: ignore[override]  # see above
         if self.closing:
             return None  # the client closed after our FIN: close now
         self.eof = True
@@ -233,7 +233,7 @@ class CometHttpProtocol(HttpToolsProtocol):
                 return
             if not previous.response_started:
                 previous.keep_alive = getattr(previous, "client_keep_alive", previous.keep_alive)
-        cycle.client_keep_alive = cycle.keep_alive  # type: ignore[attr-defined]
+        cycle.client_keep_alive = cycle.keep_alive  # type: ignore[attr-defined]  # ours, read by getattr
         cycle.keep_alive = False
 
     def on_message_complete(self) -> None:
@@ -305,7 +305,7 @@ class CometHttpProtocol(HttpToolsProtocol):
             return
         newest = self.cycle
         if newest is not None and not newest.response_started:
-            newest.client_keep_alive = newest.keep_alive  # type: ignore[attr-defined]
+            newest.client_keep_alive = newest.keep_alive  # type: ignore[attr-defined]  # as above
             newest.keep_alive = False
         # else its response is being written with keep-alive: on_response_complete
         # finds the connection idle and starts the grace from there.
@@ -419,7 +419,7 @@ class CometServer(Server):
     HANDSHAKE_S = 0.2
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-        self.server_state.draining = True  # type: ignore[attr-defined]
+        self.server_state.draining = True  # type: ignore[attr-defined]  # ours, read by getattr
         listeners = list(sockets or [])
         if listeners and not any(master_holds(listener) for listener in listeners):
             if all([refuse_new_connections(listener) for listener in listeners]):
@@ -462,7 +462,7 @@ class CometServer(Server):
         return accepted
 
     def _protocol(self) -> asyncio.Protocol:
-        return self.config.http_protocol_class(  # type: ignore[call-arg]
+        return self.config.http_protocol_class(  # type: ignore[call-arg]  # typed as asyncio's
             config=self.config, server_state=self.server_state, app_state=self.lifespan.state)
 
 
@@ -506,7 +506,7 @@ def refuse_new_connections(listener: socket.socket) -> bool:
 
 
 class CometWorker(UvicornWorker):
-    """gunicorn worker class of `comet serve` (gateway/gunicorn.conf.py)."""
+    """gunicorn worker class of `comet serve` (gateway/server.py)."""
 
     # proxy_headers off: nothing in the gateway uses the client's address, and
     # rewriting it from X-Forwarded-* cost ~2.5 % of a single-event request.

@@ -1,22 +1,17 @@
 """Chunked segment allocation: what it costs appends, and what it saves on disk.
 
-    .venv/bin/python loadtests/bench_disk.py [--rounds 3] [--mib 192]
+    .venv/bin/python loadtests/bench_disk.py [--quick] [--rounds 3] [--mib 192]
 
-Anchor: segments allocated whole at creation (``segment_chunk_bytes =
-segment_bytes``, how every segment was made before chunks); case: the
-default 4 MiB chunks.  Each run appends ``--mib`` MiB of 100-byte entries
-through the Python API (one entry per call, and 100 per call) on a fresh data
-directory with a retention budget, so segments rotate and are deleted as in a
-long run; anchor and case alternate within each round.  Also: the disk a new
-16-shard stream with one event per shard takes (du) under both.  Prints a
-table and the JSON written to ``loadtests/results/disk.json``.  Target (issue
-"Bounded disk"): appends within 5 % of the anchor; at most 16 MiB on disk.
+Anchor: segments allocated whole (``segment_chunk_bytes = segment_bytes``);
+case: the default 4 MiB chunks.  Each run appends ``--mib`` MiB of 100-byte
+entries (1 and 100 per call) on a fresh directory with a retention budget, so
+segments rotate and are deleted; anchor and case alternate within each round.
+Also the disk a new 16-shard stream with one event per shard takes (du).
+Targets (issue "Bounded disk"): appends within 5 % of the anchor; ≤ 16 MiB.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import shutil
 import time
@@ -26,27 +21,20 @@ import benchlib
 
 from storage_c import Config, Log
 
-LOADTESTS = Path(__file__).resolve().parent
-REPO = LOADTESTS.parent
-SCRATCH = LOADTESTS / ".scratch" / "disk"
-RESULTS = LOADTESTS / "results" / "disk.json"
+SCRATCH = Path(__file__).resolve().parent / ".scratch" / "disk"
 MiB = 1 << 20
 SEGMENT = 16 * MiB
 SETUPS = {"whole": SEGMENT, "chunked": 4 * MiB}  # segment_chunk_bytes
 ENTRY = b'{"n":000000,"pad":"' + b"x" * 79 + b'"}'  # 100 bytes
 
 
-def config(chunk: int) -> Config:
-    return Config(shards=1, segment_bytes=SEGMENT, segment_chunk_bytes=chunk,
-                  retention_max_total_bytes=8 * SEGMENT, retention_protect_unconsumed=False,
-                  retention_interval_ms=0, background_flush=False)
-
-
 def ns_per_entry(chunk: int, batch: int, mib: int) -> float:
     path = benchlib.fresh_dir(SCRATCH / "run")
     calls = mib * MiB // (len(ENTRY) * batch)
     payloads = [ENTRY] * batch
-    with Log(path, config(chunk)) as log:
+    with Log(path, Config(shards=1, segment_bytes=SEGMENT, segment_chunk_bytes=chunk,
+                          retention_max_total_bytes=8 * SEGMENT, retention_protect_unconsumed=False,
+                          retention_interval_ms=0, background_flush=False)) as log:
         append, append_batch = log.append, log.append_batch
         t0 = time.perf_counter()
         if batch == 1:
@@ -73,55 +61,49 @@ def disk_of_new_stream(chunk: int) -> int:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = benchlib.parser(__doc__, "1 round of 32 MiB")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--mib", type=int, default=192, help="MiB appended per run")
     args = parser.parse_args()
-    runs: dict[str, list[float]] = {f"{s}_{b}": [] for b in (1, 100) for s in SETUPS}
+    rounds, mib = (1, 32) if args.quick else (args.rounds, args.mib)
+    ctx = benchlib.Context("bench_disk", SCRATCH, ["storage_c/src"])
+    series = {f"{s}_{b}": benchlib.Series(f"{s}_{b}", "ns/entry") for b in (1, 100) for s in SETUPS}
     benchlib.warm_page_allocator(SCRATCH)
-    for _ in range(args.rounds):
+    for _ in range(rounds):
         for batch in (1, 100):
             for setup, chunk in SETUPS.items():
-                runs[f"{setup}_{batch}"].append(ns_per_entry(chunk, batch, args.mib))
-    med = {k: benchlib.median(v) for k, v in runs.items()}
+                series[f"{setup}_{batch}"].runs.append(ns_per_entry(chunk, batch, mib))
     disk = {s: disk_of_new_stream(c) for s, c in SETUPS.items()}
-    rows, table = [], []
+    rows = []
     for batch in (1, 100):
-        anchor, case = med[f"whole_{batch}"], med[f"chunked_{batch}"]
-        ratio = anchor / case  # throughput terms: > 1 is faster than the anchor
-        passed = ratio >= 0.95
+        anchor, case = series[f"whole_{batch}"], series[f"chunked_{batch}"]
         name = f"append, {batch} entr{'y' if batch == 1 else 'ies'} per call"
-        table.append([f"Anchor: whole segments, {name}", f"{anchor:.1f} ns/entry", "—", "—", "—",
-                      ", ".join(f"{x:.1f}" for x in runs[f"whole_{batch}"])])
-        table.append([f"Chunked (4 MiB), {name}", f"{case:.1f} ns/entry", "≥ 0.95× anchor",
-                      "PASS" if passed else "FAIL", f"{ratio:.3f}×",
-                      ", ".join(f"{x:.1f}" for x in runs[f"chunked_{batch}"])])
-        rows.append(benchlib.result_row(
-            f"Chunked segments, {name}", f"chunked_{batch}", case, "ns/entry", f"{case:.1f} ns",
-            anchor=benchlib.anchor_ref(f"whole_{batch}", f"whole segments, {name}", anchor,
-                                       "ns/entry", f"{anchor:.1f} ns"),
-            ratio=ratio, ratio_text=f"{ratio:.3f}×",
+        rows.append(benchlib.row(f"Anchor: whole segments, {name}", anchor.name, anchor.median,
+                                 "ns/entry", role="anchor", runs_text=benchlib.runs_text(anchor)))
+        rows.append(benchlib.row(
+            f"Chunked segments (4 MiB), {name}", case.name, case.median, "ns/entry",
+            anchor=benchlib.anchor_ref(anchor.name, f"whole segments, {name}", anchor.median,
+                                       "ns/entry"), ratio=anchor.median / case.median,
             target={"op": ">=", "value": 0.95, "unit": "x"}, target_text="≥ 0.95× anchor",
-            passed=passed))
-    for setup in SETUPS:
-        table.append([f"Disk of a new 16-shard stream, 1 event per shard ({setup})",
-                      f"{disk[setup] / MiB:.1f} MiB", "≤ 16 MiB" if setup == "chunked" else "—",
-                      ("PASS" if disk[setup] <= 16 * MiB else "FAIL") if setup == "chunked" else "—",
-                      "—", "—"])
-    rows.append(benchlib.result_row(
+            runs_text=benchlib.runs_text(case)))
+    rows.append(benchlib.row(
+        "Anchor: disk of a new 16-shard stream, 1 event per shard (whole segments)",
+        "disk_new_stream_whole", disk["whole"] / MiB, "MiB", f"{disk['whole'] / MiB:.1f} MiB",
+        role="anchor"))
+    rows.append(benchlib.row(
         "Disk of a new 16-shard stream with 1 event per shard", "disk_new_stream",
         disk["chunked"] / MiB, "MiB", f"{disk['chunked'] / MiB:.1f} MiB",
-        target={"op": "<=", "value": 16, "unit": "MiB"}, target_text="≤ 16 MiB",
-        passed=disk["chunked"] <= 16 * MiB))
-    print(benchlib.markdown_table(["Case", "Measured (median)", "Target", "Pass", "vs anchor", "Runs"],
-                                  table))
-    result = {"benchmark": "disk", "command": "python loadtests/bench_disk.py",
-              "rounds": args.rounds, "mib_per_run": args.mib,
-              "machine": benchlib.machine_info(SCRATCH),
-              "source": benchlib.source_state(REPO, ["storage_c/src"]),
-              "runs_ns_per_entry": runs, "disk_bytes": disk, "rows": rows}
-    benchlib.write_json(RESULTS, result)
-    print(json.dumps({"rows": rows}, ensure_ascii=False))
+        anchor=benchlib.anchor_ref("disk_new_stream_whole", "whole segments", disk["whole"] / MiB,
+                                   "MiB", f"{disk['whole'] / MiB:.1f} MiB"),
+        target={"op": "<=", "value": 16, "unit": "MiB"}, target_text="≤ 16 MiB"))
+    machine = ctx.machine()
+    benchlib.write_results(args.results, "disk", "Chunked segments", rows, [
+        f"- {rounds} round(s) of {mib} MiB per run; the ratio is the anchor's ns/entry ÷ the "
+        "case's (> 1: faster than whole segments).", *benchlib.machine_notes(machine, "storage_c/src")],
+        {"machine": machine, "mode": "quick" if args.quick else "default",
+         "scale": {"runs": rounds, "mib_per_run": mib},
+         "series": {k: v.to_json() for k, v in series.items()}, "disk_bytes": disk,
+         "elapsed_s": round(ctx.elapsed, 1)})
 
 
 if __name__ == "__main__":

@@ -1,19 +1,18 @@
-"""Generic helpers shared by the load-test benchmarks in ``loadtests/``.
-
-Nothing here knows about the storage engine: medians, the page-allocator
-warm-up this VM needs, scratch directories, machine facts, and the markdown /
-JSON writers for ``loadtests/results/``.
+"""What the benchmarks in ``loadtests/`` share: medians and repeated runs, the
+page-allocator warm-up, CPU probes, machine facts, rate formatting, the
+structured result rows ``report.py`` reads, and the writers of
+``loadtests/results/<area>.md`` and ``<area>.json``.
 """
 
 from __future__ import annotations
 
+import argparse
 import datetime as _dt
 import json
 import os
 import platform
 import shutil
 import statistics
-import socket
 import subprocess
 import sys
 import time
@@ -22,38 +21,29 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 MiB = 1 << 20
-WARM_CHUNK_BYTES = 1 * MiB
 DEFAULT_WARM_MIB = 512
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "loadtests" / "results"
+BUSY_SHARE = 0.10   # runs where other programs used this much of the machine are named
 
 
 def median(values: Sequence[float]) -> float:
-    """Median of a non-empty sequence (mean of the two middle values when even)."""
-    if not values:
-        raise ValueError("median of no values")
     return float(statistics.median(values))
 
 
 def warm_page_allocator(scratch: Path, mib: int = DEFAULT_WARM_MIB) -> float:
-    """Writes ``mib`` MiB to a file in ``scratch`` with 1 MiB writes, deletes it; returns seconds.
+    """Writes and deletes ``mib`` MiB in ``scratch``; returns the seconds it took.
 
-    Why: this VM backs guest memory lazily and the host takes freed guest
-    memory back.  The first touch of a page the host does not back costs
-    ~10 µs per 4 KiB page (measured here: 0.8 s for a first 256 MiB write,
-    0.07 s for the same write once warm) - about 250 ns per 100-byte
-    entry stored, more than a C append - so a write benchmark that lands on
-    such pages swings by up to 5x depending on what ran before it.  Writing
-    and deleting a large file makes the host back a few hundred MiB of guest
-    pages that the guest then keeps on its free lists; a measurement that
-    starts immediately afterwards takes its page-cache and heap pages from
-    that warm pool instead of paying the first touch inside the timer.  Call
-    it after a case's setup, right before its timer starts.
-    """
+    This VM backs guest memory lazily: the first touch of a page costs ~10 µs
+    per 4 KiB (0.8 s for a first 256 MiB write, 0.07 s once warm), so a write
+    benchmark swings by up to 5x with what ran before it.  Written right
+    before a timer starts, the pages the measurement takes come from a warm pool."""
     scratch.mkdir(parents=True, exist_ok=True)
     path = scratch / "warm-page-allocator.bin"
-    chunk = b"\x00" * WARM_CHUNK_BYTES
+    chunk = b"\x00" * MiB
     t0 = time.perf_counter()
     with open(path, "wb", buffering=0) as f:
-        for _ in range(mib * MiB // WARM_CHUNK_BYTES):
+        for _ in range(mib):
             f.write(chunk)
     path.unlink()
     return time.perf_counter() - t0
@@ -77,18 +67,9 @@ class Series:
                 "runs": self.runs, "warmup_run": self.warmup}
 
 
-def repeat(name: str, unit: str, runs: int, one_run: Callable[[int], float]) -> Series:
-    """Calls ``one_run(-1)`` once unmeasured, then ``one_run(0..runs-1)``; keeps every value.
-
-    ``one_run`` must start from a fresh data directory each time and return
-    the measured figure for that run.
-    """
-    return repeat_many({name: unit}, runs, lambda i: {name: one_run(i)})[name]
-
-
 def repeat_many(units: dict[str, str], runs: int,
                 one_run: Callable[[int], dict[str, float]]) -> dict[str, Series]:
-    """Like :func:`repeat` for a run that yields several figures (name -> value)."""
+    """``one_run(-1)`` unmeasured, then ``one_run(0..runs-1)``; each returns name -> value."""
     series = {name: Series(name, unit) for name, unit in units.items()}
     for name, value in one_run(-1).items():
         series[name].warmup = value
@@ -98,46 +79,26 @@ def repeat_many(units: dict[str, str], runs: int,
     return series
 
 
-@dataclass(frozen=True)
-class CpuSnapshot:
-    """Machine-wide busy CPU seconds and this process's own (children included)."""
-
-    wall: float
-    busy: float
-    own: float
+def repeat(name: str, unit: str, runs: int, one_run: Callable[[int], float]) -> Series:
+    return repeat_many({name: unit}, runs, lambda i: {name: one_run(i)})[name]
 
 
-def cpu_snapshot() -> CpuSnapshot:
-    """Reads /proc/stat and os.times(); children count once they have been waited for."""
-    hz = os.sysconf("SC_CLK_TCK")
+# ---- CPU used by others -----------------------------------------------------------------
+
+def _machine_busy() -> tuple[float, float, float]:
+    """(wall, busy CPU s of the machine, CPU s of this process and its waited-for children)."""
     with open("/proc/stat", encoding="utf-8") as f:
-        ticks = [int(x) for x in f.readline().split()[1:9]]  # user..steal (guest is in user)
-    idle = ticks[3] + ticks[4]  # idle + iowait
+        ticks = [int(x) for x in f.readline().split()[1:9]]
     t = os.times()
-    return CpuSnapshot(time.perf_counter(), (sum(ticks) - idle) / hz,
-                       t.user + t.system + t.children_user + t.children_system)
+    return (time.perf_counter(), (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK"),
+            t.user + t.system + t.children_user + t.children_system)
 
 
-def other_cpu_share(start: CpuSnapshot, end: CpuSnapshot) -> float:
-    """Fraction of the machine's CPU capacity used by anything but this benchmark
-    (other programs, and kernel threads such as writeback) between two snapshots.
-
-    On a 2-CPU machine a value near 0.5 means another program kept one CPU busy:
-    single-threaded figures suffer a little, the multi-process ones a lot.
-    """
-    wall = end.wall - start.wall
-    if wall <= 0:
-        return 0.0
-    other = (end.busy - start.busy) - (end.own - start.own)
-    return max(0.0, other / (wall * (os.cpu_count() or 1)))
-
-
-def _process_ticks() -> dict[int, tuple[int, str]]:
-    """pid -> (utime + stime ticks, command line) of every other process."""
-    me = os.getpid()
+def process_ticks() -> dict[int, tuple[int, int, str]]:
+    """pid -> (utime + stime ticks, parent pid, command line) of every other process."""
     out = {}
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == me:
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         try:
             stat = (entry / "stat").read_text()
@@ -145,63 +106,60 @@ def _process_ticks() -> dict[int, tuple[int, str]]:
         except OSError:
             continue
         fields = stat.rsplit(")", 1)[1].split()
-        cmd = " ".join(cmd.split())  # one line: a `python -c` program holds newlines
-        name = cmd or "[" + stat.split("(", 1)[1].rsplit(")", 1)[0] + "]"
-        out[int(entry.name)] = (int(fields[11]) + int(fields[12]), name)
+        name = " ".join(cmd.split()) or "[" + stat.split("(", 1)[1].rsplit(")", 1)[0] + "]"
+        out[int(entry.name)] = (int(fields[11]) + int(fields[12]), int(fields[1]), name)
     return out
 
 
-def _busy_since(before: dict[int, tuple[int, str]], after: dict[int, tuple[int, str]],
-                seconds: float, min_share: float) -> list[str]:
-    """Processes whose CPU share of one CPU between two _process_ticks() was >= min_share,
-    busiest first."""
-    hz = os.sysconf("SC_CLK_TCK")
-    shares = []
-    for pid, (ticks, name) in after.items():
-        share = (ticks - before.get(pid, (ticks, ""))[0]) / hz / seconds
-        if share >= min_share:
-            shares.append((share, pid, name))
-    return [f"pid {pid} at {share:.0%} of a CPU: {name[:120]}"
-            for share, pid, name in sorted(shares, reverse=True)]
-
-
-def busy_processes(interval_s: float = 1.0, min_share: float = 0.1) -> list[str]:
-    """Other processes using at least ``min_share`` of one CPU over ``interval_s`` seconds."""
-    before = _process_ticks()
-    time.sleep(interval_s)
-    return _busy_since(before, _process_ticks(), interval_s, min_share)
+def _descendants(ticks: dict[int, tuple[int, int, str]]) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for pid, (_, ppid, _) in ticks.items():
+        children.setdefault(ppid, []).append(pid)
+    out: set[int] = set()
+    todo = [os.getpid()]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in out:
+                out.add(child)
+                todo.append(child)
+    return out
 
 
 @dataclass(frozen=True)
 class CpuProbe:
-    """Started before a case, read after it: who else used the CPU meanwhile."""
+    """Started before a case, stopped after it: the share of the machine's CPU that
+    anything but this benchmark used meanwhile, and who.  Live children of this
+    process (a Spark JVM, its workers) count as the benchmark's own."""
 
-    snapshot: CpuSnapshot
-    ticks: dict[int, tuple[int, str]]
+    start_busy: tuple[float, float, float]
+    ticks: dict[int, tuple[int, int, str]]
 
     @classmethod
     def start(cls) -> CpuProbe:
-        return cls(cpu_snapshot(), _process_ticks())
+        return cls(_machine_busy(), process_ticks())
 
     def stop(self, min_share: float = 0.05) -> dict[str, Any]:
-        """``other_share`` of the machine (see other_cpu_share) and the other processes
-        (kernel threads in brackets) that used at least ``min_share`` of a CPU."""
-        end = cpu_snapshot()
-        seconds = max(end.wall - self.snapshot.wall, 1e-9)
-        # This benchmark's own children have exited by now, so they cannot appear here.
-        return {"other_share": round(other_cpu_share(self.snapshot, end), 3),
-                "busy_others": _busy_since(self.ticks, _process_ticks(), seconds, min_share)}
+        wall0, busy0, own0 = self.start_busy
+        wall1, busy1, own1 = _machine_busy()
+        ticks = process_ticks()
+        tree = _descendants(ticks)
+        hz, wall = os.sysconf("SC_CLK_TCK"), max(wall1 - wall0, 1e-9)
+        # CPU time of each process since the start; a process of the tree started since counts whole
+        used = {pid: (t - self.ticks.get(pid, (0 if pid in tree else t, 0, ""))[0]) / hz
+                for pid, (t, _, _) in ticks.items()}
+        tree_s = sum(s for pid, s in used.items() if pid in tree)
+        other = (busy1 - busy0) - (own1 - own0) - tree_s
+        busy = sorted(((s / wall, pid) for pid, s in used.items()
+                       if pid not in tree and s / wall >= min_share), reverse=True)
+        return {"other_share": round(max(0.0, other / (wall * (os.cpu_count() or 1))), 3),
+                "bench_cpus": round((own1 - own0 + tree_s) / wall, 2),
+                "busy_others": [f"pid {pid} at {share:.0%} of a CPU: {ticks[pid][2][:120]}"
+                                for share, pid in busy]}
 
 
-def loadavg() -> str:
-    try:
-        return Path("/proc/loadavg").read_text().strip()
-    except OSError:
-        return "unknown"
-
+# ---- machine, code, directories ---------------------------------------------------------
 
 def fresh_dir(path: Path) -> Path:
-    """An empty directory at ``path`` (whatever was there is removed)."""
     if path.exists():
         shutil.rmtree(path)
     path.mkdir(parents=True)
@@ -209,109 +167,47 @@ def fresh_dir(path: Path) -> Path:
 
 
 def clear_dir(path: Path) -> None:
-    """Removes everything inside ``path``, keeping the directory itself."""
-    if not path.is_dir():
-        return
-    for child in path.iterdir():
+    """Removes everything inside ``path``, keeping the directory."""
+    for child in path.iterdir() if path.is_dir() else ():
         if child.is_dir() and not child.is_symlink():
             shutil.rmtree(child, ignore_errors=True)
         else:
             child.unlink(missing_ok=True)
 
 
-def _command_output(argv: Sequence[str]) -> str:
+def _first(path: str, prefix: str) -> str:
     try:
-        return subprocess.run(argv, capture_output=True, text=True, check=True,
-                              timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
+        with open(path, encoding="utf-8") as f:
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith(prefix)),
+                        "unknown")
+    except OSError:
         return "unknown"
 
 
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
 def _filesystem_of(path: Path) -> str:
-    """``fstype source`` of the mount holding ``path`` (longest matching mount point)."""
-    best, found = "", "unknown"
-    target = str(path.resolve())
-    try:
-        with open("/proc/mounts", encoding="utf-8") as f:
-            for line in f:
-                source, mount, fstype = line.split()[:3]
-                inside = target == mount or target.startswith(mount.rstrip("/") + "/")
-                if inside and len(mount) >= len(best):
-                    best, found = mount, f"{fstype} {source} (mounted at {mount})"
-    except OSError:
-        pass
+    best, found, target = "", "unknown", str(path.resolve())
+    with open("/proc/mounts", encoding="utf-8") as f:
+        for line in f:
+            source, mount, fstype = line.split()[:3]
+            if (target == mount or target.startswith(mount.rstrip("/") + "/")) and len(mount) >= len(best):
+                best, found = mount, f"{fstype} {source} (mounted at {mount})"
     return found
 
 
 def machine_info(scratch: Path) -> dict[str, Any]:
-    """Facts needed to compare results across machines."""
-    return {
-        "nproc": _command_output(["nproc"]),
-        "cpu_model": _cpu_model(),
-        "kernel": platform.release(),
-        "python": sys.version.split()[0],
-        "python_implementation": platform.python_implementation(),
-        "date_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "scratch_dir": str(scratch),
-        "scratch_filesystem": _filesystem_of(scratch),
-        "memory_total_kib": _meminfo_total_kib(),
-    }
+    mem = _first("/proc/meminfo", "MemTotal:").split()[0]
+    return {"nproc": str(os.cpu_count()), "cpu_model": _first("/proc/cpuinfo", "model name"),
+            "kernel": platform.release(), "python": sys.version.split()[0],
+            "date_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "scratch_dir": str(scratch), "scratch_filesystem": _filesystem_of(scratch),
+            "memory_total_kib": int(mem) if mem.isdigit() else None}
 
 
-def _meminfo_total_kib() -> int | None:
-    try:
-        with open("/proc/meminfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("MemTotal:"):
-                    return int(line.split()[1])
-    except (OSError, ValueError):
-        pass
-    return None
-
-
-def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    """A GitHub-flavoured markdown table with padded columns."""
-    widths = [len(h) for h in headers]
-    for row in rows:
-        if len(row) != len(headers):
-            raise ValueError(f"row {row!r} has {len(row)} cells, expected {len(headers)}")
-        widths = [max(w, len(c)) for w, c in zip(widths, row)]
-
-    def line(cells: Sequence[str]) -> str:
-        return "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"
-
-    sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
-    return "\n".join([line(headers), sep, *(line(r) for r in rows)])
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Writes ``text`` to ``path`` through ``path.tmp`` and a rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
-def write_json(path: Path, data: Any) -> None:
-    write_atomic(path, json.dumps(data, indent=2, sort_keys=False) + "\n")
-
-
-def source_state(repo: Path, paths: Sequence[str]) -> dict[str, str]:
-    """The commit measured (short hash) and ``git status`` of ``paths`` ("no" if unchanged)."""
+def source_state(paths: Sequence[str]) -> dict[str, str]:
+    """The commit measured and ``git status`` of ``paths`` ("no" if unchanged)."""
     def git(*args: str) -> str:
         try:
-            return subprocess.run(["git", "-C", str(repo), *args], capture_output=True,
+            return subprocess.run(["git", "-C", str(REPO), *args], capture_output=True,
                                   text=True, timeout=10).stdout.strip()
         except (OSError, subprocess.SubprocessError):
             return ""
@@ -320,39 +216,195 @@ def source_state(repo: Path, paths: Sequence[str]) -> dict[str, str]:
             "code_changed_since_commit": " ".join(changed.split()) if changed else "no"}
 
 
-def result_row(case: str, key: str | None, figure: float | None, unit: str, figure_text: str, *,
-               role: str = "case", anchor: dict[str, Any] | None = None,
-               ratio: float | None = None, ratio_text: str = "—",
-               target: dict[str, Any] | None = None, target_text: str = "—",
-               passed: bool | None = None, verdict: str | None = None,
-               reference: str | None = None) -> dict[str, Any]:
-    """One row of a benchmark's results in the structured form ``loadtests/report.py`` reads
-    (the ``rows`` list of each ``loadtests/results/<area>.json``).
+class Context:
+    """One benchmark run: the code state and other programs' CPU use at the start; at
+    ``machine()``, the machine's facts and whether the measured code changed meanwhile."""
 
-    ``role`` is "case" or "anchor"; ``anchor`` is ``anchor_ref(...)`` of the row this one is
-    compared with; ``ratio`` is always in throughput terms: this case's entries (requests,
-    rows, bytes) per second ÷ the anchor's for the same work, so > 1 means faster than the
-    anchor; ``target`` is ``{"op": "<=" | ">=", "value": float, "unit": str}`` when the target
-    is a plain bound on the figure (or on the ratio, unit "x"), None otherwise; ``passed`` is
-    None when the row has no target; ``verdict`` is the area table's Pass cell;
-    ``reference`` is a figure quoted for comparison but not measured in the run."""
+    def __init__(self, name: str, scratch: Path, code: Sequence[str]) -> None:
+        self.name, self.scratch, self.code = name, scratch, code
+        self.t0 = time.perf_counter()
+        self.source = source_state(code)
+        probe = CpuProbe.start()
+        time.sleep(1.0)  # a second's sample of what else is running
+        self.busy = probe.stop(0.1)["busy_others"]
+        for line in self.busy:
+            self.progress(f"WARNING: machine not idle, {line}")
+
+    def progress(self, text: str) -> None:
+        print(f"[{self.name}] {text}", file=sys.stderr, flush=True)
+
+    @property
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def machine(self) -> dict[str, Any]:
+        return {**machine_info(self.scratch), **self.source, "busy_at_start": self.busy,
+                "code_changed_during_run": source_state(self.code) != self.source,
+                "loadavg_end": Path("/proc/loadavg").read_text().strip()}
+
+
+def machine_notes(machine: dict[str, Any], code: str) -> list[str]:
+    """The notes on the code measured and the machine, as every report ends."""
+    return [f"- Code: commit {machine['commit']}; {code} changed since: "
+            f"{machine['code_changed_since_commit']}"
+            + ("; CHANGED DURING THE RUN (figures mix versions)"
+               if machine["code_changed_during_run"] else "") + ".",
+            f"- Machine: {machine['nproc']} CPUs, {machine['cpu_model']}, kernel "
+            f"{machine['kernel']}, Python {machine['python']}, scratch on "
+            f"{machine['scratch_filesystem']}; {machine['date_utc']}; busy at the start: "
+            + ("; ".join(machine["busy_at_start"]) or "nothing") + "."]
+
+
+def cpu_note(probes: dict[str, dict[str, Any]]) -> str:
+    """The busiest of ``probes`` (label -> CpuProbe.stop()) and those at BUSY_SHARE or more."""
+    worst = max(probes, key=lambda k: probes[k]["other_share"])
+    noisy = [f"{k} ({p['other_share']:.0%}: {'; '.join(p['busy_others'][:2]) or 'unattributed'})"
+             for k, p in probes.items() if p["other_share"] >= BUSY_SHARE]
+    return (f"- CPU used by other programs (and kernel threads), as a share of the machine: "
+            f"max {probes[worst]['other_share']:.0%} ({worst}); at or above {BUSY_SHARE:.0%}: "
+            + ("; ".join(noisy) if noisy else "none") + ".")
+
+
+# ---- figures, rows, tables --------------------------------------------------------------
+
+def fmt_rate(value: float, unit: str) -> str:
+    """``1.23 M events/s``, ``45.6 k req/s``, ``789 MB/s``."""
+    if value >= 1e6:
+        return f"{value / 1e6:.2f} M {unit}"
+    if value >= 1e4:
+        return f"{value / 1e3:.1f} k {unit}"
+    return f"{value:,.0f} {unit}"
+
+
+def fmt_time(value: float, unit: str) -> str:
+    """``123 ns/call``, ``45.6 µs/call``, ``1.23 ms``."""
+    return f"{value:,.0f} {unit}" if unit.startswith("ns") or value >= 100 else f"{value:,.1f} {unit}"
+
+
+def fmt_value(value: float, unit: str) -> str:
+    if unit == "x":
+        return f"{value:.2f}×"
+    if unit.endswith("/s"):
+        return fmt_rate(value, unit)
+    return fmt_time(value, unit)
+
+
+def met(value: float, target: dict[str, Any]) -> bool:
+    return value <= target["value"] if target["op"] == "<=" else value >= target["value"]
+
+
+def row(case: str, key: str | None, figure: float | None, unit: str, figure_text: str = "", *,
+        role: str = "case", anchor: dict[str, Any] | None = None, ratio: float | None = None,
+        ratio_text: str | None = None, target: dict[str, Any] | None = None,
+        target_text: str = "—", passed: bool | None = None, verdict: str | None = None,
+        reference: str | None = None, runs_text: str = "—") -> dict[str, Any]:
+    """One row of a benchmark's results, as ``report.py`` reads them.
+
+    ``anchor`` is ``anchor_ref(...)`` of the row compared with; ``ratio`` is in throughput
+    terms (> 1: faster than the anchor); ``target`` is ``{"op": "<=" | ">=", "value",
+    "unit"}`` (unit "x": a bound on the ratio), and ``passed`` follows from it unless given;
+    ``verdict`` is the Pass cell; ``reference`` a figure quoted, not measured here."""
+    if figure is not None and not figure_text:
+        figure_text = fmt_value(figure, unit)
+    if passed is None and target is not None and figure is not None:
+        bounded = ratio if target["unit"] == "x" and unit != "x" else figure
+        passed = None if bounded is None else met(bounded, target)
     if verdict is None:
         verdict = "—" if passed is None else ("PASS" if passed else "FAIL")
+    if ratio_text is None:
+        ratio_text = "—" if ratio is None else f"{ratio:.2f}×"
     return {"case": case, "key": key, "role": role, "figure": figure, "unit": unit,
             "figure_text": figure_text, "anchor": anchor, "ratio": ratio,
             "ratio_text": ratio_text, "target": target, "target_text": target_text,
-            "pass": passed, "verdict": verdict, "reference": reference}
+            "pass": passed, "verdict": verdict, "reference": reference, "runs_text": runs_text}
 
 
 def anchor_ref(key: str | None, name: str, figure: float | None, unit: str,
-               figure_text: str) -> dict[str, Any]:
-    """The ``anchor`` of a :func:`result_row`: which anchor, and its figure in the same run."""
+               figure_text: str = "") -> dict[str, Any]:
     return {"key": key, "name": name, "figure": figure, "unit": unit,
-            "figure_text": figure_text}
+            "figure_text": figure_text or (fmt_value(figure, unit) if figure is not None else "—")}
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def series_row(case: str, s: Series, anchor: Series | None = None, anchor_name: str = "",
+               target: tuple[str, float] | None = None, target_text: str = "—",
+               reference: str | None = None) -> dict[str, Any]:
+    """A row from measured series: the ratio in throughput terms whatever the unit (a time
+    per call is inverted), the target a bound on the figure."""
+    faster = s.unit.endswith("/s") or s.unit == "x"
+    return row(case, s.name, s.median, s.unit, role="anchor" if case.startswith("Anchor:") else "case",
+               anchor=None if anchor is None else anchor_ref(anchor.name, anchor_name, anchor.median,
+                                                             anchor.unit),
+               ratio=None if anchor is None else (s.median / anchor.median if faster
+                                                  else anchor.median / s.median),
+               target=None if target is None else {"op": target[0], "value": target[1], "unit": s.unit},
+               target_text=target_text, reference=reference, runs_text=runs_text(s))
+
+
+def sweep_table(sweep: dict[str, Any]) -> str:
+    """storage.json's ``batch_sweep`` as a table: M entries/s of every line by batch size."""
+    sizes, lines = sweep["batch_sizes"], [*sweep["lines"], *sweep.get("extra_points", [])]
+    return markdown_table(["M entries/s (median)", *(f"batch {n}" for n in sizes)],
+                          [[line["label"], *(f"{by[n] / 1e6:.2f}" if n in by else "—" for n in sizes)]
+                           for line in lines
+                           for by in [{int(p["batch"]): p["entries_per_s"] for p in line["points"]}]])
+
+
+def build_c(source: Path, out: Path) -> Path:
+    """``source`` compiled with the storage core into ``out`` (-O2, as the extension is built)."""
+    core = REPO / "storage_c"
+    subprocess.run(["gcc", "-std=c11", "-D_GNU_SOURCE", "-O2", "-Wall", "-Wextra", "-Werror",
+                    "-I", str(core / "include"), "-I", str(core / "src"),
+                    *sorted(str(p) for p in (core / "src").glob("*.c")), str(source), "-o", str(out),
+                    "-lzstd", "-lpthread"], check=True, cwd=REPO, timeout=300)
+    return out
+
+
+def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    cells = [[str(c).replace("|", "\\|").replace("\n", " ") for c in r] for r in [headers, *rows]]
+    return "\n".join(["| " + " | ".join(cells[0]) + " |", "|" + "---|" * len(headers),
+                      *("| " + " | ".join(r) + " |" for r in cells[1:])])
+
+
+def rows_table(rows: Sequence[dict[str, Any]]) -> str:
+    def vs(r: dict[str, Any]) -> str:
+        a = r["anchor"]
+        text = " ".join(([] if r["ratio"] is None else [r["ratio_text"]]) + (
+            [] if a is None else [f"({a['name'].removeprefix('Anchor: ')}: {a['figure_text']})"]))
+        return "; ".join(t for t in (text, r["reference"]) if t) or "—"
+    return markdown_table(["Case", "Measured (median)", "Target", "Pass", "vs anchor", "Runs"],
+                          [[r["case"], r["figure_text"], r["target_text"], r["verdict"], vs(r),
+                            r["runs_text"]] for r in rows])
+
+
+def runs_text(s: Series) -> str:
+    unit = "" if s.unit == "x" else f" {s.unit}"
+    return ", ".join(fmt_value(v, s.unit).removesuffix(unit) for v in s.runs) + unit
+
+
+# ---- command line and output ------------------------------------------------------------
+
+def parser(doc: str, quick: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help=quick)
+    p.add_argument("--results", type=Path, default=RESULTS,
+                   help="directory of the <area>.md / <area>.json written (default "
+                        "loadtests/results; give a scratch one for trial runs)")
+    return p
+
+
+def write_results(results: Path, area: str, title: str, rows: list[dict[str, Any]],
+                  notes: list[str], data: dict[str, Any], extra_md: str = "") -> None:
+    """Prints the table and notes, then the rows as one JSON line; writes ``<area>.md``
+    (table, notes) and ``<area>.json`` (``data`` plus the rows)."""
+    text = (f"# {title}\n\n{rows_table(rows)}\n" + (f"\n{extra_md}\n" if extra_md else "")
+            + "\nNotes:\n\n" + "\n".join(notes) + "\n")
+    print(text)
+    print(json.dumps({"rows": rows}, ensure_ascii=False))
+    results.mkdir(parents=True, exist_ok=True)
+    for name, content in ((f"{area}.md", text),
+                          (f"{area}.json", json.dumps({**data, "rows": rows}, indent=2,
+                                                      ensure_ascii=False, default=str) + "\n")):
+        tmp = results / (name + ".tmp")
+        tmp.write_text(content, encoding="utf-8")
+        os.replace(tmp, results / name)

@@ -1,51 +1,21 @@
-"""Locust scenarios for the gateway's ingest path (``POST /streams/{name}``).
+"""Locust scenarios for the gateway's ingest path (``POST /streams/{name}``), run by
+``loadtest.py`` in ``.venv-locust`` (locust patches the standard library with gevent).
 
-Runs in its own virtualenv (``make locust-venv`` -> ``.venv-locust``: locust
-monkey-patches the standard library with gevent, which the project's venv must
-not see).  ``loadtests/loadtest.py`` starts a gateway, runs this file headless
-and proves afterwards that nothing acknowledged was lost or stored twice::
-
-    .venv-locust/bin/locust -f loadtests/locustfile.py --headless -H http://127.0.0.1:8080 \\
-        -u 16 -r 16 -t 60s --stop-timeout 30 --only-summary [UserClass ...]
-
-User classes (all of them when none is named, one user class per user):
-
-* ``SingleEventUser``: one JSON event per request (``application/json``);
-* ``BatchUser``: 100 events per request (``application/x-ndjson``);
-* ``KeyedUser``: 10-event NDJSON batches with a partition key drawn from
-  ``--keys`` keys (half of them as ``?key=``, half as ``X-Comet-Key``);
-* ``GzipBatchUser``: 100-event NDJSON batches, ``Content-Encoding: gzip``;
-* ``MixUser``: all of the above in one user, weighted 4:2:2:1.
-
-Every answer but 202 is a failure, as is a 202 whose body does not match the
-request (count, entry range, stream).  Every event carries its request's id
-and its index in the request (``{"r": "<request id>", "i": k, ...}``).  When
-``COMET_LT_RECORD_DIR`` is set, each locust process appends one line per
-answer to ``$COMET_LT_RECORD_DIR/acks-<pid>.ndjson``:
-
-* a 202: ``{"r", "s" (stream), "sh" (shard), "f" (first), "l" (last), "n" (count), "k" (key)}``;
-* anything else: ``{"r", "s", "n", "st"}`` with ``st`` the status, 0 when no answer came
-  (connection error, timeout): the only case where the events may or may not be stored.
-
-The files are flushed when the test stops and when locust quits.  With
-``--csv PREFIX``, ``PREFIX_final_stats.csv`` gets the statistics as they are
-when locust quits (its own ``PREFIX_stats.csv`` is rewritten every second and
-may miss the last second and the requests finished during ``--stop-timeout``).
-
-Pacing: none by default (each user posts as fast as it gets answers);
-``--user-rps`` (``COMET_LT_USER_RPS``) paces every user at that many requests
-per second.
-
-Thresholds (command line, or environment): ``--max-fail-ratio``
-(``COMET_LT_MAX_FAIL_RATIO``, default 0.01) and ``--max-p95-ms``
-(``COMET_LT_MAX_P95_MS``, default 1000).  When locust quits, the exit code is
-1 if either is passed (or no request was made), else 0, and
-``$COMET_LT_RECORD_DIR/verdict.json`` says why.
+User classes: ``SingleEventUser`` (1 JSON event per request), ``BatchUser``
+(100-event NDJSON), ``KeyedUser`` (10-event NDJSON with a key from ``--keys``,
+as ``?key=`` or ``X-Comet-Key``), ``GzipBatchUser`` (100 events, gzip),
+``MixUser`` (all of them, 4:2:2:1).  Every answer but a matching 202 is a
+failure.  Every event names its request and index (``{"r": id, "i": k}``);
+with ``COMET_LT_RECORD_DIR`` set, each process appends one line per answer to
+``acks-<pid>.ndjson``: ``{"r", "s", "sh", "f", "l", "n", "k"}`` for a 202,
+``{"r", "s", "n", "st"}`` otherwise (``st`` 0: no answer, outcome unknown).
+``--user-rps`` paces every user.  When locust quits, the exit code is 1 if
+``--max-fail-ratio`` or ``--max-p95-ms`` is passed (or nothing was sent),
+and ``verdict.json`` says why and holds the final figures by request name.
 """
 
 from __future__ import annotations
 
-import csv
 import gzip
 import itertools
 import json
@@ -55,9 +25,8 @@ import random
 import time
 from typing import Any, TextIO
 
-from locust import FastHttpUser, constant_throughput, events, task
+from locust import FastHttpUser, constant_throughput, events
 from locust.runners import WorkerRunner
-from locust.stats import PERCENTILES_TO_REPORT, StatsCSV
 
 log = logging.getLogger("comet.locust")
 
@@ -66,35 +35,29 @@ SERVICES = ("checkout", "search", "cart", "auth", "payments", "catalog")
 
 
 class Recorder:
-    """One line per answer into ``acks-<pid>.ndjson`` (opened in the process
-    that writes, so that ``--processes`` forks get files of their own)."""
+    """One line per answer into ``acks-<pid>.ndjson``, opened by the process that writes
+    (``--processes`` forks get files of their own)."""
 
     def __init__(self) -> None:
         self.directory = os.environ.get("COMET_LT_RECORD_DIR") or None
         self.file: TextIO | None = None
         self.pid = 0
 
-    def _out(self) -> TextIO | None:
+    def write(self, record: dict[str, Any]) -> None:
         if self.directory is None:
-            return None
+            return
         if self.file is None or self.pid != os.getpid():
             self.pid = os.getpid()
             os.makedirs(self.directory, exist_ok=True)
             self.file = open(os.path.join(self.directory, f"acks-{self.pid}.ndjson"), "a",
                              encoding="utf-8", buffering=1 << 20)
-        return self.file
+        self.file.write(json.dumps(record, separators=(",", ":")) + "\n")
 
-    def write(self, record: dict[str, Any]) -> None:
-        out = self._out()
-        if out is not None:
-            out.write(json.dumps(record, separators=(",", ":")) + "\n")
-
-    def flush(self) -> None:
-        if self.file is not None and self.pid == os.getpid():
-            self.file.flush()
-
-    def close(self) -> None:
-        if self.file is not None and self.pid == os.getpid():
+    def close(self, flush_only: bool = False) -> None:
+        if self.file is None or self.pid != os.getpid():
+            return
+        self.file.flush()
+        if not flush_only:
             self.file.close()
             self.file = None
 
@@ -141,10 +104,20 @@ class CometUser(FastHttpUser):
         """None between requests (as fast as possible), unless --user-rps paces each user."""
         return float(self._pace(self)) if self._pace is not None else 0.0
 
-    def post(self, name: str, body: bytes, count: int, rid: str, *, path: str | None = None,
-             headers: dict[str, str] | None = None, key: str | None = None) -> None:
-        with self.client.post(path or self.path, data=body, headers=headers, name=name,
-                              catch_response=True) as resp:
+    def post(self, name: str, count: int, *, key: str | None = None, key_header: bool = False,
+             gzipped: bool = False) -> None:
+        """``count`` events (1: a JSON object, else NDJSON), optionally keyed or gzipped."""
+        rid = new_request_id()
+        body = events_ndjson(rid, count)
+        headers = {"content-type": "application/json" if count == 1 else "application/x-ndjson"}
+        if count == 1:
+            body = body.rstrip(b"\n")
+        if gzipped:
+            body, headers["content-encoding"] = gzip.compress(body, compresslevel=1), "gzip"
+        if key is not None and key_header:
+            headers["x-comet-key"] = key
+        path = self.path + (f"?key={key}" if key is not None and not key_header else "")
+        with self.client.post(path, data=body, headers=headers, name=name, catch_response=True) as resp:
             status = resp.status_code or 0
             if status != 202:
                 RECORDER.write({"r": rid, "s": self.stream, "n": count, "st": status})
@@ -153,7 +126,7 @@ class CometUser(FastHttpUser):
                 return
             try:
                 ack = json.loads(resp.content)
-                shard, first, last, got = int(ack["shard"]), int(ack["first"]), int(ack["last"]), int(ack["count"])
+                shard, first, last, got = (int(ack[k]) for k in ("shard", "first", "last", "count"))
             except (ValueError, KeyError, TypeError):
                 # The request may be stored, but where is unknown: an unknown outcome.
                 RECORDER.write({"r": rid, "s": self.stream, "n": count, "st": 0})
@@ -166,76 +139,39 @@ class CometUser(FastHttpUser):
             else:
                 resp.success()
 
-    # ---- the scenarios ----------------------------------------------------------------
-
     def single_event(self) -> None:
-        rid = new_request_id()
-        self.post("single", events_ndjson(rid, 1).rstrip(b"\n"), 1, rid,
-                  headers={"content-type": "application/json"})
+        self.post("single", 1)
 
     def ndjson_batch(self) -> None:
-        rid = new_request_id()
-        self.post("batch100", events_ndjson(rid, 100), 100, rid,
-                  headers={"content-type": "application/x-ndjson"})
+        self.post("batch100", 100)
 
-    def keyed_batch(self) -> None:
-        rid = new_request_id()
-        key = f"device-{random.randrange(self.keys)}"
-        body = events_ndjson(rid, 10)
-        if random.random() < 0.5:
-            self.post("keyed10", body, 10, rid, path=f"{self.path}?key={key}", key=key,
-                      headers={"content-type": "application/x-ndjson"})
-        else:
-            self.post("keyed10", body, 10, rid, key=key,
-                      headers={"content-type": "application/x-ndjson", "x-comet-key": key})
+    def keyed_batch(self) -> None:  # the key half of the time as ?key=, half as X-Comet-Key
+        self.post("keyed10", 10, key=f"device-{random.randrange(self.keys)}",
+                  key_header=random.random() < 0.5)
 
     def gzip_batch(self) -> None:
-        rid = new_request_id()
-        body = gzip.compress(events_ndjson(rid, 100), compresslevel=1)
-        self.post("gzip100", body, 100, rid,
-                  headers={"content-type": "application/x-ndjson", "content-encoding": "gzip"})
+        self.post("gzip100", 100, gzipped=True)
 
 
 class SingleEventUser(CometUser):
-    @task
-    def single(self) -> None:
-        self.single_event()
+    tasks = [CometUser.single_event]
 
 
 class BatchUser(CometUser):
-    @task
-    def batch(self) -> None:
-        self.ndjson_batch()
+    tasks = [CometUser.ndjson_batch]
 
 
 class KeyedUser(CometUser):
-    @task
-    def keyed(self) -> None:
-        self.keyed_batch()
+    tasks = [CometUser.keyed_batch]
 
 
 class GzipBatchUser(CometUser):
-    @task
-    def gzipped(self) -> None:
-        self.gzip_batch()
+    tasks = [CometUser.gzip_batch]
 
 
 class MixUser(CometUser):
-    @task(4)
-    def single(self) -> None:
-        self.single_event()
-
-    @task(2)
-    def batch(self) -> None:
-        self.ndjson_batch()
-
-    @task(2)
-    def keyed(self) -> None:
-        self.keyed_batch()
-
-    @task(1)
-    def gzipped(self) -> None:
-        self.gzip_batch()
+    tasks = {CometUser.single_event: 4, CometUser.ndjson_batch: 2, CometUser.keyed_batch: 2,
+             CometUser.gzip_batch: 1}
 
 
 # ---- options, records and thresholds ------------------------------------------------------
@@ -257,7 +193,7 @@ def add_options(parser: Any) -> None:
 
 @events.test_stop.add_listener
 def flush_records(environment: Any, **_: Any) -> None:
-    RECORDER.flush()
+    RECORDER.close(flush_only=True)
 
 
 @events.quitting.add_listener
@@ -281,14 +217,20 @@ def check_thresholds(environment: Any, **_: Any) -> None:
     for problem in problems:
         log.error("threshold: %s", problem)
     environment.process_exit_code = 1 if problems else 0
-    prefix = getattr(options, "csv_prefix", None)
-    if prefix:  # locust's own <prefix>_stats.csv is written every second, so may miss the end
-        with open(f"{prefix}_final_stats.csv", "w", newline="", encoding="utf-8") as f:
-            StatsCSV(environment, PERCENTILES_TO_REPORT).requests_csv(csv.writer(f))
     directory = RECORDER.directory
     if directory:
         os.makedirs(directory, exist_ok=True)
         with open(os.path.join(directory, "verdict.json"), "w", encoding="utf-8") as f:
             json.dump({"requests": total.num_requests, "failures": total.num_failures,
                        "fail_ratio": ratio, "p95_ms": p95, "max_fail_ratio": max_ratio,
-                       "max_p95_ms": max_p95, "problems": problems}, f)
+                       "max_p95_ms": max_p95, "problems": problems,
+                       "by_name": {**{e.name: figures(e) for e in environment.stats.entries.values()},
+                                   "Aggregated": figures(total)}}, f)
+
+
+def figures(e: Any) -> dict[str, Any]:
+    """A locust stats entry as it is when locust quits (its CSV may miss the last second)."""
+    return {"requests": e.num_requests, "failures": e.num_failures, "req_per_s": e.total_rps,
+            "avg_ms": e.avg_response_time, "max_ms": e.max_response_time,
+            **{f"p{p}_ms": e.get_response_time_percentile(p / 100) if e.num_requests else None
+               for p in (50, 95, 99)}}

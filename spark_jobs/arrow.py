@@ -18,16 +18,18 @@ the parser's message in ``_error``.  Nothing is dropped.
 
 from __future__ import annotations
 
-from typing import Iterator
+from array import array
+from typing import Iterator, Literal, overload
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.json as pajson
 
 from storage_c import Log, ReadBatch
+from storage_c.records import NdjsonBatch
 
 TIMESTAMP = pa.timestamp("us", tz="UTC")
-META_FIELDS = [
+META_FIELDS: list[pa.Field] = [
     pa.field("stream", pa.string()),
     pa.field("shard", pa.int32()),
     pa.field("entry", pa.int64()),
@@ -35,7 +37,7 @@ META_FIELDS = [
 ]
 RAW_SCHEMA = pa.schema(META_FIELDS + [pa.field("value", pa.binary())])
 RAW_DDL = "stream string, shard int, entry long, timestamp timestamp, value binary"
-ERROR_FIELDS = [pa.field("_error", pa.string()), pa.field("_corrupt_record", pa.binary())]
+ERROR_FIELDS: list[pa.Field] = [pa.field("_error", pa.string()), pa.field("_corrupt_record", pa.binary())]
 
 
 def parsed_schema(value_type: pa.StructType) -> pa.Schema:
@@ -47,16 +49,21 @@ def _meta_columns(stream: str, shard: int, entries: pa.Array, timestamps_ns: np.
     name = stream.encode()
     offsets = np.arange(0, (n + 1) * len(name), len(name) or 1, dtype=np.int32)[: n + 1] \
         if name else np.zeros(n + 1, dtype=np.int32)
-    streams = pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(offsets),
-                                                     pa.py_buffer(name * n)])
-    shards = pa.Array.from_buffers(pa.int32(), n, [None, pa.py_buffer(np.full(n, shard, np.int32))])
+    # The ignores: numpy's stubs give ndarray the buffer protocol on Python 3.12+ only.
+    streams = pa.Array.from_buffers(pa.string(), n, [
+        None, pa.py_buffer(offsets),  # type: ignore[arg-type]  # ndarray is a buffer
+        pa.py_buffer(name * n)])
+    shard_ids = np.full(n, shard, np.int32)
+    shards = pa.Array.from_buffers(pa.int32(), n, [
+        None, pa.py_buffer(shard_ids)])  # type: ignore[arg-type]  # ndarray is a buffer
     micros = timestamps_ns // 1000
-    times = pa.Array.from_buffers(TIMESTAMP, n, [None, pa.py_buffer(micros)])
+    times = pa.Array.from_buffers(TIMESTAMP, n, [
+        None, pa.py_buffer(micros)])  # type: ignore[arg-type]  # ndarray is a buffer
     return [streams, shards, entries, times]
 
 
-def _int64s(values: object) -> np.ndarray:
-    return np.frombuffer(memoryview(values), dtype=np.int64)  # type: ignore[arg-type]
+def _int64s(values: array) -> np.ndarray:
+    return np.frombuffer(memoryview(values), dtype=np.int64)
 
 
 def raw_batch(batch: ReadBatch) -> pa.RecordBatch:
@@ -68,8 +75,14 @@ def raw_batch(batch: ReadBatch) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(columns + [values], schema=RAW_SCHEMA)
 
 
+@overload
 def read_range(log: Log, stream: str, shard: int, start: int, end: int, rows: int,
-               max_bytes: int, newlines: bool = False) -> Iterator[object]:
+               max_bytes: int, newlines: Literal[False] = False) -> Iterator[ReadBatch]: ...
+@overload
+def read_range(log: Log, stream: str, shard: int, start: int, end: int, rows: int,
+               max_bytes: int, newlines: Literal[True]) -> Iterator[NdjsonBatch]: ...
+def read_range(log: Log, stream: str, shard: int, start: int, end: int, rows: int,
+               max_bytes: int, newlines: bool = False) -> Iterator[ReadBatch | NdjsonBatch]:
     """Reads of at most ``rows`` entries from ``start`` up to ``end``
     (exclusive).  Entries deleted by retention are skipped by the reader
     (it counts them in the shard's stats)."""
@@ -90,7 +103,7 @@ def read_range(log: Log, stream: str, shard: int, start: int, end: int, rows: in
 def raw_batches(log: Log, stream: str, shard: int, start: int, end: int, rows: int,
                 max_bytes: int) -> Iterator[pa.RecordBatch]:
     for got in read_range(log, stream, shard, start, end, rows, max_bytes):
-        batch = raw_batch(got)  # type: ignore[arg-type]
+        batch = raw_batch(got)
         yield _cut(batch, end)
 
 
@@ -124,7 +137,8 @@ class JsonParser:
         if isinstance(data, bytes) and not data.strip():  # a view: the parser finds out
             return "empty payload" if count == 1 else "empty lines"
         try:
-            table = pajson.read_json(pa.BufferReader(data), read_options=self._read,
+            table = pajson.read_json(pa.BufferReader(data),  # type: ignore[arg-type]  # any NativeFile
+                                     read_options=self._read,
                                      parse_options=self._one_options if single else self._options)
         except pa.ArrowInvalid as exc:
             return str(exc)
@@ -134,19 +148,19 @@ class JsonParser:
         columns = [table.column(f.name).combine_chunks() for f in self.value_type]
         return pa.StructArray.from_arrays(columns, fields=list(self.value_type))
 
-    def batch(self, got: object, log: Log, max_bytes: int) -> pa.RecordBatch:
+    def batch(self, got: NdjsonBatch, log: Log, max_bytes: int) -> pa.RecordBatch:
         """One NdjsonBatch as a parsed record batch (rejects included)."""
-        n = len(got.entries)  # type: ignore[attr-defined]
-        stream, shard = got.stream, got.shard  # type: ignore[attr-defined]
-        entries = pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(got.entries)])  # type: ignore[attr-defined]
-        meta = _meta_columns(stream, shard, entries, _int64s(got.timestamps))  # type: ignore[attr-defined]
-        parsed = None if got.newline_payloads else self.parse(got.data, n)  # type: ignore[attr-defined]
+        n = len(got.entries)
+        stream, shard = got.stream, got.shard
+        entries = pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(got.entries)])
+        meta = _meta_columns(stream, shard, entries, _int64s(got.timestamps))
+        parsed = None if got.newline_payloads else self.parse(got.data, n)
         if isinstance(parsed, pa.StructArray):
-            nulls = [pa.nulls(n, pa.string()), pa.nulls(n, pa.binary())]
+            nulls: list[pa.Array] = [pa.nulls(n, pa.string()), pa.nulls(n, pa.binary())]
             return pa.RecordBatch.from_arrays(meta + [parsed] + nulls, schema=self.schema)
         # Something in this batch does not parse: read it again with entry
         # bounds and find the culprits.
-        return self._bisected(log.read(stream, shard, got.entries[0], n, max_bytes))  # type: ignore[attr-defined]
+        return self._bisected(log.read(stream, shard, got.entries[0], n, max_bytes))
 
     def _bisected(self, raw: ReadBatch) -> pa.RecordBatch:
         n = len(raw)
@@ -165,7 +179,7 @@ class JsonParser:
                 errors.extend([None] * (hi - lo))
                 corrupt.extend([None] * (hi - lo))
             elif single:
-                pieces.append(pa.nulls(1, self.value_type))  # type: ignore[arg-type]
+                pieces.append(pa.nulls(1, self.value_type))
                 errors.append(got)
                 corrupt.append(payloads[lo])
             else:

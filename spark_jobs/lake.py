@@ -28,7 +28,9 @@ import pyarrow.dataset as ds
 from .lakefs import Lake
 from .plan import manifests
 
-PARTITION_SCHEMA = pa.schema([("stream", pa.string()), ("dt", pa.string()), ("hour", pa.int32())])
+_PARTITION_COLUMNS: list[tuple[str, pa.DataType]] = [
+    ("stream", pa.string()), ("dt", pa.string()), ("hour", pa.int32())]
+PARTITION_SCHEMA = pa.schema(_PARTITION_COLUMNS)
 PARTITIONING = ds.partitioning(PARTITION_SCHEMA, flavor="hive")
 
 

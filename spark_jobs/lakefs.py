@@ -17,13 +17,18 @@ driver): executors run in directories of their own.
 
 from __future__ import annotations
 
+import builtins
 import os
 import posixpath
 import shutil
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
 
 import pyarrow.fs as pafs
+
+from storage_c.files import write_durably
 
 CONNECT_TIMEOUT_S = 5.0
 REQUEST_TIMEOUT_S = 60.0
@@ -109,7 +114,7 @@ class Lake:
             return pafs.LocalFileSystem()
         endpoint = (self.endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3")
                     or os.environ.get("AWS_ENDPOINT_URL"))
-        kwargs: dict[str, object] = {
+        kwargs: dict[str, Any] = {  # S3FileSystem's options, of several types
             "region": self.region or os.environ.get("AWS_REGION")
             or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1",
             "connect_timeout": CONNECT_TIMEOUT_S,
@@ -123,7 +128,7 @@ class Lake:
             parsed = urlparse(endpoint)
             kwargs["endpoint_override"] = parsed.netloc or parsed.path
             kwargs["scheme"] = parsed.scheme or "https"
-        return pafs.S3FileSystem(**kwargs)  # type: ignore[arg-type]
+        return pafs.S3FileSystem(**kwargs)
 
     def path(self, *parts: str) -> str:
         return posixpath.join(self.root, *parts)
@@ -141,15 +146,12 @@ class Lake:
             with self.fs.open_output_stream(self.path(rel)) as out:
                 out.write(data)
             return
-        from consumers.files import write_durably
-        from pathlib import Path
-
         write_durably(Path(self.path(rel)), data)
 
     def read(self, rel: str) -> bytes | None:
         try:
             with self.fs.open_input_stream(self.path(rel)) as f:
-                return f.read()  # type: ignore[no-any-return]
+                return f.read()
         except FileNotFoundError:
             return None
 
@@ -159,7 +161,7 @@ class Lake:
         return sorted(posixpath.basename(i.path) for i in self.fs.get_file_info(selector)
                       if i.type == pafs.FileType.File)
 
-    def list_dirs(self, rel: str) -> list[str]:
+    def list_dirs(self, rel: str) -> builtins.list[str]:  # list: the method above
         """Names of the directories (S3: common prefixes) directly under ``rel``."""
         selector = pafs.FileSelector(self.path(rel), allow_not_found=True)
         return sorted(posixpath.basename(i.path.rstrip("/")) for i in self.fs.get_file_info(selector)

@@ -30,9 +30,6 @@ from typing import Mapping
 
 from storage_c import Config, GroupNotFound, Log, StreamNotFound
 
-# The source reads only: it creates nothing, runs no flusher, claims no slot.
-READ_ONLY = Config(create=False, auto_create_streams=False, background_flush=False,
-                   retention_interval_ms=0)
 EARLIEST, LATEST = -2, -1
 DEFAULT_ENTRIES_PER_PARTITION = 1_000_000
 DEFAULT_BATCH_ROWS = 50_000
@@ -135,7 +132,9 @@ def parse_json_offsets(text: str, what: str) -> Offsets:
 
 
 def open_log(path: str) -> Log:
-    return Log(path, READ_ONLY)
+    """The source only reads (it registers and acknowledges nothing): an
+    inspector creates nothing, runs no flusher and claims no slot."""
+    return Log(path, Config.inspector())
 
 
 def shard_list(log: Log, opts: SourceOptions) -> list[int]:

@@ -130,7 +130,7 @@ def _load(data: bytes, what: str) -> dict[str, Any]:
     if version != FORMAT_VERSION:
         raise ValueError(f"{what} format version {version!r} is not {FORMAT_VERSION}")
     doc["ranges"] = {int(s): (int(a), int(b)) for s, (a, b) in doc["ranges"].items()}
-    return doc  # type: ignore[no-any-return]
+    return doc
 
 
 def _runs(lake: Lake, rel: str) -> list[int]:

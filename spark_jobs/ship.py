@@ -17,13 +17,13 @@ import os
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
-from storage_c import Log
-from storage_c.files import pid_alive
+from storage_c import Config, Log, check_group_name
+from storage_c.files import fsync_dir, pid_alive
 
 from .lakefs import Lake
-from .offsets import READ_ONLY, Offsets, shard_list, SourceOptions, bounds, to_json
+from .offsets import Offsets, shard_list, SourceOptions, bounds, to_json
 from .plan import (
     Manifest,
     RunPlan,
@@ -39,6 +39,9 @@ from .plan import (
 )
 from .source import cap, split
 from .writer import ShipTask
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 log = logging.getLogger("comet.spark_ship")
 
@@ -88,8 +91,6 @@ def ship(spark: Any, opts: ShipOptions) -> ShipReport:
     """Removes what killed runs left (``remove_leftovers``), finishes a run a
     crash interrupted, if any, then ships what is new in one more run."""
     t0 = time.monotonic()
-    from consumers.consumer import check_group_name
-
     check_group_name(opts.group)
     if opts.event_time_unit not in EVENT_TIME_UNITS:
         raise ValueError(f"event time unit {opts.event_time_unit!r}: use one of {EVENT_TIME_UNITS}")
@@ -99,7 +100,9 @@ def ship(spark: Any, opts: ShipOptions) -> ShipReport:
     lake.check()
     remove_leftovers(lake, opts.stream)
     report = ShipReport(None)
-    with Log(opts.data_dir, READ_ONLY) as storage:
+    # A reader: the run registers its group and acks it, like any consumer,
+    # with the flusher that makes the acks durable.
+    with Log(opts.data_dir, Config.reader()) as storage:
         shards = shard_list(storage, SourceOptions(opts.data_dir, opts.stream))
         while True:
             plan, resumed = _plan(spark, storage, lake, opts, shards)
@@ -310,7 +313,7 @@ def _execute(spark: Any, lake: Lake, opts: ShipOptions, plan: RunPlan) -> Manife
     staging = staging_rel(plan.stream, plan.run)
     lake.delete_tree(staging)  # what a crashed attempt left is rewritten whole
     live = {s: r for s, r in plan.ranges.items() if r[0] < r[1]}
-    value_type = to_arrow_type(struct_of(spark, plan.value_ddl), timezone="UTC")
+    value_type = cast("pa.StructType", to_arrow_type(struct_of(spark, plan.value_ddl), timezone="UTC"))
     starts = {s: a for s, (a, _) in live.items()}
     ends = {s: b for s, (_, b) in live.items()}
     tasks = list(enumerate(split(starts, ends, plan.entries_per_task)))
@@ -321,7 +324,7 @@ def _execute(spark: Any, lake: Lake, opts: ShipOptions, plan: RunPlan) -> Manife
     slices = min(len(tasks), max(1, spark.sparkContext.defaultParallelism))
     rows = (spark.sparkContext.parallelize(tasks, slices).mapPartitions(job).collect()
             if tasks else [])
-    files = sorted((ShippedFile(**r) for r in rows), key=lambda f: f.path)  # type: ignore[arg-type]
+    files = sorted((ShippedFile(**r) for r in rows), key=lambda f: f.path)
     crash_point("written")
     _publish(lake, staging, files)
     crash_point("published")
@@ -344,11 +347,7 @@ def _publish(lake: Lake, staging: str, files: list[ShippedFile]) -> None:
         lake.move(f"{staging}/{f.path}", f.path)
     if not lake.is_s3:
         for directory in sorted({os.path.dirname(lake.path(f.path)) for f in files}):
-            fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            fsync_dir(directory)
 
 
 def _ack(storage: Log, stream: str, group: str, ranges: dict[int, tuple[int, int]]) -> dict[int, int]:

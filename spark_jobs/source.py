@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import json
 import threading
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Sequence, cast
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
@@ -51,9 +51,9 @@ from .offsets import (
 try:  # Spark 4.2+
     from pyspark.sql.streaming.datasource import ReadMaxRows, SupportsTriggerAvailableNow
 except ImportError:  # Spark 4.0/4.1: no admission control, no AvailableNow hook
-    ReadMaxRows = None  # type: ignore[assignment,misc]
+    ReadMaxRows = None  # type: ignore[assignment,misc]  # None: checked before each use
 
-    class SupportsTriggerAvailableNow:  # type: ignore[no-redef]
+    class SupportsTriggerAvailableNow:  # type: ignore[no-redef]  # an empty base in its place
         pass
 
 
@@ -147,7 +147,7 @@ def value_struct(schema: StructType) -> pa.StructType | None:
             "the comet source's columns are stream, shard, entry, timestamp, value (binary); "
             "with a parsed value: stream, shard, entry, timestamp, value struct<...>, "
             f"_error, _corrupt_record - not {schema.simpleString()}")
-    return to_arrow_type(schema["value"].dataType, timezone="UTC")  # type: ignore[no-any-return]
+    return cast(pa.StructType, to_arrow_type(schema["value"].dataType, timezone="UTC"))  # of a struct
 
 
 class CometDataSource(DataSource):

@@ -21,13 +21,15 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from datetime import datetime, timezone
-from typing import Iterator
+from typing import Any, Iterator, cast
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+
+from storage_c.export import HOUR_NS, partition_path
+from storage_c.files import publish_durably
 
 from .arrow import TIMESTAMP, JsonParser, parsed_batches
 from .lakefs import Lake
@@ -36,12 +38,13 @@ from .source import RangePartition, shared_log
 
 META_COLUMNS = [pa.field("_comet_shard", pa.int32()), pa.field("_comet_entry", pa.int64()),
                 pa.field("_comet_time", TIMESTAMP)]
-REJECT_SCHEMA = pa.schema([
+_REJECT_COLUMNS: list[tuple[str, pa.DataType]] = [
     ("stream", pa.string()), ("shard", pa.int32()), ("entry", pa.int64()), ("timestamp", TIMESTAMP),
     ("value", pa.binary()), ("error", pa.string()),
-])
+]
+REJECT_SCHEMA = pa.schema(_REJECT_COLUMNS)
 HOUR_US = 3_600_000_000
-PARQUET_OPTIONS = {"compression": "zstd"}  # pyarrow's zstd level (1): fast, half snappy's size
+PARQUET_OPTIONS: dict[str, Any] = {"compression": "zstd"}  # pyarrow's zstd level (1): fast, half snappy's size
 UNIT_TO_US = {"s": 1_000_000, "ms": 1_000, "us": 1, "ns": None}
 
 
@@ -50,8 +53,9 @@ def data_schema(value_type: pa.StructType) -> pa.Schema:
 
 
 def partition_dir(stream: str, hour: int) -> str:
-    t = datetime.fromtimestamp(hour * 3600, tz=timezone.utc)
-    return f"stream={stream}/dt={t:%Y-%m-%d}/hour={t:%H}"
+    """The lake's partition of ``hour`` (hours since the epoch): the layout
+    every export of the log shares."""
+    return partition_path(stream, hour * HOUR_NS)
 
 
 @dataclass
@@ -131,7 +135,7 @@ class PartitionWriter:
             batch = batch.filter(good)
             if not batch.num_rows:
                 return
-        value = batch.column("value")
+        value = cast(pa.StructArray, batch.column("value"))  # the parsed values: a struct
         columns = value.flatten() + [batch.column("shard"), batch.column("entry"),
                                      batch.column("timestamp")]
         out = pa.RecordBatch.from_arrays(columns, schema=data_schema(self.value_type))
@@ -151,7 +155,7 @@ class PartitionWriter:
         ingest = batch.column("timestamp")
         if not self.event_time_field:
             return _hours_of(ingest)
-        column = batch.column("value").field(self.event_time_field)
+        column = cast(pa.StructArray, batch.column("value")).field(self.event_time_field)
         if pa.types.is_timestamp(column.type):
             micros = column.cast(TIMESTAMP)
         else:
@@ -202,13 +206,7 @@ class PartitionWriter:
         f.writer.close()
         lake = self.lake
         if not lake.is_s3:  # S3: the object appeared whole when its upload completed
-            path = lake.path(f.temp)
-            fd = os.open(path, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(path, lake.path(f.staged))
+            publish_durably(lake.path(f.temp), lake.path(f.staged))
         size = lake.fs.get_file_info(lake.path(f.staged)).size
         return {"kind": "data" if not f.final.startswith("_rejects/") else "rejects",
                 "path": f.final, "rows": f.rows, "bytes": size, "shard": f.shard,
@@ -219,7 +217,8 @@ def _hours_of(times: pa.Array) -> np.ndarray:
     """Hours since the epoch of null-free timestamps (numpy straight from the
     Arrow buffer: to_numpy's general path would import pandas)."""
     micros = times.cast(pa.int64())
-    values = np.frombuffer(micros.buffers()[1], dtype=np.int64, count=len(micros) + micros.offset)
+    values = np.frombuffer(micros.buffers()[1],  # type: ignore[call-overload]  # a pa.Buffer, a buffer
+                           dtype=np.int64, count=len(micros) + micros.offset)
     return values[micros.offset:] // HOUR_US
 
 

@@ -7,6 +7,7 @@
         batch = log.read("events", shard, entry)
 """
 
+from .checksum import crc32c
 from .config import Config, Durability
 from .errors import (
     BodyFault,
@@ -35,12 +36,13 @@ from .errors import (
     StreamLimit,
     StreamNotFound,
 )
-from .groups import Group, ResetResult, ResetTo, delete_group, reset_group
+from .groups import Group, ResetResult, ResetTo, check_group_name, delete_group, reset_group
 from .log import Log, check_stream_name, split_json
 from .records import (
     BatchResult,
     Entry,
     GroupInfo,
+    GroupLag,
     Problem,
     ReadBatch,
     RetentionReport,
@@ -65,6 +67,7 @@ __all__ = [
     "FormatVersionError",
     "Group",
     "GroupInfo",
+    "GroupLag",
     "GroupNameError",
     "GroupNotFound",
     "InvalidArgument",
@@ -90,6 +93,8 @@ __all__ = [
     "StreamStats",
     "TooManyGroups",
     "VerifyReport",
+    "check_group_name",
+    "crc32c",
     "check_stream_name",
     "delete_group",
     "reset_group",

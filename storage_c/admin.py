@@ -20,7 +20,7 @@ from dataclasses import asdict
 
 import click
 
-from .cli import human, iso, open_log, render
+from .clikit import human, iso, open_log, render
 from .errors import CometError
 from .groups import ResetTo, delete_group, reset_group
 
@@ -124,9 +124,7 @@ def list_streams(data_dir: str) -> None:
                 st = log.stats(name)
             except CometError:
                 continue  # deleted meanwhile
-            entries = sum(s.next_entry - s.first_entry for s in st.shards)
-            rows.append([name, str(len(st.shards)), str(entries),
-                         human(sum(s.disk_bytes for s in st.shards))])
+            rows.append([name, str(len(st.shards)), str(st.entries), human(st.total("disk_bytes"))])
     click.echo(render(rows) if len(rows) > 1 else "no stream")
 
 

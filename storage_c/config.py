@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from ._comet import ffi, lib
 from .errors import raise_for
@@ -67,6 +67,36 @@ class Config:
     retention_interval_ms: int = 60_000
     """Period of the background retention pass (0: only when run_retention() is called)."""
 
+    # ---- presets: how each kind of process opens a data directory ----------------
+    # Every process that is not the gateway opens the directory through one of
+    # these, so that tools, consumers and Spark jobs agree on what they may do.
+
+    @classmethod
+    def writer(cls, **overrides: Any) -> Config:
+        """A process that appends (the gateway, a program using ``Log.append``):
+        creates the directory and streams, runs the flusher and retention."""
+        return cls(**overrides)
+
+    @classmethod
+    def reader(cls, **overrides: Any) -> Config:
+        """A consumer: reads, registers its group and acknowledges.  It creates
+        neither the directory nor streams (a mistyped path is an error, not a
+        new empty directory) and runs no retention of its own (the writers
+        do), but keeps the flusher: it fdatasyncs the offsets within
+        ``fsync_interval_ms`` of an ack, so a power failure rewinds a group by
+        at most that much.  ``comet consume``, ``comet ship``, ``Consumer``
+        and ``comet spark-ship`` use it."""
+        return cls(**{**_READER, **overrides})
+
+    @classmethod
+    def inspector(cls, **overrides: Any) -> Config:
+        """A tool that looks without registering or acknowledging (``comet
+        stat``, ``tail``, ``verify``, the Spark ``comet`` source): creates
+        nothing and runs no background thread, so it is safe next to running
+        writers.  Something that changes state through it anyway (``comet
+        group reset``) calls ``Log.sync`` itself."""
+        return cls(**{**_INSPECTOR, **overrides})
+
     def __post_init__(self) -> None:
         if self.durability not in ("none", "interval", "always"):
             raise ValueError(f"durability must be 'none', 'interval' or 'always', not {self.durability!r}")
@@ -78,7 +108,7 @@ class Config:
         if rc < 0:
             raise_for(rc)
 
-    def to_c(self) -> object:
+    def to_c(self) -> Any:
         """A ``comet_config *`` for comet_open (validated again in C)."""
         cfg = ffi.new("comet_config *")
         lib.comet_config_default(cfg)
@@ -112,3 +142,9 @@ class Config:
             flags |= lib.COMET_OPEN_NO_FLUSHER
         cfg.flags = flags
         return cfg
+
+
+_READER: dict[str, Any] = {"create": False, "auto_create_streams": False, "background_flush": True,
+                           "retention_interval_ms": 0}
+_INSPECTOR: dict[str, Any] = {"create": False, "auto_create_streams": False,
+                              "background_flush": False, "retention_interval_ms": 0}

@@ -22,6 +22,16 @@ if TYPE_CHECKING:
 _ack = lib.comet_group_ack
 
 
+def check_group_name(name: str) -> None:
+    """Raises GroupNameError unless ``name`` is a valid consumer-group name
+    (1-47 bytes of ``[A-Za-z0-9._-]``): the C core's own rule, so a tool can
+    refuse a bad name before it opens anything."""
+    raw = name.encode("utf-8", "surrogateescape")
+    rc = lib.comet_validate_group_name(raw, len(raw))
+    if rc < 0:
+        raise_for(rc)
+
+
 class Group:
     __slots__ = ("stream", "shard", "name", "_ptr")
 

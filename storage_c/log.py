@@ -24,6 +24,7 @@ from .errors import BodyFault, Closed, CometError, ShardRangeError, error_for, r
 from .groups import Group
 from .records import (
     BatchResult,
+    Buffer,
     GroupInfo,
     NdjsonBatch,
     Problem,
@@ -152,7 +153,7 @@ def _body_error(rc: int, res: Any) -> CometError:
     return type(exc)(str(fault), rc, fault)
 
 
-def split_json(body: bytes, format: str = "json", max_entry_bytes: int = 0) -> list[bytes]:
+def split_json(body: Buffer, format: str = "json", max_entry_bytes: int = 0) -> list[bytes]:
     """The events ``Log.ingest`` would store for ``body``, without storing
     anything: validated, split, insignificant whitespace removed.  Raises
     InvalidJSON, EntryTooLarge or NoEvents with ``fault`` set."""
@@ -369,7 +370,7 @@ class Log:
 
     # ---- appends -----------------------------------------------------------------
 
-    def append(self, stream: str, payload: bytes, *, shard: int | None = None,
+    def append(self, stream: str, payload: Buffer, *, shard: int | None = None,
                key: str | bytes | None = None, durability: str | None = None) -> tuple[int, int]:
         """Appends one entry; returns its id as ``(shard, entry)``.
 
@@ -405,7 +406,7 @@ class Log:
         except OverflowError:
             raise s.out_of_range(shard) from None
 
-    def append_batch(self, stream: str, payloads: Iterable[bytes], *, shard: int | None = None,
+    def append_batch(self, stream: str, payloads: Iterable[Buffer], *, shard: int | None = None,
                      key: str | bytes | None = None, durability: str | None = None) -> BatchResult:
         """Appends entries atomically, contiguous and in order, in one shard."""
         s = self._streams.get(stream) or self._open_stream(stream)
@@ -431,7 +432,7 @@ class Log:
             self._raise(stream, rc)
         return BatchResult(shard, rc, len(payloads))
 
-    def append_delimited(self, stream: str, buffer: bytes, delimiter: bytes = b"\n", *,
+    def append_delimited(self, stream: str, buffer: Buffer, delimiter: bytes = b"\n", *,
                          shard: int | None = None, key: str | bytes | None = None,
                          skip_empty: bool = True, durability: str | None = None) -> BatchResult:
         """One entry per delimited record of ``buffer`` (NDJSON: one per line)."""
@@ -460,7 +461,7 @@ class Log:
             self._raise(stream, rc)
         return BatchResult(shard, rc, count[0])
 
-    def ingest(self, stream: str, body: bytes, format: str = "json", *,
+    def ingest(self, stream: str, body: Buffer, format: str = "json", *,
                shard: int | None = None, key: str | bytes | None = None,
                durability: str | None = None) -> BatchResult:
         """Validates a request body and appends its events as one atomic batch.
@@ -501,7 +502,7 @@ class Log:
             return packed, _COMPRESSED
         return payload, 0
 
-    def _append_compressed(self, s: _Stream, shard: int, payloads: Sequence[bytes],
+    def _append_compressed(self, s: _Stream, shard: int, payloads: Sequence[Buffer],
                            durability: str | None) -> BatchResult:
         threshold = self._threshold
         items: list[bytes] = []

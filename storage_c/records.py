@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from array import array
 from dataclasses import dataclass, field
-from typing import Iterator, NamedTuple
+from typing import Iterator, NamedTuple, TypeAlias
+
+Buffer: TypeAlias = bytes | bytearray | memoryview
+"""What the append and ingest methods of ``Log`` take as a payload or body."""
 
 
 class BatchResult(NamedTuple):
@@ -12,7 +15,7 @@ class BatchResult(NamedTuple):
 
     shard: int
     first: int
-    count: int
+    count: int  # type: ignore[assignment]  # the field shadows tuple.count on purpose
 
     @property
     def last(self) -> int:
@@ -46,7 +49,7 @@ class ReadBatch:
     __slots__ = ("stream", "shard", "data", "offsets", "entries", "timestamps", "next_entry",
                  "skipped", "_payloads")
 
-    def __init__(self, stream: str, shard: int, data: bytes, offsets: array, entries: array,
+    def __init__(self, stream: str, shard: int, data: bytes | memoryview, offsets: array, entries: array,
                  timestamps: array, next_entry: int, skipped: int) -> None:
         self.stream = stream
         self.shard = shard
@@ -94,7 +97,7 @@ class NdjsonBatch(NamedTuple):
 
     stream: str
     shard: int
-    data: bytes
+    data: bytes | memoryview
     entries: array
     timestamps: array
     next_entry: int
@@ -175,6 +178,18 @@ class StreamStats:
     def newest_timestamp(self) -> int:
         return max((s.newest_timestamp for s in self.shards), default=0)
 
+    def group_lag(self) -> dict[str, GroupLag]:
+        """Each registered group summed over its shards, by name (sorted):
+        what ``comet stat``, ``GET /streams/{name}`` and the
+        ``comet_consumer_lag`` metric report."""
+        out: dict[str, GroupLag] = {}
+        for g in sorted(self.groups, key=lambda g: (g.name, g.shard)):
+            seen = out.get(g.name)
+            out[g.name] = GroupLag(g.name, 1, g.lag, g.last_ack_ns) if seen is None else \
+                GroupLag(g.name, seen.shards + 1, seen.lag + g.lag,
+                         max(seen.last_ack_ns, g.last_ack_ns))
+        return out
+
 
 @dataclass(frozen=True)
 class GroupInfo:
@@ -188,6 +203,19 @@ class GroupInfo:
     last_ack_ns: int
     registered_ns: int
     acks: int
+
+
+@dataclass(frozen=True)
+class GroupLag:
+    """A consumer group over every shard where it is registered."""
+
+    name: str
+    shards: int
+    """Shards where the group is registered."""
+    lag: int
+    """Entries committed in those shards and not yet acknowledged by the group."""
+    last_ack_ns: int
+    """The latest acknowledgement in any of them (0: none yet)."""
 
 
 @dataclass(frozen=True)

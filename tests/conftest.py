@@ -6,11 +6,14 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import pytest
 
 from storage_c import Config, Log
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 WORKERS = Path(__file__).with_name("workers.py")
 REPO = Path(__file__).resolve().parent.parent
@@ -29,7 +32,7 @@ def log(data_dir: Path) -> Iterator[Log]:
         yield opened
 
 
-def worker(*args: object, **popen: object) -> subprocess.Popen[bytes]:
+def worker(*args: object, **popen: Any) -> subprocess.Popen[bytes]:
     """Starts tests/workers.py in a real child process (never a fork of pytest)."""
     env = dict(os.environ, PYTHONPATH=str(REPO))
     return subprocess.Popen([sys.executable, str(WORKERS), *map(str, args)], env=env, **popen)
@@ -74,13 +77,13 @@ def aws_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture(scope="session")
-def spark() -> Iterator[object]:
+def spark() -> Iterator[SparkSession]:
     """One SparkSession for the whole run (starting one costs seconds)."""
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
     from spark_jobs.session import spark_session
 
-    session = spark_session("local[2]", app="comet-tests",
+    session: SparkSession = spark_session("local[2]", app="comet-tests",
                             conf=[("spark.sql.shuffle.partitions", "4"),
                                   ("spark.driver.memory", "2g")])
     yield session
@@ -105,7 +108,7 @@ def swift() -> Iterator[object]:
 @pytest.fixture
 def s3env(swift: object, monkeypatch: pytest.MonkeyPatch) -> object:
     """The AWS_* environment of the Swift server (checksum settings included) for this test."""
-    for name, value in swift.env().items():  # type: ignore[attr-defined]
+    for name, value in swift.env().items():  # type: ignore[attr-defined]  # a SwiftS3Server
         monkeypatch.setenv(name, value)
     for stray in ("AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_ENDPOINT_URL_S3"):
         monkeypatch.delenv(stray, raising=False)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import struct
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -64,11 +65,11 @@ def test_entry_above_max_size_writes_nothing(data_dir: Path) -> None:
 
 def test_wrong_payload_types(log: Log) -> None:
     with pytest.raises(TypeError):
-        log.append("t", "text", shard=0)  # type: ignore[arg-type]
+        log.append("t", "text", shard=0)  # type: ignore[arg-type]  # the wrong type tested
     with pytest.raises(TypeError):
-        log.append_batch("t", [b"ok", "text"], shard=0)  # type: ignore[list-item]
+        log.append_batch("t", [b"ok", "text"], shard=0)  # type: ignore[list-item]  # as above
     with pytest.raises(TypeError):
-        log.append_batch("t", [b"ok", object()], shard=0)  # type: ignore[list-item]
+        log.append_batch("t", [b"ok", object()], shard=0)  # type: ignore[list-item]  # as above
     assert log.append_batch("t", [bytearray(b"ba"), memoryview(b"mv")], shard=0).count == 2
     assert [p for _, _, p in read_all(log, "t", 0)] == [b"ba", b"mv"]
 
@@ -98,11 +99,11 @@ def test_unknown_stream_without_auto_create(data_dir: Path) -> None:
 def bump_version(path: Path, offset: int = 4) -> None:
     """Rewrites a file header's version and fixes its checksum, as a newer
     build would have written it."""
-    import storage_c._comet as c
+    from storage_c import crc32c
 
     raw = bytearray(path.read_bytes())
     raw[offset: offset + 2] = struct.pack("<H", 99)
-    crc = c.lib.comet_crc32c(0, bytes(raw[:60]), 60, 0)
+    crc = crc32c(bytes(raw[:60]))
     masked = (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
     raw[60:64] = struct.pack("<I", masked)
     path.write_bytes(bytes(raw))
@@ -135,12 +136,14 @@ def test_bad_config_values(data_dir: Path) -> None:
 
     from storage_c._comet import ffi, lib
 
-    for bad in ({"segment_bytes": 10}, {"max_entry_bytes": 0}, {"process_count": 0}, {"shards": 0},
-                {"fsync_interval_ms": 0}, {"segment_bytes": 1 << 20, "retention_max_total_bytes": 1 << 20}):
+    settings: list[dict[str, Any]] = [
+        {"segment_bytes": 10}, {"max_entry_bytes": 0}, {"process_count": 0}, {"shards": 0},
+        {"fsync_interval_ms": 0}, {"segment_bytes": 1 << 20, "retention_max_total_bytes": 1 << 20}]
+    for bad in settings:
         with pytest.raises(InvalidArgument):   # where the setting is made, before any open
             Config(**bad)
     with pytest.raises(ValueError):
-        Config(durability="sometimes")  # type: ignore[arg-type]
+        Config(durability="sometimes")  # type: ignore[arg-type]  # the wrong value tested
     with pytest.raises(ValueError, match="out of range"):
         Config(segment_bytes=-1)
     cfg = Config().to_c()                      # the C core checks again at open

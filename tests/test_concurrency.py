@@ -24,10 +24,10 @@ def test_eight_threads_one_shard(data_dir: Path) -> None:
                 mine[entry] = payload
 
         pool = [threading.Thread(target=run, args=(t,)) for t in range(threads)]
-        for t in pool:
-            t.start()
-        for t in pool:
-            t.join()
+        for thread in pool:
+            thread.start()
+        for thread in pool:
+            thread.join()
         ids = sorted(e for mine in written for e in mine)
         assert ids == list(range(threads * per_thread))  # dense, no duplicates
         got = {e: p for e, _, p in read_all(log, "th", 3)}
@@ -86,14 +86,14 @@ def test_close_while_threads_append(data_dir: Path) -> None:
             errors.append(exc)
 
     pool = [threading.Thread(target=run, args=(t,)) for t in range(4)]
-    for t in pool:
-        t.start()
+    for thread in pool:
+        thread.start()
     import time
 
     time.sleep(0.2)
     log.close()
-    for t in pool:
-        t.join(timeout=30)
+    for thread in pool:
+        thread.join(timeout=30)
     assert not errors
     with Log(data_dir, SMALL) as again:
         for t in range(4):

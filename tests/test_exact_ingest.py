@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import orjson
 import pytest
@@ -21,23 +21,26 @@ from starlette.testclient import TestClient
 from gateway.app import create_app
 from storage_c import Config, EntryTooLarge, Log
 
-from .gatewayproc import Server
+from gateway.testing import SMALL, Gateway
 from .test_gateway import JSON, NDJSON, STORAGE, config, stored
+
+if TYPE_CHECKING:
+    import httpx2
 
 OCTETS = {"content-type": "application/octet-stream"}
 
 
 @pytest.fixture
 def client(data_dir: Path) -> Iterator[TestClient]:
-    with TestClient(create_app(config(data_dir), access_log=False)) as c:
+    with TestClient(create_app(config(data_dir))) as c:
         yield c
 
 
-def error(r: object, status: int, code: str) -> dict[str, object]:
-    assert r.status_code == status, r.text  # type: ignore[attr-defined]
-    body = r.json()  # type: ignore[attr-defined]
+def error(r: httpx2.Response, status: int, code: str) -> dict[str, Any]:
+    assert r.status_code == status, r.text
+    body: dict[str, Any] = r.json()
     assert body["error"] == code, body
-    return body  # type: ignore[no-any-return]
+    return body
 
 
 # ---- stored byte for byte -----------------------------------------------------------------
@@ -94,7 +97,7 @@ def test_error_names_the_true_line_after_blank_lines(client: TestClient, data_di
     assert "event 2 (line 5)" in str(err["detail"])
     body = b'[\n{"a":1},\n\n{"b":2},\n{"c" 3}]'
     err = error(client.post("/streams/nd", content=body, headers=JSON), 400, "invalid_json")
-    assert err["index"] == 2 and err["line"] == 5 and body[int(err["offset"])] == ord("3")  # type: ignore[call-overload]
+    assert err["index"] == 2 and err["line"] == 5 and body[int(err["offset"])] == ord("3")
     assert stored(data_dir, "nd") == []
 
 
@@ -133,7 +136,7 @@ def test_pathological_invalid_bodies_are_rejected_in_linear_time(client: TestCli
 def test_entry_limit_counts_the_event_as_sent_not_compressed(data_dir: Path) -> None:
     cfg = config(data_dir, storage=Config(shards=4, segment_bytes=1 << 20, max_entry_bytes=1 << 20),
                  max_decompressed_bytes=8 << 20)
-    with TestClient(create_app(cfg, access_log=False)) as c:
+    with TestClient(create_app(cfg)) as c:
         big = b'[{"ok":1},{"pad":"' + b"x" * (2 << 20) + b'"}]'
         err = error(c.post("/streams/big", content=gzip.compress(big),
                            headers={**JSON, "content-encoding": "gzip"}), 413, "event_too_large")
@@ -188,8 +191,8 @@ while True:
 
 
 def test_health_answers_within_50ms_while_16mib_bodies_arrive(tmp_path: Path) -> None:
-    with Server(tmp_path / "data", workers=1, COMET_STORAGE_SEGMENT_BYTES=str(64 << 20),
-                COMET_MAX_BODY_BYTES=str(17 << 20)) as server:
+    with Gateway(tmp_path / "data", workers=1, env={**SMALL, "COMET_STORAGE_SEGMENT_BYTES": str(64 << 20),
+                                                    "COMET_MAX_BODY_BYTES": str(17 << 20)}) as server:
         server.wait_ready()
         poster = subprocess.Popen([sys.executable, "-c", POSTER, str(server.port), str(16 << 20)],
                                   stdout=subprocess.PIPE)

@@ -7,7 +7,7 @@ import asyncio
 import gzip
 import zlib
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Any, AsyncIterator, Iterator
 
 import httpx
 import orjson
@@ -21,20 +21,24 @@ from storage_c import Config, Log
 
 from .conftest import read_all
 
+if TYPE_CHECKING:
+    import httpx2
+
 STORAGE = Config(shards=4, segment_bytes=1 << 20)
 JSON = {"content-type": "application/json"}
 NDJSON = {"content-type": "application/x-ndjson"}
 
 
-def config(data_dir: Path, **kw: object) -> GatewayConfig:
-    base: dict[str, object] = dict(data_dir=str(data_dir), workers=1, storage=STORAGE, slot_wait_s=5.0)
+def config(data_dir: Path, **kw: Any) -> GatewayConfig:
+    base: dict[str, Any] = dict(data_dir=str(data_dir), workers=1, storage=STORAGE, slot_wait_s=5.0,
+                                   access_log=False)
     base.update(kw)
-    return GatewayConfig(**base)  # type: ignore[arg-type]
+    return GatewayConfig(**base)
 
 
 @pytest.fixture
 def client(data_dir: Path) -> Iterator[TestClient]:
-    with TestClient(create_app(config(data_dir), access_log=False)) as c:
+    with TestClient(create_app(config(data_dir))) as c:
         yield c
 
 
@@ -69,7 +73,7 @@ def test_every_type_and_encoding(client: TestClient, data_dir: Path, encoding: s
     params = {"key": "user-7"} if keyed else {}
     ndjson = b"\n".join(orjson.dumps(e) for e in EVENTS) + b"\n\n"
     blob = bytes(range(256)) * 3
-    requests = [
+    requests: list[tuple[str, bytes, list[Any]]] = [
         ("application/json", orjson.dumps(EVENTS[0]), [EVENTS[0]]),
         ("application/json", orjson.dumps(EVENTS), EVENTS),
         ("application/x-ndjson", ndjson, EVENTS),
@@ -103,7 +107,7 @@ def test_keyed_events_keep_their_order(client: TestClient, data_dir: Path) -> No
 
 def test_validation_can_be_turned_off_per_stream(data_dir: Path) -> None:
     cfg = config(data_dir, streams={"raw": StreamPolicy(validate=False)})
-    with TestClient(create_app(cfg, access_log=False)) as c:
+    with TestClient(create_app(cfg)) as c:
         body = b"not json\n{\"ok\": 1}\n"
         assert c.post("/streams/raw", content=body, headers=NDJSON).status_code == 202
         assert c.post("/streams/checked", content=body, headers=NDJSON).status_code == 400
@@ -114,7 +118,7 @@ def test_validation_can_be_turned_off_per_stream(data_dir: Path) -> None:
 # ---- every error, and nothing stored --------------------------------------------------------
 
 
-def assert_error(r: httpx.Response, status: int, code: str) -> dict[str, object]:
+def assert_error(r: httpx2.Response, status: int, code: str) -> dict[str, object]:
     assert r.status_code == status, r.text
     body = r.json()
     assert body["error"] == code and isinstance(body["detail"], str) and body["detail"]
@@ -212,7 +216,7 @@ def test_bad_stream_names(client: TestClient, data_dir: Path, path: str) -> None
 
 def test_event_above_the_entry_limit(data_dir: Path) -> None:
     cfg = config(data_dir, storage=Config(shards=4, max_entry_bytes=1000, compression_threshold=0))
-    with TestClient(create_app(cfg, access_log=False)) as c:
+    with TestClient(create_app(cfg)) as c:
         body = b'{"ok": 1}\n{"big": "' + b"x" * 2000 + b'"}\n'
         assert_error(c.post("/streams/ev", content=body, headers=NDJSON), 413, "event_too_large")
         still_works(c)
@@ -222,7 +226,7 @@ def test_event_above_the_entry_limit(data_dir: Path) -> None:
 def test_unknown_stream_without_auto_create(data_dir: Path) -> None:
     with Log(data_dir, STORAGE) as log:
         log.create_stream("known", 4)
-    with TestClient(create_app(config(data_dir, auto_create=False), access_log=False)) as c:
+    with TestClient(create_app(config(data_dir, auto_create=False))) as c:
         assert_error(c.post("/streams/unknown", content=b"{}", headers=JSON), 404, "unknown_stream")
         assert c.post("/streams/known", content=b"{}", headers=JSON).status_code == 202
     assert not (data_dir / "unknown").exists()
@@ -230,7 +234,7 @@ def test_unknown_stream_without_auto_create(data_dir: Path) -> None:
 
 def test_auth(data_dir: Path) -> None:
     cfg = config(data_dir, auth="on", tokens=("s3cret", "other"))
-    with TestClient(create_app(cfg, access_log=False)) as c:
+    with TestClient(create_app(cfg)) as c:
         r = c.post("/streams/ev", content=b"{}", headers=JSON)
         assert_error(r, 401, "unauthorized")
         assert r.headers["www-authenticate"] == "Bearer"
@@ -260,7 +264,7 @@ def test_storage_full_is_507(data_dir: Path) -> None:
     with Log(data_dir, storage) as log:
         log.create_stream("full", 1)
         log.group("full", 0, "slow")  # unconsumed data may not be deleted
-    with TestClient(create_app(config(data_dir, storage=storage), access_log=False)) as c:
+    with TestClient(create_app(config(data_dir, storage=storage))) as c:
         statuses = []
         for i in range(400):
             r = c.post("/streams/full", content=b'{"i": %d, "pad": "%s"}' % (i, b"p" * 900), headers=JSON)
@@ -276,7 +280,7 @@ def test_storage_full_is_507(data_dir: Path) -> None:
 
 def test_starting_worker_answers_503(data_dir: Path) -> None:
     with Log(data_dir, Config(process_count=1), claim_slot=True):  # another process holds the slot
-        with TestClient(create_app(config(data_dir, slot_wait_s=0.2), access_log=False)) as c:
+        with TestClient(create_app(config(data_dir, slot_wait_s=0.2))) as c:
             r = c.post("/streams/ev", content=b"{}", headers=JSON)
             assert_error(r, 503, "starting")
             assert r.headers["retry-after"] == "1"
@@ -285,13 +289,13 @@ def test_starting_worker_answers_503(data_dir: Path) -> None:
 
 
 def test_inflight_budget_is_429(data_dir: Path) -> None:
-    app = create_app(config(data_dir, inflight_bytes=1000), access_log=False)
+    app = create_app(config(data_dir, inflight_bytes=1000))
 
     async def scenario() -> tuple[int, int, int]:
         transport = httpx.ASGITransport(app=app)
         release = asyncio.Event()
 
-        async def slow_body():  # type: ignore[no-untyped-def]
+        async def slow_body() -> AsyncIterator[bytes]:
             yield b'{"slow": "' + b"s" * 600
             await release.wait()
             yield b'"}'
@@ -326,6 +330,11 @@ def test_reads(client: TestClient) -> None:
     peek = client.get(f"/streams/ev/entries?shard={shard}&from=1&limit=5").json()
     assert [e["value"] for e in peek["entries"]] == [{"a": 2}, {"base64": "AGJpbg=="}]
     assert peek["next"] == 3
+    # A JSON value is handed out as stored: no float conversion, duplicate keys kept.
+    exact = client.post("/streams/exact", content=b'{"n":123456789012345678901234567890,"k":1,"k":2}',
+                        headers={"content-type": "application/json"}).json()
+    raw = client.get(f"/streams/exact/entries?shard={exact['shard']}").content
+    assert b'"value":{"n":123456789012345678901234567890,"k":1,"k":2}' in raw
     assert_error(client.get("/streams/ev/entries?limit=100000"), 400, "bad_parameter")
     assert_error(client.get("/streams/ev/entries?shard=9"), 400, "bad_parameter")
     assert_error(client.get("/streams/nope"), 404, "unknown_stream")

@@ -146,8 +146,9 @@ def tokenize(data: bytes, start: int = 0, end: int | None = None) -> list[tuple[
 
 def sent_events(body: bytes, fmt: str) -> list[list[tuple[int, int]]]:
     """The tokens of each event of an accepted body, as spans of body."""
+    events: list[list[tuple[int, int]]] = []
     if fmt == "ndjson":
-        events, at = [], 0
+        at = 0
         for line in body.split(b"\n"):
             if not is_blank(line, WS_LINE):
                 events.append(tokenize(body, at, at + len(line)))
@@ -156,7 +157,8 @@ def sent_events(body: bytes, fmt: str) -> list[list[tuple[int, int]]]:
     toks = tokenize(body)
     if body[toks[0][0]] != ord("["):
         return [toks]
-    events, current, depth = [], [], 0
+    current: list[tuple[int, int]] = []
+    depth = 0
     for a, b in toks[1:-1]:
         c = body[a]
         if c == ord(",") and depth == 0:
@@ -559,7 +561,8 @@ def test_fixed_cases(fmt: str, body: bytes, want: Any) -> None:
 def test_fault_location(fmt: str, body: bytes, index: int | None, line: int, offset: int) -> None:
     with pytest.raises(InvalidJSON) as info:
         split_json(body, fmt)
-    assert info.value.fault == BodyFault(index, line, offset, info.value.fault.reason)
+    fault = info.value.fault
+    assert fault is not None and fault == BodyFault(index, line, offset, fault.reason)
     check(body, fmt)
 
 

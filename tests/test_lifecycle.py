@@ -19,10 +19,10 @@ from gateway.app import create_app
 from storage_c import Config, Log
 from storage_c.cli import main as comet
 
-from .gatewayproc import COMET, Poster, Server, check_stored_once
+from gateway.testing import COMET, SMALL, Gateway, Poster, check_stored_once
 from .test_gateway import JSON, config
 
-TOOL = Config(create=False, auto_create_streams=False, background_flush=False)
+TOOL = Config.inspector()
 
 
 def comet_cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -41,7 +41,7 @@ def mapped_deleted(pid: int, stream_dir: str) -> list[str]:
 
 def test_delete_a_stream_while_a_gateway_writes_to_it(tmp_path: Path) -> None:
     data = tmp_path / "data"
-    with Server(data, workers=2, COMET_ADMIN="1") as server:
+    with Gateway(data, workers=2, env={**SMALL, "COMET_ADMIN": "1"}) as server:
         server.wait_ready()
         before = [Poster(server, f"b{i}") for i in range(3)]
         threads = [p.start(limit=60) for p in before]
@@ -169,7 +169,7 @@ def test_group_commands(data_dir: Path) -> None:
 
 
 def test_http_endpoints_are_off_unless_admin(data_dir: Path) -> None:
-    with TestClient(create_app(config(data_dir), access_log=False)) as c:
+    with TestClient(create_app(config(data_dir))) as c:
         assert c.post("/streams/ev", content=b"[1,2,3]", headers=JSON).status_code == 202
         assert c.get("/streams/ev/groups").json() == {"stream": "ev", "groups": []}
         for r in (c.delete("/streams/ev"), c.delete("/streams/ev/groups/g"),
@@ -179,9 +179,10 @@ def test_http_endpoints_are_off_unless_admin(data_dir: Path) -> None:
 
 
 def test_http_groups_and_delete(data_dir: Path) -> None:
-    with TestClient(create_app(config(data_dir, admin=True), access_log=False)) as c:
+    app = create_app(config(data_dir, admin=True))
+    with TestClient(app) as c:
         r = c.post("/streams/ev", content=b"[1,2,3]", headers=JSON).json()
-        c.app.state.runtime.log.group("ev", r["shard"], "g")  # type: ignore[attr-defined]
+        app.state.runtime.log.group("ev", r["shard"], "g")
         groups = c.get("/streams/ev/groups").json()["groups"]
         assert groups[0]["name"] == "g" and groups[0]["lag"] == 3
         for bad in ({}, {"to": "middle"}, {"to_entry": -1}, {"to": "latest", "to_entry": 1},

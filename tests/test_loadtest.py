@@ -12,12 +12,16 @@ import sys
 import time
 from pathlib import Path
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 import orjson
 import pytest
 import zstandard
 
 from storage_c import Config, Log
+
+if TYPE_CHECKING:  # loaded from its path by load_runner(), as comet_loadtest
+    from loadtest import CheckReport
 
 REPO = Path(__file__).resolve().parent.parent
 RUNNER = REPO / "loadtests" / "loadtest.py"
@@ -69,7 +73,7 @@ class Fake:
             self.lines.append({"r": rid, "s": "ev", "n": n, "st": status})
         return rid, (res.shard if res else -1), (res.first if res else -1)
 
-    def check(self, sink: Path | None = None) -> object:
+    def check(self, sink: Path | None = None) -> CheckReport:
         self.log.close()
         with open(self.records / "acks-1.ndjson", "w") as f:
             for line in self.lines:

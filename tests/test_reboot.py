@@ -14,8 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from storage_c import Config, Log
-from storage_c._comet import lib
+from storage_c import Config, Log, crc32c
 
 from .conftest import read_all, worker
 
@@ -30,7 +29,7 @@ def fake_stale_lock(state: Path, new_boot_id: bytes | None) -> None:
     raw[MUTEX_AT + 8: MUTEX_AT + 12] = struct.pack("<I", 0x3FFFFFF)
     if new_boot_id is not None:
         raw[BOOT_ID_AT: BOOT_ID_AT + 16] = new_boot_id
-        crc = lib.comet_crc32c(0, bytes(raw[:60]), 60, 0)
+        crc = crc32c(bytes(raw[:60]))
         raw[60:64] = struct.pack("<I", (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF)
     state.write_bytes(bytes(raw))
 

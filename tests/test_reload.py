@@ -23,7 +23,7 @@ import orjson
 
 from storage_c import Config, Log
 
-from .gatewayproc import Server
+from gateway.testing import SMALL, Gateway
 
 RELOADS = 20
 
@@ -34,7 +34,7 @@ class Client:
     request: its status, or that the connection was refused (nothing sent),
     or that it was sent and got no status (a failure of the gateway)."""
 
-    server: Server
+    server: Gateway
     name: str
     keep_alive: bool
     batch: int = 2
@@ -108,7 +108,7 @@ def wait_for(what: str, check: Any, timeout: float = 30) -> None:
 
 def test_reloads_and_stop_under_load_answer_every_request(data_dir: Path) -> None:
     t0 = time.monotonic()
-    with Server(data_dir) as server:
+    with Gateway(data_dir, env=SMALL) as server:
         server.wait_ready()
         phase = ["start"]
         clients = [Client(server, "fresh-0", keep_alive=False, phase=phase),
@@ -127,8 +127,8 @@ def test_reloads_and_stop_under_load_answer_every_request(data_dir: Path) -> Non
                 before = [len(c.acked) for c in clients]
                 wait_for("load on the new workers",
                          lambda: all(len(c.acked) > b for c, b in zip(clients, before)))
-            before = acked_total(clients)
-            wait_for("load before the stop", lambda: acked_total(clients) >= before + 5)
+            so_far = acked_total(clients)
+            wait_for("load before the stop", lambda: acked_total(clients) >= so_far + 5)
             phase[0] = "stop"
             assert server.stop(signal.SIGTERM) == 0  # the clients keep posting through it
         finally:

@@ -41,10 +41,10 @@ MACHINE = {"nproc": "2", "cpu_model": "Test CPU", "kernel": "6.1", "python": "3.
 
 
 def row(case: str, key: str, figure: float, unit: str, text: str, **kw: Any) -> dict[str, Any]:
-    return benchlib.result_row(case, key, figure, unit, text, **kw)
+    return benchlib.row(case, key, figure, unit, text, **kw)
 
 
-def storage_json(sweep: bool = True) -> dict[str, Any]:
+def storage_json() -> dict[str, Any]:
     file_single = benchlib.anchor_ref("file_single", "buffered file write/entry", 200.0,
                                       "ns/call", "200 ns/call")
     data: dict[str, Any] = {
@@ -74,20 +74,19 @@ def storage_json(sweep: bool = True) -> dict[str, Any]:
                 "200 ns/call", role="anchor"),
         ],
     }
-    if sweep:
-        rates = {"c_append": [1e7, 1e7 * 1.5, 1.8e7, 2e7], "py_append_batch": [5e5, 4e6, 9e6, 1e7],
-                 "py_append_delimited": [4e5, 4e6, 1.1e7, 1.25e7],
-                 "file": [5e6, 6e6, 9e6, 2.5e7], "sqlite": [2e4, 1.5e5, 3e5, 5e5]}
-        data["batch_sweep"] = {
-            "unit": "entries/s", "batch_sizes": [1, 10, 100, 1000],
-            "lines": [{"key": k, "label": f"label {k}",
-                       "kind": "anchor" if k in ("file", "sqlite") else "comet",
-                       "points": [{"batch": n, "entries_per_s": v, "source": "x"}
-                                  for n, v in zip((1, 10, 100, 1000), vs)]}
-                      for k, vs in rates.items()],
-            "extra_points": [{"key": "py_append", "label": "label single", "kind": "comet",
-                              "points": [{"batch": 1, "entries_per_s": 1.4e6}]}],
-        }
+    rates = {"c_append": [1e7, 1e7 * 1.5, 1.8e7, 2e7], "py_append_batch": [5e5, 4e6, 9e6, 1e7],
+             "py_append_delimited": [4e5, 4e6, 1.1e7, 1.25e7],
+             "file": [5e6, 6e6, 9e6, 2.5e7], "sqlite": [2e4, 1.5e5, 3e5, 5e5]}
+    data["batch_sweep"] = {
+        "unit": "entries/s", "batch_sizes": [1, 10, 100, 1000],
+        "lines": [{"key": k, "label": f"label {k}",
+                   "kind": "anchor" if k in ("file", "sqlite") else "comet",
+                   "points": [{"batch": n, "entries_per_s": v, "source": "x"}
+                              for n, v in zip((1, 10, 100, 1000), vs)]}
+                  for k, vs in rates.items()],
+        "extra_points": [{"key": "py_append", "label": "label single", "kind": "comet",
+                          "points": [{"batch": 1, "entries_per_s": 1.4e6}]}],
+    }
     return data
 
 
@@ -205,66 +204,28 @@ def test_nothing_ran(tmp_path: Path) -> None:
     assert "Targets met overall: 0 of 0" in text
 
 
-def test_unreadable_and_legacy_files(tmp_path: Path) -> None:
-    """A broken JSON file is "not run"; files without "rows" are read from their tables."""
+def test_unreadable_file_is_not_run(tmp_path: Path) -> None:
+    """A broken JSON file is "not run"; the others are reported as usual."""
     results = tmp_path / "results"
-    results.mkdir()
+    write(results, "storage", storage_json())
     (results / "spark.json").write_text("{not json", encoding="utf-8")
-    legacy_storage = storage_json(sweep=False)
-    del legacy_storage["rows"]
-    legacy_storage["table"] = {
-        "headers": ["Case", "Measured (median)", "Target", "Pass", "vs anchor", "Runs"],
-        "rows": [["C core: append, 1 entry", "100 ns/call", "≤ 80 ns", "FAIL",
-                  "0.50× file time", "x"],
-                 ["Anchor: SQLite", "2 ms", "—", "—", "—", "x"]]}
-    write(results, "storage", legacy_storage)
-    write(results, "gateway", {"machine": MACHINE, "table": [
-        {"case": "Gateway: NDJSON", "measured": "950 k events/s", "target": "≥ 1 M events/s",
-         "passed": "FAIL", "ratio": "0.66× anchor NDJSON", "runs": "x"}]})
-    (results / "consumers.json").write_text(json.dumps({"machine": MACHINE}), encoding="utf-8")
-    (results / "consumers.md").write_text(
-        "# Consumer benchmark\n\n| Case | Measured (median) | Target | Pass | vs anchor |\n"
-        "|---|---|---|---|---|\n| ack | 240 ns/call | ≤ 400 ns | PASS | — |\n\nNotes:\n\n"
-        "- a consumer note.\n", encoding="utf-8")
+    (results / "consumers.json").write_text("[1, 2]", encoding="utf-8")
     out = results / "REPORT.md"
-    done = report.build(results, out, results / "storage_batch.png")
+    done = report.build(results, out, None)
     text = out.read_text(encoding="utf-8")
-
     assert done["areas"]["spark"].startswith("unreadable: ")
+    assert done["areas"]["consumers"] == "unreadable: ValueError: not a JSON object"
     assert "Spark (issue 5): not run (unreadable: " in text
-    storage = section(text, "Storage core (issue 2)")
-    assert table_row(storage, "C core: append, 1 entry") == [
-        "C core: append, 1 entry", "100 ns/call", "—", "0.50× file time", "≤ 80 ns", "**FAIL**"]
-    assert "| Anchor: SQLite |" not in storage
-    assert "predates the structured `rows`" in storage
-    assert "predates the batch sweep" in storage
-    assert table_row(section(text, "Gateway (issue 4)"), "Gateway: NDJSON")[-1] == "**FAIL**"
-    consumers = section(text, "Consumers (issue 3)")
-    assert table_row(consumers, "ack")[-1] == "PASS"
-    assert "- a consumer note." in consumers
-    assert "Targets met overall: 1 of 3" in text
-    # the chart falls back to the points the old table measured
-    assert done["plotted"]["C core: comet_append (1), comet_append_batch (10-1000)"] == [
-        (1, pytest.approx(1e7)), (10, pytest.approx(1e7)), (100, pytest.approx(1.25e7)),
-        (1000, pytest.approx(2e7))]
-    assert [n for n, _ in done["plotted"]["Anchor: buffered file, one f.write per batch"]] \
-        == [1, 1000]
+    assert "Not run: unreadable" in section(text, "Consumers (issue 3)")
+    assert done["chart"] is None and not (results / "storage_batch.png").exists()
+    assert "Targets met overall: 1 of 2 (consumers, gateway, spark not run)" in text
 
 
 def test_loadtest_files_when_present(tmp_path: Path) -> None:
-    """loadtest.json / soak.json of loadtests/loadtest.py: their main figures; any other
-    object: its scalar fields.  Neither counts in the targets."""
+    """loadtest.json / soak.json of loadtests/loadtest.py: their main figures (the soak's
+    only when it ran).  Neither counts in the targets."""
     results = tmp_path / "results"
-    write(results, "loadtest", {"machine": MACHINE, "stored": 1200, "acknowledged": 1200,
-                                "summary": {"failures": 0, "p95_ms": 12.5}}, notes=False)
     out = results / "REPORT.md"
-    report.build(results, out, None)
-    text = out.read_text(encoding="utf-8")
-    loadtest = section(text, "Load test with locust (issue 6)")
-    assert "| stored | 1200 |" in loadtest
-    assert "| summary.p95_ms | 12.5 |" in loadtest
-    assert "Soak test" not in text                     # shown only when it ran
-
     write(results, "loadtest", {"machine": MACHINE, "ok": True, "requests": 5000,
                                 "failures": 0, "req_per_s": 812.25, "p95_ms": 35.0,
                                 "events_acked": 90000, "events_stored": 90000,
@@ -272,6 +233,7 @@ def test_loadtest_files_when_present(tmp_path: Path) -> None:
     write(results, "soak", {"machine": MACHINE, "ok": False, "requests": 100, "failures": 2,
                             "problems": ["lag above bound", "disk above bound"],
                             "soak": {"max_disk_mib": 51.5, "samples": [1, 2]}}, notes=False)
+    write(results, "storage", storage_json())
     report.build(results, out, None)
     text = out.read_text(encoding="utf-8")
     loadtest = section(text, "Load test with locust (issue 6)")
@@ -282,7 +244,11 @@ def test_loadtest_files_when_present(tmp_path: Path) -> None:
     soak = section(text, "Soak test (issue 6)")
     assert "| Problems | lag above bound; disk above bound |" in soak
     assert "| soak: max_disk_mib | 51.5 |" in soak
-    assert "Targets met overall: 0 of 0" in text
+    assert "Targets met overall: 1 of 2" in text
+    write(results, "loadtest", {"machine": MACHINE, "ok": True, "requests": 5}, notes=False)
+    (results / "soak.json").unlink()
+    report.build(results, out, None)
+    assert "Soak test" not in out.read_text(encoding="utf-8")
 
 
 def test_command_line(tmp_path: Path) -> None:
@@ -335,10 +301,9 @@ def test_storage_sweep_and_rows() -> None:
     assert py[1000]["entries_per_s"] == pytest.approx(1e7)
     assert lines["sqlite"]["points"][3]["entries_per_s"] == pytest.approx(5e5)
     assert out["extra_points"][0]["points"][0]["entries_per_s"] == pytest.approx(2e6)
-    assert "batch 1000" in bench.sweep_table(out)
+    assert "batch 1000" in benchlib.sweep_table(out)
 
-    rows = {r["case"]: r for r in bench.structured_rows({k: v.to_json()
-                                                          for k, v in series.items()})}
+    rows = {r["case"]: r for r in bench.build_rows(series)}
     single = rows["C core: append, 1 entry"]
     assert single["figure"] == 100.0 and single["pass"] is False
     assert single["ratio"] == pytest.approx(2.0)               # 200 ns file ÷ 100 ns: faster
@@ -367,7 +332,7 @@ def test_real_results_parse(area: str) -> None:
     for r in result.rows:
         assert r["pass"] in (True, False, None)
         target = r["target"]
-        if result.structured and r["pass"] and isinstance(target, dict):
+        if r["pass"] and isinstance(target, dict):
             value = r["ratio"] if target["unit"] == "x" and r["unit"] != "x" else r["figure"]
             assert _bound_met(value, target), r
     if area == "storage" and "batch_sweep" in result.data:

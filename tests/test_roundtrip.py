@@ -150,6 +150,7 @@ def test_reads_do_not_take_the_append_lock(log: Log) -> None:
         while not stop.is_set():
             log.append_batch("lf", [b"p"] * 50, shard=0)
 
+    log.create_stream("lf")  # before the reader's first read, whichever thread runs first
     t = threading.Thread(target=appender)
     t.start()
     try:

@@ -12,15 +12,17 @@ from array import array
 from pathlib import Path
 
 import orjson
+import pytest
 import zstandard
 
 from consumers import Consumer, DirectorySink, S3Sink, ShipConfig, Shipper, object_key
 from consumers.ship import HOUR_NS
 from storage_c import Config, Log, ReadBatch
+from storage_c.export import payload_of
 
 from .conftest import read_all
 
-KEY = re.compile(r"^(?P<stream>[^/]+)/dt=(?P<dt>\d{4}-\d\d-\d\d)/hour=(?P<hour>\d\d)/"
+KEY = re.compile(r"^stream=(?P<stream>[^/]+)/dt=(?P<dt>\d{4}-\d\d-\d\d)/hour=(?P<hour>\d\d)/"
                  r"shard=(?P<shard>\d{4})/(?P<first>\d{20})-(?P<last>\d{20})\.ndjson\.zst$")
 CFG = Config(shards=4, segment_bytes=1 << 20)
 COMET = Path(sys.executable).with_name("comet")
@@ -41,7 +43,7 @@ def fill(log: Log, per_shard: int, start: int = 0) -> None:
 def check_objects(log: Log, sink: DirectorySink | S3Sink, stream: str = "ev") -> int:
     """Objects cover every shipped entry once, in order, with nothing overlapping."""
     by_shard: dict[int, list[tuple[int, int, list[bytes]]]] = {}
-    for key in sink.keys(stream + "/"):
+    for key in sink.keys(f"stream={stream}/"):
         m = KEY.match(key)
         assert m, f"unexpected key {key}"
         lines = zstandard.ZstdDecompressor().decompress(sink.get(key)).split(b"\n")
@@ -101,21 +103,44 @@ def test_cuts_at_hour_boundaries_and_names_objects_by_offsets(tmp_path: Path, da
     assert keys == sorted([object_key("ev", 2, (base - 1) // HOUR_NS, 0, 1),
                            object_key("ev", 2, base // HOUR_NS, 2, 3),
                            object_key("ev", 2, base // HOUR_NS + 1, 4, 4)])
-    assert keys[0].startswith("ev/dt=2027-01-15/hour=07/shard=0002/")
+    assert keys[0].startswith("stream=ev/dt=2027-01-15/hour=07/shard=0002/")
 
 
-def test_payloads_with_newlines_stay_exact(tmp_path: Path, data_dir: Path) -> None:
+ENVELOPED = [b"one\ntwo", b'{"base64":"eA=="}', b'{ "base64": "a different envelope" }']
+"""Payloads a line cannot carry as they are: a newline, an envelope look-alike."""
+
+
+def test_payloads_that_would_break_the_lines_ship_in_the_envelope(tmp_path: Path,
+                                                                  data_dir: Path) -> None:
+    """Every other payload is a line as stored; the envelope gives back the exact bytes."""
+    kept = [b'{"a":1}', b"123456789012345678901234567890", b'{"a":1,"a":2}', b"\x00\xff binary",
+            b'{"base64":"x","other":1}', b""]
     sink = DirectorySink(tmp_path / "lake")
     with Log(data_dir, CFG) as log:
-        log.append_batch("nl", [b"one\ntwo", b"\x00\xff binary"], shard=0)
+        log.append_batch("nl", ENVELOPED + kept, shard=0)
         with Consumer(log, "nl", "ship") as c:
             Shipper(c, sink).run(once=True)
     [key] = sink.keys()
     lines = zstandard.ZstdDecompressor().decompress(sink.get(key)).split(b"\n")[:-1]
-    import base64
+    assert lines[len(ENVELOPED):] == kept  # as stored, byte for byte
+    values = [orjson.loads(line) for line in lines[:len(ENVELOPED)]]
+    assert all(list(v) == ["base64"] for v in values)
+    assert [payload_of(v) for v in values] == ENVELOPED
 
-    assert base64.b64decode(orjson.loads(lines[0])["comet_base64"]) == b"one\ntwo"
-    assert lines[1] == b"\x00\xff binary"
+
+@pytest.mark.parametrize("odd", [b'{"base64":"eA=="}', b'{ "base64" : "eA==" }'])
+def test_the_batch_path_envelopes_an_envelope_like_payload(tmp_path: Path, data_dir: Path,
+                                                                    odd: bytes) -> None:
+    """No payload holds a newline, so the batch would go whole: it is checked first."""
+    sink = DirectorySink(tmp_path / "lake")
+    with Log(data_dir, CFG) as log:
+        log.append_batch("ev", [b'{"n":1}', odd, b'{"n":3}'], shard=0)
+        with Consumer(log, "ev", "ship") as c:
+            Shipper(c, sink).run(once=True)
+    [key] = sink.keys()
+    lines = zstandard.ZstdDecompressor().decompress(sink.get(key)).split(b"\n")[:-1]
+    assert lines[0] == b'{"n":1}' and lines[2] == b'{"n":3}'
+    assert payload_of(orjson.loads(lines[1])) == odd and list(orjson.loads(lines[1])) == ["base64"]
 
 
 class FlakySink(DirectorySink):
@@ -153,7 +178,7 @@ def test_ship_to_s3(moto_s3: str, data_dir: Path, aws_env: None) -> None:
     sink = S3Sink("edge", "lake", endpoint_url=moto_s3)
     with Log(data_dir, CFG) as log:
         assert check_objects(log, sink) == 4000
-    assert all(k.startswith("ev/dt=") for k in sink.keys())
+    assert all(k.startswith("stream=ev/dt=") for k in sink.keys())
 
 
 def ship_command(data_dir: Path, lake: Path, *extra: str) -> list[str]:

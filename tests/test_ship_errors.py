@@ -16,7 +16,7 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import pytest
 from botocore.exceptions import ClientError, EndpointConnectionError, NoCredentialsError
@@ -24,7 +24,7 @@ from botocore.exceptions import ClientError, EndpointConnectionError, NoCredenti
 from consumers import (Consumer, DirectorySink, S3Sink, ShipConfig, ShipError, Shipper, SinkError,
                        classify)
 from consumers.errors import EXIT_PERMANENT, EXIT_RETRIES
-from consumers.files import pid_alive, remove_stale_temp_files
+from storage_c.files import pid_alive, remove_stale_temp_files
 from storage_c import Log
 
 from .conftest import REPO
@@ -69,7 +69,8 @@ def assert_one_error_line(lines: list[str], *needles: str) -> str:
 class FakeSink(DirectorySink):
     """A directory that fails its first ``failures`` puts with ``error()``."""
 
-    def __init__(self, root: Path, error: object, failures: int = 10**9) -> None:
+    def __init__(self, root: Path, error: BaseException | Callable[[], BaseException],
+                 failures: int = 10**9) -> None:
         super().__init__(root)
         self.error = error
         self.failures = failures
@@ -79,7 +80,7 @@ class FakeSink(DirectorySink):
         self.calls += 1
         if self.failures:
             self.failures -= 1
-            raise self.error() if callable(self.error) else self.error  # type: ignore[misc]
+            raise self.error() if callable(self.error) else self.error
         super().put(key, data)
 
 
@@ -91,7 +92,8 @@ def moto_api(url: str, path: str, body: bytes = b"") -> None:
 
 def client_error(code: str, status: int) -> ClientError:
     return ClientError({"Error": {"Code": code, "Message": f"{code} says the store"},
-                        "ResponseMetadata": {"HTTPStatusCode": status}}, "PutObject")
+                        "ResponseMetadata": {"HTTPStatusCode": status}},  # type: ignore[typeddict-item]  # enough for botocore
+                       "PutObject")
 
 
 # ---- S3: a bucket that does not exist, bad credentials, a bad name -----------------------
@@ -347,7 +349,7 @@ def test_continuous_cli_logs_status_and_stops_on_sigterm(
         fill(log, 20)
     proc = subprocess.Popen([str(COMET), "ship", str(data_dir), "ev", str(lake), "--max-object-age",
                              "0", "--status-interval", "0.2"], stderr=subprocess.PIPE, text=True)
-    children.append(proc)  # type: ignore[arg-type]
+    children.append(proc)  # type: ignore[arg-type]  # a text-mode one: only killed
     watchdog = threading.Timer(60, proc.kill)  # never wait for a line for ever
     watchdog.start()
     try:
@@ -531,19 +533,19 @@ def test_only_dead_writers_temp_files_are_removed(tmp_path: Path,
 
 def test_a_failed_write_leaves_no_temp_file(data_dir: Path, tmp_path: Path) -> None:
     """ENOSPC in the middle of a write (transient): the partial file goes at once."""
-    from consumers import files
+    from storage_c import files
 
     class Full(DirectorySink):
         def put(self, key: str, data: bytes) -> None:
             real = files.os.fsync
 
-            def no_space(fd: int) -> None:
+            def no_space(fd: object) -> None:
                 raise OSError(28, "No space left on device")
-            files.os.fsync = no_space  # type: ignore[assignment]
+            files.os.fsync = no_space
             try:
                 super().put(key, data)
             finally:
-                files.os.fsync = real  # type: ignore[assignment]
+                files.os.fsync = real
 
     lake = tmp_path / "lake"
     with Log(data_dir, CFG) as log:

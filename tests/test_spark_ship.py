@@ -10,6 +10,7 @@ import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import orjson
 import pytest
@@ -22,6 +23,9 @@ from spark_jobs.plan import manifest_runs, manifests, plan_runs
 from spark_jobs.ship import ShipOptions, ship
 
 from .conftest import REPO, read_all
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 CFG = Config(shards=4, segment_bytes=1 << 20, compression_threshold=512)
 COMET = Path(sys.executable).with_name("comet")
@@ -37,9 +41,9 @@ def fill(log: Log, n: int, start: int = 0) -> None:
         log.append_batch("ev", [orjson.dumps(event)], key=f"k{i}")
 
 
-def log_events(data_dir: Path) -> dict[tuple[int, int], dict]:  # type: ignore[type-arg]
+def log_events(data_dir: Path) -> dict[tuple[int, int], Any]:
     """(shard, entry) -> event, for every entry of the stream."""
-    out = {}
+    out: dict[tuple[int, int], Any] = {}
     with Log(data_dir, CFG) as log:
         for shard in range(log.shard_count("ev")):
             for entry, _, payload in read_all(log, "ev", shard):
@@ -47,7 +51,7 @@ def log_events(data_dir: Path) -> dict[tuple[int, int], dict]:  # type: ignore[t
     return out
 
 
-def lake_rows(lake: Lake) -> list[dict]:  # type: ignore[type-arg]
+def lake_rows(lake: Lake) -> list[dict[str, Any]]:
     return read_table(lake, "ev").to_pylist()
 
 
@@ -82,12 +86,12 @@ def leftovers(lake: Lake) -> list[str]:
                   and (i.path.endswith(".tmp") or "/staging/" in i.path))
 
 
-def options(data_dir: Path, lake: Lake, **kw: object) -> ShipOptions:
+def options(data_dir: Path, lake: Lake, **kw: Any) -> ShipOptions:
     kw.setdefault("event_time_field", "at")
-    return ShipOptions(str(data_dir), "ev", lake, **kw)  # type: ignore[arg-type]
+    return ShipOptions(str(data_dir), "ev", lake, **kw)
 
 
-def test_ship_to_a_local_lake(spark, data_dir: Path, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_ship_to_a_local_lake(spark: SparkSession, data_dir: Path, tmp_path: Path) -> None:
     lake = Lake(str(tmp_path / "lake"))
     with Log(data_dir, CFG) as log:
         fill(log, 3000)
@@ -111,7 +115,7 @@ def test_ship_to_a_local_lake(spark, data_dir: Path, tmp_path: Path) -> None:  #
     assert all(f.startswith("stream=ev/dt=") for f in manifested_files(lake, "ev"))
 
 
-def test_ship_to_s3(spark, data_dir: Path, moto_s3: str, aws_env: None) -> None:  # type: ignore[no-untyped-def]
+def test_ship_to_s3(spark: SparkSession, data_dir: Path, moto_s3: str, aws_env: None) -> None:
     import boto3
 
     boto3.client("s3", endpoint_url=moto_s3).create_bucket(Bucket="edge")
@@ -131,7 +135,7 @@ def test_ship_to_s3(spark, data_dir: Path, moto_s3: str, aws_env: None) -> None:
     assert any(k.startswith("lake/stream=ev/dt=2025-11-21/hour=") for k in keys)
 
 
-def test_rejects_keep_bad_entries_and_lose_nothing(spark, data_dir: Path, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_rejects_keep_bad_entries_and_lose_nothing(spark: SparkSession, data_dir: Path, tmp_path: Path) -> None:
     lake = Lake(str(tmp_path / "lake"))
     with Log(data_dir, CFG) as log:
         fill(log, 400)
@@ -150,7 +154,7 @@ def test_rejects_keep_bad_entries_and_lose_nothing(spark, data_dir: Path, tmp_pa
         assert all(log.group("ev", s, "spark-ship").lag == 0 for s in range(4))
 
 
-def test_clear_errors_and_nothing_acked(spark, data_dir: Path, tmp_path: Path, aws_env: None) -> None:  # type: ignore[no-untyped-def]
+def test_clear_errors_and_nothing_acked(spark: SparkSession, data_dir: Path, tmp_path: Path, aws_env: None) -> None:
     with Log(data_dir, CFG) as log:
         fill(log, 50)
     lake = Lake(str(tmp_path / "lake"))
@@ -206,7 +210,7 @@ def test_local_lake_paths_are_absolute_before_executors_see_them(tmp_path: Path,
     for given, (url, root) in cases.items():
         lake = Lake(given)
         assert (lake.url, lake.root) == (url, root), given
-        task = ShipTask(str(driver / "data"), lake, "ev", 1, None)  # type: ignore[arg-type]
+        task = ShipTask(str(driver / "data"), lake, "ev", 1, None)  # type: ignore[arg-type]  # paths only
         shipped[given] = (pickle.dumps(lake), cloudpickle.dumps(task))
     s3 = Lake("s3://bucket/some/prefix/")
     assert (s3.url, s3.root) == ("s3://bucket/some/prefix/", "bucket/some/prefix")
@@ -227,7 +231,7 @@ def killed_writer(target: Path) -> Path:
     killed at that moment leaves.  The temporary file's path."""
     code = ("import os, sys, time\n"
             "from pathlib import Path\n"
-            "from consumers.files import write_durably\n"
+            "from storage_c.files import write_durably\n"
             "def held(*args):\n"
             "    print('written', flush=True)\n"
             "    time.sleep(600)\n"
@@ -245,7 +249,7 @@ def killed_writer(target: Path) -> Path:
     return temp
 
 
-def test_a_run_removes_what_killed_runs_left(spark, data_dir: Path, tmp_path: Path,  # type: ignore[no-untyped-def]
+def test_a_run_removes_what_killed_runs_left(spark: SparkSession, data_dir: Path, tmp_path: Path,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
     lake_dir = tmp_path / "lake"
     lake = Lake(str(lake_dir))
@@ -352,7 +356,7 @@ def socket_port() -> int:
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]  # type: ignore[no-any-return]
+        return s.getsockname()[1]
 
 
 # ---- crashes: the real command, killed -------------------------------------------------

@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import orjson
 import pytest
 
 from storage_c import Config, Log
-from spark_jobs.offsets import READ_ONLY, SourceOptions, resolve_start
+from spark_jobs.offsets import SourceOptions, resolve_start
 from spark_jobs.source import CometStreamReader, cap
 
 from .conftest import read_all
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
 
 CFG = Config(shards=4, segment_bytes=1 << 20, compression_threshold=256)
 
@@ -31,21 +35,21 @@ def expected_rows(log: Log, shards: range | list[int]) -> list[tuple[int, int, i
     return out
 
 
-def rows_of(df) -> list[tuple[int, int, int, bytes]]:  # type: ignore[no-untyped-def]
+def rows_of(df: DataFrame) -> list[tuple[int, int, int, bytes]]:
     from pyspark.sql import functions as F
 
     got = df.select("shard", "entry", F.unix_micros("timestamp").alias("us"), "value").collect()
     return sorted((r.shard, r.entry, r.us, bytes(r.value)) for r in got)
 
 
-def comet(spark, data_dir: Path, **options: str):  # type: ignore[no-untyped-def]
+def comet(spark: SparkSession, data_dir: Path, **options: str) -> DataFrame:
     reader = spark.read.format("comet").option("path", str(data_dir)).option("stream", "ev")
     for key, value in options.items():
         reader = reader.option(key, value)
     return reader.load()
 
 
-def test_batch_read_equals_the_storage_api(spark, data_dir: Path) -> None:  # type: ignore[no-untyped-def]
+def test_batch_read_equals_the_storage_api(spark: SparkSession, data_dir: Path) -> None:
     with Log(data_dir, CFG) as log:
         fill(log, 2000)
         assert sum(log.shard_stats("ev", s).compressed_entries for s in range(4)) > 100
@@ -57,7 +61,7 @@ def test_batch_read_equals_the_storage_api(spark, data_dir: Path) -> None:  # ty
     assert {r.stream for r in df.select("stream").distinct().collect()} == {"ev"}
 
 
-def test_offsets_shards_and_partition_size(spark, data_dir: Path) -> None:  # type: ignore[no-untyped-def]
+def test_offsets_shards_and_partition_size(spark: SparkSession, data_dir: Path) -> None:
     with Log(data_dir, CFG) as log:
         fill(log, 800)
         everything = expected_rows(log, range(4))
@@ -78,7 +82,7 @@ def test_offsets_shards_and_partition_size(spark, data_dir: Path) -> None:  # ty
     assert rows_of(split) == sorted(r for r in everything if r[0] == 0)
 
 
-def test_a_group_start_needs_a_registered_group(spark, data_dir: Path) -> None:  # type: ignore[no-untyped-def]
+def test_a_group_start_needs_a_registered_group(spark: SparkSession, data_dir: Path) -> None:
     """group:<name> of a group nobody registered is an error, not a read from the start."""
     from consumers import Consumer
 
@@ -86,7 +90,7 @@ def test_a_group_start_needs_a_registered_group(spark, data_dir: Path) -> None: 
         fill(log, 300)
         everything = expected_rows(log, range(4))
     opts = SourceOptions.parse({"path": str(data_dir), "stream": "ev", "startingOffsets": "group:lake"})
-    with Log(data_dir, READ_ONLY) as log:  # the check batch reads and streams' first offsets share
+    with Log(data_dir, Config.inspector()) as log:  # the check batch reads and streams' first offsets share
         with pytest.raises(ValueError, match=r"^startingOffsets: consumer group 'lake' is not "
                            r"registered on stream 'ev'; known groups: \(none\) \(register it first"):
             resolve_start(log, opts, [0, 1, 2, 3], opts.starting)
@@ -112,7 +116,7 @@ def test_a_group_start_needs_a_registered_group(spark, data_dir: Path) -> None: 
         sorted(r for r in everything if r[0] != 1 or r[1] >= 10)
 
 
-def test_parsed_values_and_rejects(spark, data_dir: Path) -> None:  # type: ignore[no-untyped-def]
+def test_parsed_values_and_rejects(spark: SparkSession, data_dir: Path) -> None:
     with Log(data_dir, CFG) as log:
         fill(log, 300)
         bad = [log.append("ev", payload, shard=shard)
@@ -131,7 +135,7 @@ def test_parsed_values_and_rejects(spark, data_dir: Path) -> None:  # type: igno
                                                           b'{"n": 1}\n{"n": 2}'}
 
 
-def test_bad_options_are_clear_errors(spark, data_dir: Path) -> None:  # type: ignore[no-untyped-def]
+def test_bad_options_are_clear_errors(spark: SparkSession, data_dir: Path) -> None:
     with Log(data_dir, CFG) as log:
         fill(log, 10)
     cases = {
@@ -151,8 +155,8 @@ def test_bad_options_are_clear_errors(spark, data_dir: Path) -> None:  # type: i
         spark.read.format("comet").option("stream", "ev").load().collect()
 
 
-def test_streaming_read_with_a_checkpoint_reads_only_new_rows(spark, data_dir: Path,
-                                                              tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_streaming_read_with_a_checkpoint_reads_only_new_rows(spark: SparkSession, data_dir: Path,
+                                                              tmp_path: Path) -> None:
     out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
 
     def run_until_caught_up() -> None:

@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import orjson
 
@@ -29,13 +30,14 @@ def fill(log: Log, start: int, n: int) -> None:
                             for i in range(start, start + n)], key=str(start))
 
 
-def ship(swift: SwiftS3Server, data_dir: Path) -> dict:  # type: ignore[type-arg]
+def ship(swift: SwiftS3Server, data_dir: Path) -> dict[str, Any]:
     env = {**os.environ, **swift.env(), "COMET_SPARK_LOG_LEVEL": "ERROR"}
     out = subprocess.run([str(COMET), "spark-ship", str(data_dir), "ev", "s3://lake/edge-1",
                           "--master", "local[2]", "--schema", "id long, site string, v double"],
                          env=env, capture_output=True, timeout=300)
     assert out.returncode == 0, out.stderr.decode()[-3000:]
-    return orjson.loads(out.stdout.splitlines()[-1])  # type: ignore[no-any-return]
+    done: dict[str, Any] = orjson.loads(out.stdout.splitlines()[-1])
+    return done
 
 
 def test_ship_to_swift(s3env: SwiftS3Server, data_dir: Path) -> None:

@@ -22,7 +22,7 @@ def names(data_dir: Path) -> list[str]:
 
 
 def test_max_streams_refuses_a_new_stream_with_409(data_dir: Path) -> None:
-    with TestClient(create_app(config(data_dir, max_streams=3), access_log=False)) as c:
+    with TestClient(create_app(config(data_dir, max_streams=3))) as c:
         for name in ("a", "b", "c"):
             assert c.post(f"/streams/{name}", content=b"{}", headers=JSON).status_code == 202
         r = c.post("/streams/d", content=b"{}", headers=JSON)
@@ -58,7 +58,7 @@ def test_max_streams_holds_across_processes(data_dir: Path) -> None:
 
 def test_auto_create_patterns(data_dir: Path) -> None:
     cfg = config(data_dir, auto_create=("logs-*", "metrics.?"))
-    with TestClient(create_app(cfg, access_log=False)) as c:
+    with TestClient(create_app(cfg)) as c:
         assert c.post("/streams/logs-web", content=b"{}", headers=JSON).status_code == 202
         assert c.post("/streams/metrics.a", content=b"{}", headers=JSON).status_code == 202
         for bad in ("evnets", "metrics.ab", "xlogs-web"):
@@ -86,10 +86,11 @@ def test_auto_create_setting_forms(tmp_path: Path) -> None:
 def test_readyz_says_storage_full_and_recovers_when_space_returns(data_dir: Path) -> None:
     storage = Config(shards=1, segment_bytes=65536, segment_chunk_bytes=65536,
                      retention_max_total_bytes=262144)
-    with TestClient(create_app(config(data_dir, storage=storage), access_log=False)) as c:
+    app = create_app(config(data_dir, storage=storage))
+    with TestClient(app) as c:
         assert c.get("/readyz").status_code == 200
         assert c.post("/streams/full", content=b"{}", headers=JSON).status_code == 202
-        runtime = c.app.state.runtime  # type: ignore[attr-defined]
+        runtime = app.state.runtime
         assert runtime.log is not None
         group = runtime.log.group("full", 0, "slow")  # protects what it has not acknowledged
         body = b"[" + b",".join([b'{"pad":"%s"}' % (b"p" * 1000)] * 27) + b"]"

@@ -15,7 +15,7 @@ import signal
 import sys
 import time
 
-from storage_c import Config, Log, NoFreeSlot, StorageFull
+from storage_c import Config, Log, NoFreeSlot, ReadBatch, StorageFull
 
 
 def batch_payloads(seq: int, count: int, size: int) -> list[bytes]:
@@ -156,7 +156,7 @@ def consume_assigned(path: str, stream: str, group: str, i: str, n: str, out: st
     seen: list[bytes] = []
     idle = [0]
 
-    def handle(batch) -> None:  # type: ignore[no-untyped-def]
+    def handle(batch: ReadBatch) -> None:
         seen.extend(batch.payloads)
         idle[0] = 0
 
@@ -175,7 +175,7 @@ def consume_slowly(path: str, stream: str, group: str, log_path: str) -> None:
     its batch is acknowledged: killed mid-batch by the test."""
     from consumers import Consumer
 
-    def handle(batch) -> None:  # type: ignore[no-untyped-def]
+    def handle(batch: ReadBatch) -> None:
         with open(log_path, "ab") as f:
             for e in batch.entries:
                 f.write(b"%d\n" % e)

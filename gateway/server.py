@@ -1,0 +1,99 @@
+"""The process of `comet serve`: a gunicorn master configured from one GatewayConfig.
+
+gunicorn runs inside this process (the caller becomes the master: signals
+reach it directly).  ``GatewayServer`` is a gunicorn application whose
+settings and whose ASGI app both come from the GatewayConfig it holds; there
+is no gunicorn configuration file and no app built at import time.  Workers
+are forked from the master and build their app from that config in ``load``
+(the app is never preloaded: storage is opened, and a process slot claimed,
+in each worker).
+
+Workers are uvicorn workers (gateway.worker.CometWorker: lingering closes, a
+graceful drain that answers every request it received); each claims a process
+slot in post_worker_init (worker side, after its signal handlers are in
+place), never in post_fork, where blocking would stall the master.  Shutdown
+work lives in the ASGI lifespan, because gunicorn's worker_exit does not run
+under the uvicorn worker.
+
+HUP reloads: the configuration is read again from the same file and
+environment and new workers start with it.  A file that no longer loads is
+logged and the running configuration kept; stopping the gateway on a typo
+would lose the service for no gain.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import signal
+from typing import Any, Callable
+
+from gunicorn.app.base import BaseApplication
+
+from .app import Gateway, create_app
+from .config import ConfigError, GatewayConfig
+from .logs import LOGCONFIG
+
+log = logging.getLogger("comet.gateway")
+
+PR_SET_PDEATHSIG = 1
+WORKER_CLASS = "gateway.worker.CometWorker"
+
+
+class GatewayServer(BaseApplication):
+    """gunicorn, configured by ``load_config()`` (called now and on every HUP)."""
+
+    def __init__(self, load_config: Callable[[], GatewayConfig]) -> None:
+        self._read_config = load_config
+        self.config = load_config()  # a bad configuration fails here, before any process starts
+        self._config_is_fresh = True
+        super().__init__(prog="comet serve")
+
+    def load_config(self) -> None:
+        if not self._config_is_fresh:  # a reload (HUP): read the configuration again
+            try:
+                self.config = self._read_config()
+            except ConfigError as exc:
+                log.error('{"event": "reload_config_invalid", "error": %r, '
+                          '"action": "keeping the running configuration"}', str(exc))
+        self._config_is_fresh = False
+        for name, value in gunicorn_settings(self.config).items():
+            self.cfg.set(name, value)
+
+    def load(self) -> Gateway:
+        return create_app(self.config)
+
+
+def gunicorn_settings(config: GatewayConfig) -> dict[str, Any]:
+    return {
+        "bind": [f"{config.host}:{config.port}"],
+        "workers": config.worker_count,
+        "worker_class": WORKER_CLASS,
+        "control_socket_disable": True,  # parallel gunicorns must not share one control socket
+        "graceful_timeout": 30,
+        "timeout": 60,
+        "keepalive": 5,
+        "accesslog": None,  # ours is gateway.logs.AccessLog, written by the app
+        "logconfig_dict": LOGCONFIG,
+        "proc_name": "comet-gateway",
+        "post_worker_init": post_worker_init,
+    }
+
+
+def post_worker_init(worker: Any) -> None:
+    # The uvicorn worker never checks that its master is alive: a master
+    # killed with SIGKILL would leave workers holding the port and the slots
+    # forever.  Ask the kernel for a SIGTERM (a graceful stop) when it dies.
+    if not set_parent_death_signal(signal.SIGTERM) or os.getppid() != worker.ppid:
+        os.kill(os.getpid(), signal.SIGTERM)
+    gateway: Gateway = worker.wsgi
+    gateway.claim_slot()
+
+
+def set_parent_death_signal(sig: int) -> bool:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return bool(libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0)
+    except (OSError, AttributeError):
+        return False

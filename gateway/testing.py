@@ -1,0 +1,328 @@
+"""A real server in a process of its own, for the tests and the benchmarks.
+
+``Gateway`` runs ``comet serve``; ``ServerProcess.gunicorn`` runs any gunicorn
+app (the benchmark's bare anchor).  Either way the server starts in a session
+(process group) of its own on a free port of 127.0.0.1, with the caller's
+``COMET_*`` settings and none inherited, its stdout and stderr in a log file.
+``wait_ready`` returns once every worker has answered ``/readyz`` (new
+connections land on any worker, so it polls until it has seen them all);
+``stop`` sends TERM to the master, waits, then KILLs the whole group, each
+step bounded; ``scan_log`` counts tracebacks, warnings and errors in the log.
+
+Also here: ``Poster``, a client thread that remembers every event a 202
+acknowledged, and ``check_stored_once``, which proves each of them stored
+exactly once where its 202 said.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any, Mapping, Self, Sequence
+
+import orjson
+
+from storage_c import Config, Log, NoFreeSlot
+
+HOST = "127.0.0.1"
+COMET = Path(sys.executable).with_name("comet")
+# What the tests run with: no access log, 8 shards, 1 MiB segments.
+SMALL = {"COMET_ACCESS_LOG": "0", "COMET_STORAGE_SHARDS": "8",
+         "COMET_STORAGE_SEGMENT_BYTES": str(1 << 20)}
+
+
+def free_port() -> int:
+    """A TCP port of 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return int(s.getsockname()[1])
+
+
+class ServerProcess:
+    """A server command in its own session; ``argv`` must make it listen on ``port``."""
+
+    def __init__(self, argv: Sequence[str], port: int, *, workers: int, log_path: Path,
+                 env: Mapping[str, str] | None = None, ready_key: str = "slot") -> None:
+        self.port, self.workers, self.log_path, self.ready_key = port, workers, log_path, ready_key
+        self.ready_s = 0.0
+        self.seen: list[int] = []       # the ready_key values of the workers that answered
+        self.killed = False             # stop() had to KILL
+        environ = {k: v for k, v in os.environ.items() if not k.startswith("COMET_")}
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log: IO[bytes] = open(log_path, "wb")
+        try:
+            self.proc = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=self._log,
+                                         stderr=subprocess.STDOUT, env={**environ, **(env or {})},
+                                         start_new_session=True)
+        except BaseException:
+            self._log.close()
+            raise
+
+    @classmethod
+    def gunicorn(cls, app: str, *, chdir: Path, workers: int, log_path: Path,
+                 env: Mapping[str, str] | None = None, args: Sequence[str] = ()) -> ServerProcess:
+        """``app`` ("module:attribute" in ``chdir``) on gunicorn with uvicorn workers; its
+        ``/readyz`` must answer 200 with a JSON object whose "pid" tells the workers apart."""
+        port = free_port()
+        argv = [sys.executable, "-m", "gunicorn", "-k", "uvicorn_worker.UvicornWorker",
+                "-w", str(workers), "-b", f"{HOST}:{port}", "--chdir", str(chdir), *args, app]
+        return cls(argv, port, workers=workers, log_path=log_path, env=env, ready_key="pid")
+
+    @property
+    def url(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+    def request(self, method: str, path: str, body: bytes | None = None,
+                headers: Mapping[str, str] | None = None,
+                timeout: float = 10) -> tuple[int, bytes, dict[str, str]]:
+        """One request on a new connection: (status, body, headers)."""
+        conn = http.client.HTTPConnection(HOST, self.port, timeout=timeout)
+        try:
+            conn.request(method, path, body=body, headers={"connection": "close", **(headers or {})})
+            r = conn.getresponse()
+            return r.status, r.read(), dict(r.getheaders())
+        finally:
+            conn.close()
+
+    def wait_ready(self, timeout: float = 60) -> float:
+        """Until every worker answered /readyz with 200; returns the seconds it took.
+        Raises RuntimeError (with the log's tail) if the server exits or the time is up."""
+        t0 = time.monotonic()
+        seen: set[int] = set()
+        while len(seen) < self.workers:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode} before it was "
+                                   f"ready; {self.log_path}:\n{self.tail()}")
+            if time.monotonic() - t0 > timeout:
+                raise RuntimeError(f"only {sorted(seen)} of {self.workers} workers ready after "
+                                   f"{timeout:.0f} s; {self.log_path}:\n{self.tail()}")
+            try:
+                status, body, _ = self.request("GET", "/readyz", timeout=2)
+                value = json.loads(body).get(self.ready_key) if status == 200 else None
+            except (OSError, http.client.HTTPException, ValueError, AttributeError):
+                value = None
+            if isinstance(value, int):
+                seen.add(value)
+            else:
+                time.sleep(0.02)  # not listening yet, or a worker still starting
+        self.seen, self.ready_s = sorted(seen), time.monotonic() - t0
+        return self.ready_s
+
+    def worker_pids(self) -> list[int]:
+        """The workers: processes whose parent is the master."""
+        pids = []
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == self.proc.pid:
+                pids.append(int(stat.parent.name))
+        return pids
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60) -> int:
+        """``sig`` to the master and up to ``timeout`` s for it to exit, then KILL to the
+        group; whatever of the group is left after that is KILLed too (within 5 s).
+        Returns the master's exit status (negative: the signal that ended it)."""
+        try:
+            if self.proc.poll() is None:
+                self.proc.send_signal(sig)
+                try:
+                    self.proc.wait(timeout=timeout)
+                except subprocess.TimeoutExpired:
+                    self.killed = True
+                    self._kill_group()
+                    self.proc.wait(timeout=10)
+            deadline = time.monotonic() + 5  # workers outliving their master, if any
+            while self._group_alive() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if self._group_alive():
+                self.killed = True
+                self._kill_group()
+        finally:
+            self._log.close()
+        return self.proc.returncode
+
+    def kill(self) -> None:
+        """KILL the whole group at once (a test that failed half-way)."""
+        self._kill_group()
+        self.proc.wait()
+        self._log.close()
+
+    def _group_alive(self) -> bool:
+        try:
+            os.killpg(self.proc.pid, 0)
+            return True
+        except (ProcessLookupError, PermissionError):
+            return False
+
+    def _kill_group(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def tail(self, chars: int = 3000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-chars:]
+        except OSError:
+            return ""
+
+    def scan_log(self) -> dict[str, Any]:
+        return scan_log(self.log_path)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.kill()
+
+
+class Gateway(ServerProcess):
+    """``comet serve`` on ``data_dir`` with ``workers`` workers; ``env`` holds its COMET_*
+    settings (``SMALL`` for the tests), ``config`` a TOML file for ``--config``."""
+
+    def __init__(self, data_dir: Path, workers: int = 2, *, env: Mapping[str, str] | None = None,
+                 config: Path | None = None, log_path: Path | None = None) -> None:
+        self.data_dir = data_dir
+        port = free_port()
+        argv = [str(COMET), "serve", "--data-dir", str(data_dir), "--host", HOST,
+                "--port", str(port), "--workers", str(workers)]
+        if config is not None:
+            argv += ["--config", str(config)]
+        super().__init__(argv, port, workers=workers, env=env,
+                         log_path=log_path or data_dir.parent / f"serve-{port}.log")
+
+    def slots_all_held(self) -> bool:
+        """Every process slot of the data directory is claimed (by the workers)."""
+        with Log(self.data_dir, Config(process_count=self.workers, background_flush=False)) as log:
+            try:
+                log.claim_slot()
+            except NoFreeSlot:
+                return True
+            return False
+
+
+ACCESS_LINE = b'"event":"request"'
+LEVEL = re.compile(r"\[(DEBUG|INFO|WARNING|ERROR|CRITICAL)\]\s*(.*)")
+DIGITS = re.compile(r"\d+")
+
+
+def scan_log(path: Path) -> dict[str, Any]:
+    """Tracebacks, and warning/error lines by message (digits as N) in a server's output:
+    the gateway's JSON lines or gunicorn's ``[LEVEL]`` text; a line that is neither counts
+    as a problem; info lines that mention an error are counted apart."""
+    tracebacks, access = 0, 0
+    problems: dict[str, int] = {}
+    info_errors: dict[str, int] = {}
+    try:
+        f = open(path, "rb")
+    except OSError:
+        return {"tracebacks": 0, "warnings_or_errors": {"no log": 1},
+                "info_lines_mentioning_errors": {}, "access_log_lines": 0}
+    with f:
+        for raw in f:
+            if ACCESS_LINE in raw:
+                access += 1
+                continue
+            line = raw.decode(errors="replace").rstrip()
+            if not line.strip():
+                continue
+            tracebacks += "Traceback" in line
+            level, text = "unparsed", line
+            if line.startswith("{"):
+                try:
+                    record = json.loads(line)
+                    level = str(record.get("level", "")).lower()
+                    text = str(record.get("message") or record.get("event") or line)
+                    tracebacks += bool(record.get("exception")) and "Traceback" not in line
+                except ValueError:
+                    pass
+            elif match := LEVEL.search(line):
+                level, text = match.group(1).lower(), match.group(2)
+            text = DIGITS.sub("N", text)[:200]
+            if level in ("warning", "error", "critical", "unparsed"):
+                problems[text] = problems.get(text, 0) + 1
+            elif "rror" in text or "xception" in text:
+                info_errors[text] = info_errors.get(text, 0) + 1
+    return {"tracebacks": tracebacks, "warnings_or_errors": problems,
+            "info_lines_mentioning_errors": info_errors, "access_log_lines": access}
+
+
+@dataclass
+class Poster:
+    """Posts numbered NDJSON events from a thread; remembers what each answer said:
+    ``acked`` holds (shard, first, count, events) of every 202."""
+
+    server: ServerProcess
+    name: str
+    stream: str = "ev"
+    keyed: bool = False
+    batch: int = 5
+    acked: list[tuple[int, int, int, list[dict[str, Any]]]] = field(default_factory=list)
+    statuses: dict[int, int] = field(default_factory=dict)
+    errors: int = 0
+    sent: int = 0
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def run(self, limit: int | None = None) -> None:
+        conn: http.client.HTTPConnection | None = None
+        i = 0
+        while not self.stop.is_set() and (limit is None or i < limit):
+            events = [{"c": self.name, "i": i * self.batch + k} for k in range(self.batch)]
+            body = b"\n".join(orjson.dumps(e) for e in events)
+            path = f"/streams/{self.stream}" + (f"?key={self.name}" if self.keyed else "")
+            try:
+                if conn is None:
+                    conn = http.client.HTTPConnection(HOST, self.server.port, timeout=30)
+                conn.request("POST", path, body=body, headers={"content-type": "application/x-ndjson"})
+                r = conn.getresponse()
+                data = r.read()
+                self.statuses[r.status] = self.statuses.get(r.status, 0) + 1
+                if r.status == 202:
+                    res = orjson.loads(data)
+                    self.acked.append((res["shard"], res["first"], res["count"], events))
+                if r.getheader("connection", "").lower() == "close":
+                    conn.close()
+                    conn = None
+            except (OSError, http.client.HTTPException):
+                self.errors += 1  # killed worker, closed connection: no answer, no promise
+                if conn is not None:
+                    conn.close()
+                conn = None
+                self.stop.wait(0.01)
+            i += 1
+            self.sent = i
+        if conn is not None:
+            conn.close()
+
+    def start(self, limit: int | None = None) -> threading.Thread:
+        t = threading.Thread(target=self.run, args=(limit,), daemon=True)
+        t.start()
+        return t
+
+
+def check_stored_once(data_dir: Path, posters: Sequence[Poster], stream: str = "ev") -> int:
+    """Asserts that every acknowledged event is stored exactly once, where its 202 said,
+    and that nothing is stored twice.  Returns the number of acknowledged events."""
+    with Log(data_dir, Config(background_flush=False)) as log:
+        shards = {s: [orjson.loads(p) for b in log.iter_entries(stream, s) for p in b.payloads]
+                  for s in range(log.shard_count(stream))}
+    keys = [(e["c"], e["i"]) for entries in shards.values() for e in entries]
+    assert len(keys) == len(set(keys)), "an event is stored twice"
+    acked = 0
+    for p in posters:
+        for shard, first, count, events in p.acked:
+            assert shards[shard][first: first + count] == events, f"202 for {events[0]} not where it said"
+            acked += count
+    return acked

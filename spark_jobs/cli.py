@@ -1,0 +1,100 @@
+"""The command of this package: ``comet spark-ship``.
+
+``comet`` (storage_c/cli.py) finds it through the ``comet.commands`` entry
+points in pyproject.toml; pyspark and pyarrow are imported only when it
+runs, so listing it in ``comet --help`` costs nothing.  Under spark-submit,
+``submit.py`` runs this same command.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import click
+
+from storage_c import CometError
+from storage_c.clikit import check_data_dir
+
+
+@click.command("spark-ship")
+@click.argument("data_dir")
+@click.argument("stream")
+@click.argument("lake")
+@click.option("--group", default="spark-ship", show_default=True,
+              help="Consumer group whose offsets the job starts from and acks.")
+@click.option("--schema", "schema", help="Spark DDL of the JSON values, e.g. 'device string, temp double'.")
+@click.option("--schema-file", type=click.Path(exists=True, dir_okay=False),
+              help="File with the schema: DDL text, or a StructType's JSON.")
+@click.option("--sample", type=int, default=1000, show_default=True,
+              help="Entries sampled to infer the schema when none is given.")
+@click.option("--event-time-field", help="Value field (timestamp or epoch number) for dt/hour; "
+              "default: the entry's append time.")
+@click.option("--event-time-unit", type=click.Choice(["s", "ms", "us", "ns"]), default="ms",
+              show_default=True, help="Unit of a numeric event time field.")
+@click.option("--max-entries", type=int, help="At most this many entries per run (all shards).")
+@click.option("--entries-per-task", type=int, default=1_000_000, show_default=True,
+              help="Spark task size: entries of one shard per task.")
+@click.option("--master", help="Spark master (default local[*]); anything else goes through "
+              "spark-submit.")
+@click.option("--conf", "confs", multiple=True, help="Spark setting key=value (repeatable).")
+@click.option("--endpoint-url", envvar="AWS_ENDPOINT_URL", help="S3 endpoint (default: AWS).")
+def spark_ship(data_dir: str, stream: str, lake: str, group: str, schema: str | None,
+               schema_file: str | None, sample: int, event_time_field: str | None,
+               event_time_unit: str, max_entries: int | None, entries_per_task: int,
+               master: str | None, confs: tuple[str, ...], endpoint_url: str | None) -> None:
+    """Ships STREAM into a Parquet lake at LAKE (a directory or s3://bucket/prefix),
+    partitioned by stream/dt/hour, exactly once: one run per call."""
+    from .lakefs import Lake, LakeError
+    from .session import spark_session, under_spark_submit
+    from .ship import ShipOptions, ship
+    from .source import value_ddl
+
+    if master and not master.startswith("local") and not under_spark_submit():
+        submit_to_cluster(master, confs)
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    if schema and schema_file:
+        raise click.UsageError("give --schema or --schema-file, not both")
+    if schema_file:
+        schema = value_ddl(Path(schema_file).read_text())
+    conf = []
+    for item in confs:
+        key, eq, value = item.partition("=")
+        if not eq:
+            raise click.UsageError(f"--conf {item!r}: use key=value")
+        conf.append((key, value))
+    check_data_dir(data_dir)
+    try:
+        target = Lake(lake, endpoint_url=endpoint_url)
+        opts = ShipOptions(os.path.abspath(data_dir), stream, target, group, schema, sample,
+                           event_time_field, event_time_unit, max_entries, entries_per_task)
+        spark = spark_session(master, conf=conf)
+        report = ship(spark, opts)
+    except (CometError, LakeError, ValueError, FileNotFoundError) as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(json.dumps(report.to_dict()))
+
+
+def submit_to_cluster(master: str, confs: tuple[str, ...]) -> None:
+    """Re-runs this command through spark-submit with the same arguments."""
+    from . import submit as job
+
+    submit = shutil.which("spark-submit")
+    if submit is None:
+        raise click.ClickException("spark-submit is not on PATH (it comes with pyspark)")
+    args = [submit, "--master", master]
+    for item in confs:
+        args += ["--conf", item]
+    rest, skip = [], False
+    for arg in sys.argv[2:]:  # drop "comet spark-ship" and --master
+        if skip:
+            skip = False
+        elif arg == "--master":
+            skip = True
+        elif not arg.startswith("--master="):
+            rest.append(arg)
+    os.execv(submit, args + [job.__file__, *rest])

@@ -1,0 +1,63 @@
+"""`comet serve` reads its configuration once per start and once per HUP:
+a changed file takes effect in the new workers, and a file broken in the
+meantime is reported and the running configuration kept (the gateway goes on
+serving instead of stopping on a typo)."""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+
+from gateway.testing import SMALL, Gateway
+
+JSON = {"content-type": "application/json"}
+
+
+def reload_workers(server: Gateway) -> None:
+    """HUP, then wait until none of the old workers is left and the new ones are ready."""
+    old = set(server.worker_pids())
+    server.proc.send_signal(signal.SIGHUP)
+    deadline = time.monotonic() + 60
+    while old & set(server.worker_pids()):
+        assert time.monotonic() < deadline, f"old workers still running:\n{server.tail()}"
+        assert server.proc.poll() is None, f"the master exited:\n{server.tail()}"
+        time.sleep(0.05)
+    server.wait_ready()
+
+
+def post(server: Gateway, size: int) -> int:
+    body = b'{"pad":"' + b"x" * (size - 10) + b'"}'
+    status, _, _ = server.request("POST", "/streams/ev", body, JSON)
+    return status
+
+
+def test_hup_rereads_the_file_and_keeps_the_running_config_when_it_is_broken(tmp_path: Path) -> None:
+    conf = tmp_path / "comet.toml"
+    conf.write_text("max_body_bytes = 1000\n")
+    with Gateway(tmp_path / "data", workers=1, env=SMALL, config=conf) as server:
+        server.wait_ready()
+        assert post(server, 2000) == 413
+        assert post(server, 500) == 202
+
+        conf.write_text("max_body_bytes = 100000\n")
+        reload_workers(server)
+        assert post(server, 2000) == 202
+
+        conf.write_text("max_body_bytes = [not toml\n")
+        reload_workers(server)
+        assert post(server, 2000) == 202           # still the last good configuration
+        assert post(server, 200_000) == 413
+        assert server.stop() == 0
+    log = server.log_path.read_text()
+    assert "reload_config_invalid" in log and "keeping the running configuration" in log
+
+
+def test_a_bad_config_stops_serve_before_any_process_starts(tmp_path: Path) -> None:
+    conf = tmp_path / "comet.toml"
+    conf.write_text("max_body_bytes = -1\n")
+    server = Gateway(tmp_path / "data", workers=1, env=SMALL, config=conf)
+    assert server.proc.wait(timeout=60) == 1
+    server.stop()
+    assert "max_body_bytes must be positive" in server.log_path.read_text()
+    assert not (tmp_path / "data").exists()
