@@ -1,20 +1,18 @@
-"""Consumer benchmark: what an ack, a read-and-ack loop and `comet ship` cost.
+"""Consumer benchmark: acks, read + ack, and `comet ship` to a directory against zstd 1
+and a write of the same NDJSON (its anchor), in the same run.
 
-    .venv/bin/python loadtests/bench_consumers.py            # 5 runs per case
-    .venv/bin/python loadtests/bench_consumers.py --quick    # 3 runs, smaller counts
-
-``Group.ack`` and ``Consumer.ack``, ``read(1000)`` + payloads + ``ack_batch``,
-and ``comet ship`` of ~1 KiB JSON events to a directory against its anchor in
-the same run (the same NDJSON compressed with zstd 1 and written, nothing else).
+    .venv/bin/python loadtests/bench_consumers.py [--quick]
 """
 
 from __future__ import annotations
 
 import os
 import random
+import shutil
 import sys
 import time
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
@@ -158,32 +156,23 @@ CASES: tuple[tuple[str, str, str, Callable[[Scale], float], tuple[str, float] | 
 )
 
 
-def runs_of(fn: Callable[[Scale], float], scale: Scale) -> Callable[[int], float]:
-    """``fn(scale)`` as benchlib.repeat's ``one_run`` (which is given the run's number)."""
-    return lambda _i: fn(scale)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = benchlib.parser(__doc__, "3 runs, smaller counts").parse_args(argv)
     scale = QUICK if args.quick else FULL
-    SCRATCH.mkdir(parents=True, exist_ok=True)
     ctx = benchlib.Context("bench_consumers", SCRATCH, ["consumers", "storage_c"])
     try:
-        series = {key: benchlib.repeat(key, unit, scale.runs, runs_of(fn, scale))
+        series = {key: benchlib.repeat(key, unit, scale.runs, partial(fn, scale))
                   for _, key, unit, fn, *_ in CASES}
     finally:
-        benchlib.clear_dir(SCRATCH)
+        shutil.rmtree(SCRATCH, ignore_errors=True)
     rows = [benchlib.series_row(case, series[key], series.get(anchor or ""),
                                 "zstd-1 + write of the same bytes", target, target_text, reference)
             for case, key, _, _, target, target_text, anchor, reference in CASES]
-    machine = ctx.machine()
-    notes = [f"- Median of {scale.runs} runs; acks over {scale.acks:,} entries; read over "
-             f"{scale.read_entries:,} 100-byte entries; ship of {scale.ship_mb} MB of ~1 KiB JSON "
-             "events in 4 shards, one thread, objects of up to 64 MiB.",
-             *benchlib.machine_notes(machine, "consumers/, storage_c/")]
-    benchlib.write_results(args.results, "consumers", "Consumer benchmark", rows, notes, {
-        "machine": machine, "mode": "quick" if args.quick else "default", "scale": asdict(scale),
-        "series": {k: v.to_json() for k, v in series.items()}, "elapsed_s": round(ctx.elapsed, 1)})
+    ctx.write(args, "consumers", "Consumer benchmark", rows, [
+        f"- Median of {scale.runs} runs; acks over {scale.acks:,} entries; read over "
+        f"{scale.read_entries:,} 100-byte entries; ship of {scale.ship_mb} MB of ~1 KiB JSON "
+        "events in 4 shards, one thread, objects of up to 64 MiB."],
+        {"scale": asdict(scale), "series": {k: v.to_json() for k, v in series.items()}})
     return 0
 
 

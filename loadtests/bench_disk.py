@@ -1,13 +1,7 @@
-"""Chunked segment allocation: what it costs appends, and what it saves on disk.
+"""Chunked segment allocation against whole segments (the anchor): append cost (target
+within 5 %) and the disk a new 16-shard stream takes (≤ 16 MiB).
 
     .venv/bin/python loadtests/bench_disk.py [--quick] [--rounds 3] [--mib 192]
-
-Anchor: segments allocated whole (``segment_chunk_bytes = segment_bytes``);
-case: the default 4 MiB chunks.  Each run appends ``--mib`` MiB of 100-byte
-entries (1 and 100 per call) on a fresh directory with a retention budget, so
-segments rotate and are deleted; anchor and case alternate within each round.
-Also the disk a new 16-shard stream with one event per shard takes (du).
-Targets (issue "Bounded disk"): appends within 5 % of the anchor; ≤ 16 MiB.
 """
 
 from __future__ import annotations
@@ -78,14 +72,10 @@ def main() -> None:
     for batch in (1, 100):
         anchor, case = series[f"whole_{batch}"], series[f"chunked_{batch}"]
         name = f"append, {batch} entr{'y' if batch == 1 else 'ies'} per call"
-        rows.append(benchlib.row(f"Anchor: whole segments, {name}", anchor.name, anchor.median,
-                                 "ns/entry", role="anchor", runs_text=benchlib.runs_text(anchor)))
-        rows.append(benchlib.row(
-            f"Chunked segments (4 MiB), {name}", case.name, case.median, "ns/entry",
-            anchor=benchlib.anchor_ref(anchor.name, f"whole segments, {name}", anchor.median,
-                                       "ns/entry"), ratio=anchor.median / case.median,
-            target={"op": ">=", "value": 0.95, "unit": "x"}, target_text="≥ 0.95× anchor",
-            runs_text=benchlib.runs_text(case)))
+        rows += [benchlib.series_row(f"Anchor: whole segments, {name}", anchor),
+                 benchlib.series_row(f"Chunked segments (4 MiB), {name}", case, anchor,
+                                     f"whole segments, {name}", (">=", 0.95), "≥ 0.95× anchor",
+                                     target_unit="x")]
     rows.append(benchlib.row(
         "Anchor: disk of a new 16-shard stream, 1 event per shard (whole segments)",
         "disk_new_stream_whole", disk["whole"] / MiB, "MiB", f"{disk['whole'] / MiB:.1f} MiB",
@@ -96,14 +86,11 @@ def main() -> None:
         anchor=benchlib.anchor_ref("disk_new_stream_whole", "whole segments", disk["whole"] / MiB,
                                    "MiB", f"{disk['whole'] / MiB:.1f} MiB"),
         target={"op": "<=", "value": 16, "unit": "MiB"}, target_text="≤ 16 MiB"))
-    machine = ctx.machine()
-    benchlib.write_results(args.results, "disk", "Chunked segments", rows, [
+    ctx.write(args, "disk", "Chunked segments", rows, [
         f"- {rounds} round(s) of {mib} MiB per run; the ratio is the anchor's ns/entry ÷ the "
-        "case's (> 1: faster than whole segments).", *benchlib.machine_notes(machine, "storage_c/src")],
-        {"machine": machine, "mode": "quick" if args.quick else "default",
-         "scale": {"runs": rounds, "mib_per_run": mib},
-         "series": {k: v.to_json() for k, v in series.items()}, "disk_bytes": disk,
-         "elapsed_s": round(ctx.elapsed, 1)})
+        "case's (> 1: faster than whole segments)."],
+        {"scale": {"runs": rounds, "mib_per_run": mib}, "disk_bytes": disk,
+         "series": {k: v.to_json() for k, v in series.items()}})
 
 
 if __name__ == "__main__":

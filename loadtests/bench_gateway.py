@@ -1,23 +1,19 @@
-"""Gateway benchmark: what `comet serve` sustains over HTTP, against a bare anchor.
+"""Gateway benchmark: wrk against `comet serve` and against ``anchor_app.py`` (a bare
+Starlette app) with the same bodies, in the same run; stored entries must equal the 202s.
 
-    .venv/bin/python loadtests/bench_gateway.py            # 3 runs per case, 10 s of load, ~7 min
-    .venv/bin/python loadtests/bench_gateway.py --quick    # 1 run per case, 5 s of load, ~2 min
-
-wrk against the gateway and against ``anchor_app.py`` (the same stack, which
-reads the body and answers 202) with the same bodies, in the same run; a
-fresh server per run (``gateway.testing``); the stored entries must equal
-the 202s.  The method is in the notes of ``results/gateway.md``.
+    .venv/bin/python loadtests/bench_gateway.py [--quick]   # 3 runs of 10 s (--quick: 1 of 5 s)
 """
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import shutil
+from collections import Counter
 import signal
 import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -31,14 +27,10 @@ LOADTESTS = Path(__file__).resolve().parent
 SCRATCH = LOADTESTS / ".scratch" / "gateway"
 LOGS = SCRATCH / "logs"
 MEASURED_CODE = ["gateway", "storage_c", "pyproject.toml"]
-WORKERS = 2
-STREAM = "bench"
-WRK_THREADS = 1          # measured here: -t1 -c64 ~17-19 k req/s on the anchor, -t2 ~13 k
-WRK_CONNECTIONS = 64
+WORKERS, STREAM, PACED_FRACTION, PACED_TOLERANCE = 2, "bench", 0.5, 0.10
+WRK_THREADS, WRK_CONNECTIONS = 1, 64  # measured here: -t1 -c64 ~17-19 k req/s on the anchor, -t2 ~13 k
 DRAIN_S = 1              # wrk runs this much longer than the load, to collect the last answers
 STOP_TIMEOUT_S = 45.0    # above the gateway's graceful_timeout (30 s)
-PACED_FRACTION = 0.5
-PACED_TOLERANCE = 0.10
 
 
 @dataclass(frozen=True)
@@ -50,6 +42,10 @@ class Case:
     events: int
     env: Mapping[str, str] = field(default_factory=dict)
     stores_mib_per_s: int = 8   # the warm-up covers what a run may store (NDJSON: ~1.2 M ev/s)
+    anchor: str | None = None   # compared with; bound: the least ratio to it (None: no target)
+    bound: float | None = None
+    twin: str | None = None     # the same body with validation off, and the least ratio to it
+    twin_bound: float | None = None
 
     @property
     def unit(self) -> str:
@@ -57,40 +53,31 @@ class Case:
 
 
 LOG_ON, RAW = {"COMET_ACCESS_LOG": "1"}, {"COMET_ACCESS_LOG": "1", "COMET_VALIDATE": "0"}
-SINGLE, NDJSON, ARRAY = ("1 JSON event (200 B)", "single_event.lua", 1), \
-    ("100-event NDJSON (20 KB)", "ndjson_100.lua", 100), \
-    ("100-element JSON array (20 KB)", "array_100.lua", 100)
+BODIES = {"single": ("1 JSON event (200 B)", "single_event.lua", 1),
+          "ndjson": ("100-event NDJSON (20 KB)", "ndjson_100.lua", 100),
+          "array": ("100-element JSON array (20 KB)", "array_100.lua", 100)}
 
 
-def case(key: str, body: tuple[str, str, int], what: str, env: Mapping[str, str] | None = None,
-         mib_per_s: int = 8) -> Case:
-    title = f"Anchor: bare Starlette, {body[0]}" if env is None else f"Gateway: {body[0]}, {what}"
-    return Case(key, title, "anchor" if env is None else "gateway", body[1], body[2], env or {},
-                mib_per_s)
+def case(body: str, suffix: str = "", what: str = "", env: Mapping[str, str] | None = None,
+         bound: float | None = None, twin: bool = False) -> Case:
+    title, script, events = BODIES[body]
+    if env is None:
+        return Case(f"anchor_{body}", f"Anchor: bare Starlette, {title}", "anchor", script, events)
+    return Case(f"gateway_{body}{suffix}", f"Gateway: {title}, {what}", "gateway", script, events,
+                env, 8 if events == 1 else 240, f"anchor_{body}", bound,
+                f"gateway_{body}_novalidate" if twin else None, 0.90 if twin else None)
 
 
-A_SINGLE, A_NDJSON, A_ARRAY = (case(f"anchor_{k}", b, "") for k, b in
-                               (("single", SINGLE), ("ndjson", NDJSON), ("array", ARRAY)))
-G_SINGLE = case("gateway_single", SINGLE, "access log on", LOG_ON)
-G_NOLOG = case("gateway_single_nolog", SINGLE, "COMET_ACCESS_LOG=0", {"COMET_ACCESS_LOG": "0"})
-G_NDJSON = case("gateway_ndjson", NDJSON, "validation on", LOG_ON, 240)
-G_NDJSON_RAW = case("gateway_ndjson_novalidate", NDJSON, "COMET_VALIDATE=0", RAW, 240)
-G_ARRAY = case("gateway_array", ARRAY, "validation on", LOG_ON, 240)
-G_ARRAY_RAW = case("gateway_array_novalidate", ARRAY, "COMET_VALIDATE=0", RAW, 240)
+THROUGHPUT = (case("single"), case("single", "", "access log on", LOG_ON, 0.95),
+              case("single", "_nolog", "COMET_ACCESS_LOG=0", {"COMET_ACCESS_LOG": "0"}, 0.95),
+              case("ndjson"), case("ndjson", "", "validation on", LOG_ON, 0.70, True),
+              case("ndjson", "_novalidate", "COMET_VALIDATE=0", RAW),
+              case("array"), case("array", "", "validation on", LOG_ON, 0.70, True),
+              case("array", "_novalidate", "COMET_VALIDATE=0", RAW))
+A_SINGLE, G_SINGLE = THROUGHPUT[:2]
+BY_KEY = {c.key: c for c in THROUGHPUT}
 G_PACED = Case("gateway_single_paced", "Gateway: 1 JSON event, paced at 50 % of max", "gateway",
                "single_event.lua", 1, LOG_ON)
-THROUGHPUT = (A_SINGLE, G_SINGLE, G_NOLOG, A_NDJSON, G_NDJSON, G_NDJSON_RAW, A_ARRAY, G_ARRAY,
-              G_ARRAY_RAW)
-# case -> its anchor and the least ratio to it; validated cases also the same body with
-# validation off and the least ratio to that (None: reported, no target)
-RATIOS: dict[str, tuple[Case, float | None, Case | None, float | None]] = {
-    G_SINGLE.key: (A_SINGLE, 0.95, None, None),
-    G_NOLOG.key: (A_SINGLE, 0.95, None, None),
-    G_NDJSON.key: (A_NDJSON, 0.70, G_NDJSON_RAW, 0.90),
-    G_NDJSON_RAW.key: (A_NDJSON, None, None, None),
-    G_ARRAY.key: (A_ARRAY, 0.70, G_ARRAY_RAW, 0.90),
-    G_ARRAY_RAW.key: (A_ARRAY, None, None, None),
-}
 
 
 @dataclass(frozen=True)
@@ -101,13 +88,6 @@ class Scale:
 
 
 FULL, QUICK = Scale(3, 10, 3), Scale(1, 5, 2)
-
-
-def ensure_wrk() -> str:
-    found = shutil.which("wrk")
-    if not found:
-        raise SystemExit("wrk is missing: run `make bench-deps` (apt-get install wrk)")
-    return found
 
 
 def run_wrk(wrk: str, port: int, case: Case, load_s: float, rate: float | None) -> dict[str, Any]:
@@ -168,11 +148,10 @@ def one_run(wrk: str, case: Case, label: str, load_s: float,
                    stored_equals_acknowledged=stored == accepted * case.events)
         shutil.rmtree(server.data_dir, ignore_errors=True)
     lat, found = summary["latency_us"], rec["log_findings"]
-    print(f"  {label:<34} {rec['rate_req_s']:>9,.0f} req/s {rec['events_s']:>11,.0f} ev/s  "
-          f"p50 {lat['p50'] / 1000:.2f} ms p99 {lat['p99'] / 1000:.2f} ms  non-202 "
-          f"{rec['non_202']}  errors {rec['socket_errors']}+{rec['timeouts']}t  stored=acked "
-          f"{rec.get('stored_equals_acknowledged', 'n/a')}  tracebacks {found['tracebacks']}  "
-          f"warn/err {sum(found['warnings_or_errors'].values())}", file=sys.stderr, flush=True)
+    print(f"  {label:<34} {rec['rate_req_s']:>9,.0f} req/s {rec['events_s']:>11,.0f} ev/s  p50/p99 "
+          f"{lat['p50'] / 1000:.2f}/{lat['p99'] / 1000:.2f} ms  non-202 {rec['non_202']}  errors "
+          f"{rec['socket_errors']}+{rec['timeouts']}t  stored=acked {rec.get('stored_equals_acknowledged', 'n/a')}"
+          f"  tracebacks {found['tracebacks']}", file=sys.stderr, flush=True)
     return rec
 
 
@@ -180,10 +159,7 @@ def integrity(recs: list[dict[str, Any]]) -> tuple[str, list[str]]:
     """(non-202 / errors / stored text, reasons a PASS must become a FAIL)."""
     non202 = sum(r["non_202"] for r in recs)
     errors = sum(r["socket_errors"] + r["timeouts"] for r in recs)
-    statuses: dict[str, int] = {}
-    for r in recs:
-        for status, n in r["wrk"]["non_202_by_status"].items():
-            statuses[status] = statuses.get(status, 0) + n
+    statuses = sum((Counter(r["wrk"]["non_202_by_status"]) for r in recs), Counter[str]())
     checks = [r["stored_equals_acknowledged"] for r in recs if "stored_equals_acknowledged" in r]
     text = (f"non-202 {non202}" + "".join(f", {n}× {s}" for s, n in sorted(statuses.items()))
             + (f"; {errors} socket errors/timeouts" if errors else "")
@@ -196,10 +172,10 @@ def integrity(recs: list[dict[str, Any]]) -> tuple[str, list[str]]:
 
 
 def verdict(passed: bool | None, reasons: list[str]) -> str:
-    why = f" ({', '.join(reasons)})" if reasons else ""
+    why = f"({', '.join(reasons)})" if reasons else ""
     if passed is None:
-        return f"({', '.join(reasons)})" if reasons else "—"
-    return "PASS" if passed and not reasons else "FAIL" + why
+        return why or "—"
+    return "PASS" if passed and not reasons else f"FAIL {why}".rstrip()
 
 
 def build_rows(series: dict[str, benchlib.Series], records: dict[str, list[dict[str, Any]]],
@@ -215,8 +191,8 @@ def build_rows(series: dict[str, benchlib.Series], records: dict[str, list[dict[
         if case.server == "anchor" and case.events > 1:
             text += f" (= {benchlib.fmt_rate(s.median * case.events, 'events/s')})"
         anchor, ratio, ratio_text, target, target_text, passed = None, None, None, None, "—", None
-        if case.key in RATIOS:
-            a, bound, twin, twin_bound = RATIOS[case.key]
+        if case.anchor is not None:
+            a, bound, twin, twin_bound = BY_KEY[case.anchor], case.bound, case.twin, case.twin_bound
             ratio = req[case.key] / req[a.key]
             a_text = benchlib.fmt_rate(req[a.key], "req/s") + (
                 f" (= {benchlib.fmt_rate(req[a.key] * a.events, 'events/s')})" if a.events > 1 else "")
@@ -226,7 +202,7 @@ def build_rows(series: dict[str, benchlib.Series], records: dict[str, list[dict[
                 target, passed = {"op": ">=", "value": bound, "unit": "x"}, ratio >= bound
                 targets.append(f"≥ {bound:.2f}× anchor")
             if twin is not None and twin_bound is not None:
-                t = req[case.key] / req[twin.key]
+                t = req[case.key] / req[twin]
                 ratio_text += f"; {t:.2f}× validation off"
                 targets.append(f"≥ {twin_bound:.2f}× validation off")
                 passed = bool(passed) and t >= twin_bound
@@ -257,11 +233,8 @@ def log_notes(every: list[dict[str, Any]]) -> str:
     out = []
     for kind in ("anchor", "gateway"):
         recs = [r for r in every if r["server_kind"] == kind]
-        sums: list[dict[str, int]] = [{}, {}]
-        for r in recs:
-            for total, part in zip(sums, ("warnings_or_errors", "info_lines_mentioning_errors")):
-                for text, n in r["log_findings"][part].items():
-                    total[text] = total.get(text, 0) + n
+        sums = [sum((Counter(r["log_findings"][part]) for r in recs), Counter[str]())
+                for part in ("warnings_or_errors", "info_lines_mentioning_errors")]
         listed = [", ".join(f"{n}× {t!r}" for t, n in sorted(d.items())) or "none" for d in sums]
         out.append(f"{kind} ({len(recs)} runs): "
                    f"{sum(r['log_findings']['tracebacks'] for r in recs)} traceback(s); "
@@ -274,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
                                     "10 s)").parse_args(argv)
     scale = QUICK if args.quick else FULL
     signal.signal(signal.SIGTERM, lambda n, f: sys.exit(128 + n))  # finally: servers stopped
-    wrk = ensure_wrk()
+    wrk = shutil.which("wrk") or sys.exit("wrk is missing: run `make bench-deps` (apt-get install wrk)")
     benchlib.fresh_dir(SCRATCH)
     ctx = benchlib.Context("bench_gateway", SCRATCH, MEASURED_CODE)
     every = [one_run(wrk, c, f"warmup-{c.key}", scale.warmup_load_s) for c in (A_SINGLE, G_SINGLE)]
@@ -315,23 +288,15 @@ def main(argv: list[str] | None = None) -> int:
         f"- Server logs in {LOGS.relative_to(LOADTESTS.parent)}/ (warm-up runs included): "
         + log_notes(every) + ".",
         benchlib.cpu_note({r["label"]: r["cpu"] for r in every}),
-        *benchlib.machine_notes(machine, "gateway/, storage_c/"),
     ]
-    versions = {}
-    for name in ("gunicorn", "uvicorn", "uvicorn-worker", "starlette", "uvloop", "httptools",
-                 "orjson"):
-        try:
-            versions[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            versions[name] = "not installed"
-    benchlib.write_results(args.results, "gateway", "Gateway benchmark", rows, notes, {
-        "machine": machine, "mode": "quick" if args.quick else "default", "versions": versions,
-        "scale": asdict(scale),
+    versions = {name: version(name) for name in ("gunicorn", "uvicorn", "uvicorn-worker",
+                                                 "starlette", "uvloop", "httptools", "orjson")}
+    ctx.write(args, "gateway", "Gateway benchmark", rows, notes, {
+        "versions": versions, "scale": asdict(scale),
         "settings": {"workers": WORKERS, "wrk_threads": WRK_THREADS,
                      "wrk_connections": WRK_CONNECTIONS, "drain_s": DRAIN_S, "stream": STREAM,
                      "paced_target_req_s": paced_target, "paced_tolerance": PACED_TOLERANCE},
-        "series": {k: v.to_json() for k, v in series.items()}, "runs": every,
-        "elapsed_s": round(ctx.elapsed, 1)})
+        "series": {k: v.to_json() for k, v in series.items()}, "runs": every}, machine)
     shutil.rmtree(SCRATCH / "data", ignore_errors=True)
     return 0
 

@@ -1,15 +1,7 @@
-"""Spark benchmark: the ``comet`` source and ``comet spark-ship`` against Spark's JSON reader.
+"""Spark benchmark: the ``comet`` source (target ≥ 1.4× the JSON scan) and ``comet
+spark-ship`` (≥ 1.2× a JSON → Parquet job) against Spark's JSON reader on the same events.
 
-    .venv/bin/python loadtests/bench_spark.py                 # 1 M entries, 4+5 rounds, ~5 min
-    .venv/bin/python loadtests/bench_spark.py --quick         # 400 k entries, 5+3 rounds, ~2 min
-    .venv/bin/python loadtests/bench_spark.py --regenerate    # rebuild the cached data first
-
-N JSON events in a stream of 8 shards and, for the anchors, as 8 NDJSON files
-(cached in ``.scratch/spark/``, verified before each use).  Cases: (1) anchor
-scan ``read.schema(S).json`` → noop; (2) the comet source, raw → noop (target
-≥ 1.4× (1)); (3) the same with ``valueSchema`` S; (4) anchor job → Parquet,
-zstd 1; (5) ``spark_jobs.ship.ship`` into a fresh lake (target ≥ 1.2× (4)).
-Warm-up rounds, then measured rounds of every case in alternating order.
+    .venv/bin/python loadtests/bench_spark.py [--quick] [--regenerate]
 """
 
 from __future__ import annotations
@@ -43,8 +35,7 @@ FIRST_TS_MS = 1_763_700_000_000
 MSG_MIN, MSG_MAX = 690, 860  # msg characters: events of ~820-1000 bytes
 SCHEMA = ("id long, ts long, device string, site string, temp double, ok boolean, "
           "tags array<string>, msg string")
-GROUP = "spark-ship"
-MASTER = "local[2]"
+GROUP, MASTER = "spark-ship", "local[2]"
 SPARK_CONF = [("spark.driver.memory", "4g"), ("spark.ui.showConsoleProgress", "false")]
 
 
@@ -59,8 +50,6 @@ class Scale:
 # ~1 s from the sixth on; a --quick round does 40 % of the rows, so it gets more of them.
 FULL, QUICK = Scale(1_000_000, 5, 4), Scale(400_000, 3, 5)
 
-
-# ---- the data ----------------------------------------------------------------------------
 
 def event_maker(rng: random.Random) -> Callable[[int], bytes]:
     """i -> the i-th event; ``msg`` is a slice of 16 MB of random words, so the data
@@ -166,8 +155,6 @@ def dataset(ctx: benchlib.Context, entries: int, regenerate: bool) -> tuple[Path
     return root, orjson.loads((root / "meta.json").read_bytes())
 
 
-# ---- the cases ---------------------------------------------------------------------------
-
 @dataclass(frozen=True)
 class Case:
     key: str
@@ -181,7 +168,6 @@ CASES = (Case("anchor_scan", "Anchor: spark.read.schema(S).json → noop"),
          Case("comet_parsed", "comet source, valueSchema S (pyarrow) → noop", "anchor_scan"),
          Case("anchor_job", "Anchor: read.schema(S).json → parquet (zstd 1)"),
          Case("comet_ship", "comet spark-ship, value_schema S → lake", "anchor_job", 1.2))
-TITLES = {c.key: c.title for c in CASES}
 
 
 class Bench:
@@ -250,12 +236,10 @@ class Bench:
         if case.key == "comet_ship":
             rec["ship_report"] = self.ship_report
         shutil.rmtree(out, ignore_errors=True)
-        self.ctx.progress(f"  {'warm-up' if round_no < 0 else 'round'} {abs(round_no + (round_no >= 0))}"
-                          f" {case.key:<13} {seconds:6.2f} s {rec['rows_per_s']:>9,.0f} rows/s  JIT "
-                          f"{rec['jvm']['jit_ms']} ms  GC {rec['jvm']['gc_ms']} ms  CPUs "
-                          f"{cpu['bench_cpus']:.2f}  others {cpu['other_share']:.0%}"
-                          + ("" if rows is None else f"  rows {rows:,} "
-                                                     f"{'ok' if rec['checks_ok'] else 'WRONG'}"))
+        self.ctx.progress(f"  {'warm-up' if round_no < 0 else 'round'} {abs(round_no + (round_no >= 0))} "
+                          f"{case.key:<13} {seconds:6.2f} s {rec['rows_per_s']:>9,.0f} rows/s  JIT/GC "
+                          f"{rec['jvm']['jit_ms']}/{rec['jvm']['gc_ms']} ms  others {cpu['other_share']:.0%}"
+                          + ("" if rows is None else f"  rows {'ok' if rec['checks_ok'] else 'WRONG'}"))
         return rec
 
     def check_scans(self) -> dict[str, Any]:
@@ -272,8 +256,6 @@ class Bench:
                 "comet_raw": {"values": list(r), "ok": list(r) == [n, payload, SHARDS]},
                 "comet_parsed": {"values": list(p), "ok": list(p) == [n, id_sum, 0, n]}}
 
-
-# ---- figures and the report --------------------------------------------------------------
 
 def build_rows(records: list[dict[str, Any]], checks: dict[str, Any]) -> tuple[list[dict[str, Any]],
                                                                            dict[str, Any]]:
@@ -301,7 +283,7 @@ def build_rows(records: list[dict[str, Any]], checks: dict[str, Any]) -> tuple[l
             ratio, paired_median = s.median / a.median, benchlib.median(paired)
             ratios[c.key] = {"anchor": c.anchor, "of_medians": ratio, "paired": paired,
                              "paired_median": paired_median, "target": c.target}
-            anchor = benchlib.anchor_ref(c.anchor, TITLES[c.anchor], a.median, a.unit,
+            anchor = benchlib.anchor_ref(c.anchor, next(x.title for x in CASES if x.key == c.anchor), a.median, a.unit,
                                          f"{a.median / 1e3:,.0f} k rows/s")
             ratio_text = f"{ratio:.2f}× (median of per-round ratios {paired_median:.2f}×: " \
                          + ", ".join(f"{p:.2f}" for p in paired) + ")"
@@ -336,7 +318,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--regenerate", action="store_true", help="rebuild the cached data")
     args = parser.parse_args(argv)
     scale = QUICK if args.quick else FULL
-    SCRATCH.mkdir(parents=True, exist_ok=True)
     ctx = benchlib.Context("bench_spark", SCRATCH, MEASURED_CODE)
     root, meta = dataset(ctx, scale.entries, args.regenerate)
 
@@ -382,15 +363,12 @@ def main(argv: list[str] | None = None) -> int:
         f"{out_mb['comet_ship']:,.0f} MB (plus _comet_shard, _comet_entry, _comet_time; files "
         "fsynced and renamed, a plan and a manifest written, the group acked).",
         benchlib.cpu_note({f"{r['case']} round {r['round'] + 1}": r["cpu"] for r in measured}),
-        *benchlib.machine_notes(machine, "spark_jobs/, storage_c/, consumers/"),
     ]
-    benchlib.write_results(args.results, "spark", "Spark benchmark", rows, notes, {
-        "machine": machine, "mode": "quick" if args.quick else "default", "scale": asdict(scale),
-        "settings": {"master": MASTER, "conf": dict(SPARK_CONF), "stream": STREAM,
-                     "shards": SHARDS, "schema": SCHEMA, "group": GROUP,
-                     "format_version": FORMAT_VERSION},
-        "data": meta, **figures, "scan_checks": checks, "runs": records,
-        "elapsed_s": round(ctx.elapsed, 1)})
+    ctx.write(args, "spark", "Spark benchmark", rows, notes, {
+        "scale": asdict(scale), "settings": {"master": MASTER, "conf": dict(SPARK_CONF),
+        "stream": STREAM, "shards": SHARDS, "schema": SCHEMA, "group": GROUP,
+        "format_version": FORMAT_VERSION}, "data": meta, **figures, "scan_checks": checks,
+        "runs": records}, machine)
     return 0
 
 

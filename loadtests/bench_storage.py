@@ -1,14 +1,7 @@
-"""Storage benchmark: what an append and a read cost, in C and through Python.
+"""Storage benchmark: 100-byte appends and reads in C and through ``storage_c.Log``, against
+SQLite, a buffered file and an empty cffi call in the same run, plus throughput by batch size.
 
-    .venv/bin/python loadtests/bench_storage.py            # 5 runs per case, ~3-6 min
-    .venv/bin/python loadtests/bench_storage.py --quick    # 3 runs, smaller counts, ~1-2 min
-
-100-byte entries: the C core (``c/bench_storage.c``) and ``storage_c.Log``
-(append, append_batch, append_delimited, read, 2 processes against 1),
-against SQLite, a buffered file and an empty cffi call in the same run, plus
-throughput against batch size (1-1000, charted by ``report.py``).  Fresh data
-directories, a warm-up run per case, the page allocator warmed before each
-timer; medians.
+    .venv/bin/python loadtests/bench_storage.py [--quick]   # 5 runs per case (--quick: 3, smaller)
 """
 
 from __future__ import annotations
@@ -25,6 +18,7 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
+from functools import partial
 from multiprocessing.queues import Queue
 from multiprocessing.synchronize import Barrier
 from pathlib import Path
@@ -34,16 +28,10 @@ import benchlib
 from storage_c import Config, Log
 
 LOADTESTS = Path(__file__).resolve().parent
-SCRATCH = LOADTESTS / ".scratch"
-ENTRY_BYTES = 100
+SCRATCH = LOADTESTS / ".scratch" / "storage"
 ENTRY = b'{"ts":%d,"level":"info","svc":"edge-gw","msg":"request served","ms":12.5,"ok":true}'
-FIRST_TS_MS = 1_700_000_000_123
-BATCH = 1000
-STREAM = "bench"
-SHARDS = 4
-WARM_MIB = 512
-CHILD_TIMEOUT_S = 180.0
-SWEEP_BATCHES = (1, 10, 100, 1000)
+ENTRY_BYTES, FIRST_TS_MS, BATCH, STREAM, SHARDS = 100, 1_700_000_000_123, 1000, "bench", 4
+WARM_MIB, CHILD_TIMEOUT_S, SWEEP_BATCHES = 512, 180.0, (1, 10, 100, 1000)
 GO_REFERENCE = ("Original Go Comet (reference only, not measured here): single append 720-900 ns, "
                 "10-entry batch ~3 µs, 100-entry batch 25-36 µs, 1000-entry batch 105-246 µs.")
 
@@ -96,8 +84,6 @@ def fresh_log(name: str) -> Iterator[Log]:
         log.create_stream(STREAM, SHARDS)
         yield log
 
-
-# ---- the measured operations: seconds for `calls` calls of n entries each -------------------
 
 def time_appends(kind: str, n: int, calls: int) -> float:
     """``append`` (n = 1, shard 0), ``append_batch`` of a list (shard 1) or
@@ -216,8 +202,6 @@ def run_c_bench(scale: Scale) -> tuple[dict[str, benchlib.Series], list[dict[str
     return series, raw
 
 
-# ---- one process vs two ------------------------------------------------------------------
-
 def proc_worker(path: str, entries: int, ready: Barrier, go: Barrier,
                 results: Queue[dict[str, Any]]) -> None:
     """A child: opens the log, claims a slot, appends 1000-entry batches round-robin to its
@@ -283,35 +267,31 @@ def py_processes(scale: Scale, run: int, raw: list[dict[str, Any]]) -> dict[str,
     return figures
 
 
-# ---- throughput against batch size -------------------------------------------------------
-
-# line key, label, kind, batch size -> the case's series reused, (n, entries) -> seconds, sqlite
-SWEEP_LINES: tuple[tuple[str, str, str, dict[int, str], Callable[[int, int], float] | None, bool], ...] = (
+# line key, label, kind, batch size -> the case's series reused, (n, calls) -> seconds
+SWEEP_LINES: tuple[tuple[str, str, str, dict[int, str], Callable[[int, int], float] | None], ...] = (
     ("c_append", "C core: comet_append (1), comet_append_batch (10-1000)", "comet",
-     {1: "c_append_single", 10: "c_append_batch_10", 100: "c_append_batch_100",
-      1000: "c_append_batch_1000"}, None, False),
+     {1: "c_append_single", **{n: f"c_append_batch_{n}" for n in (10, 100, 1000)}}, None),
     ("py_append_batch", "Python: Log.append_batch(list of n)", "comet", {1000: "py_batch_1000"},
-     lambda n, calls: time_appends("batch", n, calls), False),
+     partial(time_appends, "batch")),
     ("py_append_delimited", "Python: Log.append_delimited(buffer of n lines)", "comet",
-     {1000: "py_delimited_1000"}, lambda n, calls: time_appends("delimited", n, calls), False),
+     {1000: "py_delimited_1000"}, partial(time_appends, "delimited")),
     ("file", "Anchor: buffered file, one f.write per batch", "anchor",
-     {1: "file_single", 1000: "file_1000"}, time_file, False),
+     {1: "file_single", 1000: "file_1000"}, time_file),
     ("sqlite", "Anchor: SQLite WAL, one executemany transaction per batch", "anchor",
-     {1000: "sqlite_1000"}, time_sqlite, True),
-)
+     {1000: "sqlite_1000"}, time_sqlite))
 
 
 def run_sweep(scale: Scale) -> dict[str, benchlib.Series]:
     """The sweep points the cases do not measure: series sweep_<line>_<batch>, entries/s."""
     out = {}
-    for key, _, _, reused, measure, is_sqlite in SWEEP_LINES:
-        entries = scale.sweep_sqlite_entries if is_sqlite else scale.sweep_entries
+    for key, _, _, reused, measure in SWEEP_LINES:
+        entries = scale.sweep_sqlite_entries if key == "sqlite" else scale.sweep_entries
         for n in SWEEP_BATCHES:
             if n not in reused and measure is not None:
                 name = f"sweep_{key}_{n}"
                 print(f"[bench_storage] {name} ...", file=sys.stderr, flush=True)
 
-                def one_run(_i: int, m: Callable[[int, int], float] = measure, n: int = n) -> float:
+                def one_run(m: Callable[[int, int], float] = measure, n: int = n) -> float:
                     return entries // n * n / m(n, entries // n)
 
                 out[name] = benchlib.repeat(name, "entries/s", scale.runs, one_run)
@@ -332,8 +312,8 @@ def batch_sweep(series: dict[str, benchlib.Series], sweep: dict[str, benchlib.Se
                 "warmup_run": None if s.warmup is None else entries_per_s(s.warmup, s.unit, n),
                 "source": source, "entries_per_run": entries}
     lines = []
-    for key, label, kind, reused, _, is_sqlite in SWEEP_LINES:
-        entries = scale.sweep_sqlite_entries if is_sqlite else scale.sweep_entries
+    for key, label, kind, reused, _ in SWEEP_LINES:
+        entries = scale.sweep_sqlite_entries if key == "sqlite" else scale.sweep_entries
         points = [point(n, series[reused[n]], reused[n], None) if n in reused and reused[n] in series
                   else point(n, sweep[f"sweep_{key}_{n}"], f"sweep_{key}_{n}", entries // n * n)
                   for n in SWEEP_BATCHES if n in reused and reused[n] in series
@@ -347,8 +327,6 @@ def batch_sweep(series: dict[str, benchlib.Series], sweep: dict[str, benchlib.Se
             "go_reference_ns_per_call": {"1": [720, 900], "10": [3000, 3000],
                                          "100": [25000, 36000], "1000": [105000, 246000]}}
 
-
-# ---- the table ---------------------------------------------------------------------------
 
 # case, series, target (op, value) and its text, anchor series and name
 FILE, SQLITE = "buffered file write/entry", "SQLite 1000-row txn"
@@ -383,25 +361,19 @@ def build_rows(series: dict[str, benchlib.Series]) -> list[dict[str, Any]]:
 
 
 WHY_TARGETS_ARE_MISSED = [
-    "- Why a target is missed (analysis from runs on this machine):",
-    "  - C append, 1 entry (≤ 80 ns): the shard's robust mutex, the CRC32C, the copy into "
-    "the mapped segment, the sparse index and the shared state's position and stats stay "
-    "above 100 ns together.",
-    "  - C append_batch of 1000 (≤ 20 µs) and append_delimited of 1000 (≤ 25 µs): the "
-    "100 KB land in page-cache pages this VM first-touches (~10 µs per 4 KiB); the buffered "
-    "write of the same bytes (the anchor) costs about the same.",
-    "  - append_batch of a list of 1000 (≤ 60 µs): the C batch plus ~17 µs to build the "
-    "lengths from 1000 Python objects.",
-    "  - log.append (≤ 400 ns): an empty cffi call costs 205–275 ns here (the no-op anchor).",
-    "  - read (≥ 5 M/s) and 2 processes ÷ 1 (≥ 1.7×) pass on an idle machine; they fail "
-    "when other programs take a CPU.",
+    "- Why a target is missed (analysis from runs on this machine): C append of 1 (≤ 80 ns): "
+    "mutex, CRC32C, copy into the mapped segment, index and shared stats stay above 100 ns "
+    "together; 1000-entry batches (≤ 20/25 µs): the 100 KB land in pages this VM first-touches "
+    "(~10 µs per 4 KiB), as the anchor's write of the same bytes does; append_batch of a list "
+    "(≤ 60 µs): ~17 µs more to take the lengths of 1000 Python objects; log.append (≤ 400 ns): "
+    "an empty cffi call costs 205–275 ns here; read (≥ 5 M/s) and 2 processes ÷ 1 (≥ 1.7×) "
+    "fail only when other programs take a CPU.",
 ]
 
 
 def main(argv: list[str] | None = None) -> int:
     args = benchlib.parser(__doc__, "3 runs and smaller counts").parse_args(argv)
     scale = QUICK if args.quick else FULL
-    SCRATCH.mkdir(parents=True, exist_ok=True)
     ctx = benchlib.Context("bench_storage", SCRATCH, ["storage_c", "loadtests/c"])
     probes: dict[str, dict[str, Any]] = {}
 
@@ -412,30 +384,23 @@ def main(argv: list[str] | None = None) -> int:
         probes[name] = probe.stop()
         return result
 
-    def per_call(fn: Callable[[], float], calls: int, scale_to: float) -> Callable[[int], float]:
-        return lambda _i: fn() / calls * scale_to
-
     proc_raw: list[dict[str, Any]] = []
     try:
         series, c_raw = observed("c_core", lambda: run_c_bench(scale))
         s = scale
-        cases: list[tuple[str, str, Callable[[int], float]]] = [
-            ("py_append", "ns/call", per_call(lambda: time_appends("append", 1, s.single_calls),
-                                              s.single_calls, 1e9)),
-            ("py_batch_1000", "µs/call", per_call(lambda: time_appends("batch", BATCH, s.batch_calls),
-                                                  s.batch_calls, 1e6)),
-            ("py_delimited_1000", "µs/call", per_call(
-                lambda: time_appends("delimited", BATCH, s.batch_calls), s.batch_calls, 1e6)),
-            ("py_read", "entries/s", lambda _i: py_read(s)),
-            ("sqlite_1000", "µs/call", per_call(lambda: time_sqlite(BATCH, s.sqlite_batches),
-                                                s.sqlite_batches, 1e6)),
-            ("file_single", "ns/call", per_call(lambda: time_file(1, s.file_writes), s.file_writes, 1e9)),
-            ("file_1000", "µs/call", per_call(lambda: time_file(BATCH, s.file_batches),
-                                              s.file_batches, 1e6)),
-            ("cffi_floor", "ns/call", lambda _i: cffi_floor(s)),
-        ]
-        for name, unit, one_run in cases:
-            series[name] = observed(name, lambda: benchlib.repeat(name, unit, s.runs, one_run))
+        # name, unit, seconds for n calls (or the figure itself), n, the unit's scale
+        cases: list[tuple[str, str, Callable[[int], float], int, float]] = [
+            ("py_append", "ns/call", partial(time_appends, "append", 1), s.single_calls, 1e9),
+            ("py_batch_1000", "µs/call", partial(time_appends, "batch", BATCH), s.batch_calls, 1e6),
+            ("py_delimited_1000", "µs/call", partial(time_appends, "delimited", BATCH), s.batch_calls, 1e6),
+            ("py_read", "entries/s", lambda _: py_read(s), 1, 1.0),
+            ("sqlite_1000", "µs/call", partial(time_sqlite, BATCH), s.sqlite_batches, 1e6),
+            ("file_single", "ns/call", partial(time_file, 1), s.file_writes, 1e9),
+            ("file_1000", "µs/call", partial(time_file, BATCH), s.file_batches, 1e6),
+            ("cffi_floor", "ns/call", lambda _: cffi_floor(s), 1, 1.0)]
+        for name, unit, fn, n, k in cases:
+            series[name] = observed(name, lambda: benchlib.repeat(name, unit, s.runs,
+                                                                  lambda: fn(n) / n * k))
         series["sqlite_rate"] = benchlib.Series("sqlite_rate", "entries/s",
                                                 [BATCH / us * 1e6 for us in series["sqlite_1000"].runs])
         series.update(observed("py_processes", lambda: benchlib.repeat_many(
@@ -443,7 +408,7 @@ def main(argv: list[str] | None = None) -> int:
             s.runs, lambda i: py_processes(s, i, proc_raw))))
         sweep = batch_sweep(series, observed("batch_sweep", lambda: run_sweep(s)), s)
     finally:
-        benchlib.clear_dir(SCRATCH)
+        shutil.rmtree(SCRATCH, ignore_errors=True)
     machine = {**ctx.machine(), "sqlite": sqlite3.sqlite_version}
     notes = [
         f"- {GO_REFERENCE}",
@@ -457,18 +422,15 @@ def main(argv: list[str] | None = None) -> int:
         f"writes / {s.file_batches:,} joined writes; sweep points {s.sweep_entries:,} entries "
         f"({s.sweep_sqlite_entries:,} for SQLite). SQLite {machine['sqlite']}.",
         benchlib.cpu_note(probes),
-        *benchlib.machine_notes(machine, "storage_c/, loadtests/c/"),
         *WHY_TARGETS_ARE_MISSED,
     ]
-    benchlib.write_results(
-        args.results, "storage", "Storage benchmark", build_rows(series), notes,
-        {"machine": machine, "mode": "quick" if args.quick else "default", "scale": asdict(s),
-         "warm_mib": WARM_MIB, "entry_bytes": ENTRY_BYTES, "elapsed_s": round(ctx.elapsed, 1),
+    ctx.write(
+        args, "storage", "Storage benchmark", build_rows(series), notes,
+        {"scale": asdict(s), "warm_mib": WARM_MIB, "entry_bytes": ENTRY_BYTES,
          "series": {name: v.to_json() for name, v in series.items()}, "go_reference": GO_REFERENCE,
          "c_core_output": c_raw, "process_runs": proc_raw, "other_cpu_by_case": probes,
-         "batch_sweep": sweep},
-        extra_md="Throughput against batch size, in the same run (charted in REPORT.md):\n\n"
-                 + benchlib.sweep_table(sweep))
+         "batch_sweep": sweep}, machine, "Throughput against batch size, in the same run (charted "
+        "in REPORT.md):\n\n" + benchlib.sweep_table(sweep))
     return 0
 
 

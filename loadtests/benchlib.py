@@ -1,8 +1,5 @@
-"""What the benchmarks in ``loadtests/`` share: medians and repeated runs, the
-page-allocator warm-up, CPU probes, machine facts, rate formatting, the
-structured result rows ``report.py`` reads, and the writers of
-``loadtests/results/<area>.md`` and ``<area>.json``.
-"""
+"""What the benchmarks share: repeated runs and medians, the page-allocator warm-up,
+CPU probes, machine facts, result rows and the writers of ``results/<area>.md|json``."""
 
 from __future__ import annotations
 
@@ -32,12 +29,8 @@ def median(values: Sequence[float]) -> float:
 
 
 def warm_page_allocator(scratch: Path, mib: int = DEFAULT_WARM_MIB) -> float:
-    """Writes and deletes ``mib`` MiB in ``scratch``; returns the seconds it took.
-
-    This VM backs guest memory lazily: the first touch of a page costs ~10 µs
-    per 4 KiB (0.8 s for a first 256 MiB write, 0.07 s once warm), so a write
-    benchmark swings by up to 5x with what ran before it.  Written right
-    before a timer starts, the pages the measurement takes come from a warm pool."""
+    """Writes and deletes ``mib`` MiB in ``scratch`` (seconds taken): this VM's first touch of a
+    page costs ~10 µs per 4 KiB, so a timer started after this takes pages from a warm pool."""
     scratch.mkdir(parents=True, exist_ok=True)
     path = scratch / "warm-page-allocator.bin"
     chunk = b"\x00" * MiB
@@ -52,7 +45,6 @@ def warm_page_allocator(scratch: Path, mib: int = DEFAULT_WARM_MIB) -> float:
 @dataclass
 class Series:
     """Every measured run of one case, plus its unmeasured warm-up run."""
-
     name: str
     unit: str
     runs: list[float] = field(default_factory=list)
@@ -79,11 +71,9 @@ def repeat_many(units: dict[str, str], runs: int,
     return series
 
 
-def repeat(name: str, unit: str, runs: int, one_run: Callable[[int], float]) -> Series:
-    return repeat_many({name: unit}, runs, lambda i: {name: one_run(i)})[name]
+def repeat(name: str, unit: str, runs: int, one_run: Callable[[], float]) -> Series:
+    return repeat_many({name: unit}, runs, lambda i: {name: one_run()})[name]
 
-
-# ---- CPU used by others -----------------------------------------------------------------
 
 def _machine_busy() -> tuple[float, float, float]:
     """(wall, busy CPU s of the machine, CPU s of this process and its waited-for children)."""
@@ -112,25 +102,19 @@ def process_ticks() -> dict[int, tuple[int, int, str]]:
 
 
 def _descendants(ticks: dict[int, tuple[int, int, str]]) -> set[int]:
-    children: dict[int, list[int]] = {}
-    for pid, (_, ppid, _) in ticks.items():
-        children.setdefault(ppid, []).append(pid)
     out: set[int] = set()
     todo = [os.getpid()]
     while todo:
-        for child in children.get(todo.pop(), []):
-            if child not in out:
-                out.add(child)
-                todo.append(child)
+        parent = todo.pop()
+        todo += [pid for pid, (_, ppid, _) in ticks.items() if ppid == parent and pid not in out]
+        out.update(todo)
     return out
 
 
 @dataclass(frozen=True)
 class CpuProbe:
-    """Started before a case, stopped after it: the share of the machine's CPU that
-    anything but this benchmark used meanwhile, and who.  Live children of this
-    process (a Spark JVM, its workers) count as the benchmark's own."""
-
+    """Started before a case, stopped after it: the share of the machine's CPU that anything
+    but this benchmark and its live children (a Spark JVM) used meanwhile, and who."""
     start_busy: tuple[float, float, float]
     ticks: dict[int, tuple[int, int, str]]
 
@@ -140,8 +124,7 @@ class CpuProbe:
 
     def stop(self, min_share: float = 0.05) -> dict[str, Any]:
         wall0, busy0, own0 = self.start_busy
-        wall1, busy1, own1 = _machine_busy()
-        ticks = process_ticks()
+        (wall1, busy1, own1), ticks = _machine_busy(), process_ticks()
         tree = _descendants(ticks)
         hz, wall = os.sysconf("SC_CLK_TCK"), max(wall1 - wall0, 1e-9)
         # CPU time of each process since the start; a process of the tree started since counts whole
@@ -157,31 +140,15 @@ class CpuProbe:
                                 for share, pid in busy]}
 
 
-# ---- machine, code, directories ---------------------------------------------------------
-
 def fresh_dir(path: Path) -> Path:
-    if path.exists():
-        shutil.rmtree(path)
+    shutil.rmtree(path, ignore_errors=True)
     path.mkdir(parents=True)
     return path
 
 
-def clear_dir(path: Path) -> None:
-    """Removes everything inside ``path``, keeping the directory."""
-    for child in path.iterdir() if path.is_dir() else ():
-        if child.is_dir() and not child.is_symlink():
-            shutil.rmtree(child, ignore_errors=True)
-        else:
-            child.unlink(missing_ok=True)
-
-
 def _first(path: str, prefix: str) -> str:
-    try:
-        with open(path, encoding="utf-8") as f:
-            return next((line.split(":", 1)[1].strip() for line in f if line.startswith(prefix)),
-                        "unknown")
-    except OSError:
-        return "unknown"
+    lines = Path(path).read_text(encoding="utf-8").splitlines()
+    return next((line.split(":", 1)[1].strip() for line in lines if line.startswith(prefix)), "unknown")
 
 
 def _filesystem_of(path: Path) -> str:
@@ -222,6 +189,7 @@ class Context:
 
     def __init__(self, name: str, scratch: Path, code: Sequence[str]) -> None:
         self.name, self.scratch, self.code = name, scratch, code
+        scratch.mkdir(parents=True, exist_ok=True)
         self.t0 = time.perf_counter()
         self.source = source_state(code)
         probe = CpuProbe.start()
@@ -242,10 +210,20 @@ class Context:
                 "code_changed_during_run": source_state(self.code) != self.source,
                 "loadavg_end": Path("/proc/loadavg").read_text().strip()}
 
+    def write(self, args: argparse.Namespace, area: str, title: str, rows: list[dict[str, Any]],
+              notes: list[str], data: dict[str, Any], machine: dict[str, Any] | None = None,
+              extra_md: str = "") -> None:
+        """write_results with the machine, the mode, the time taken and the machine notes."""
+        machine = machine or self.machine()
+        write_results(args.results, area, title, rows, [*notes, *machine_notes(machine, self.code)],
+                      {"machine": machine, "mode": "quick" if args.quick else "default", **data,
+                       "elapsed_s": round(self.elapsed, 1)}, extra_md)
 
-def machine_notes(machine: dict[str, Any], code: str) -> list[str]:
+
+def machine_notes(machine: dict[str, Any], code: Sequence[str]) -> list[str]:
     """The notes on the code measured and the machine, as every report ends."""
-    return [f"- Code: commit {machine['commit']}; {code} changed since: "
+    dirs = ", ".join(c if "." in c else c.rstrip("/") + "/" for c in code)
+    return [f"- Code: commit {machine['commit']}; {dirs} changed since: "
             f"{machine['code_changed_since_commit']}"
             + ("; CHANGED DURING THE RUN (figures mix versions)"
                if machine["code_changed_during_run"] else "") + ".",
@@ -265,32 +243,19 @@ def cpu_note(probes: dict[str, dict[str, Any]]) -> str:
             + ("; ".join(noisy) if noisy else "none") + ".")
 
 
-# ---- figures, rows, tables --------------------------------------------------------------
-
 def fmt_rate(value: float, unit: str) -> str:
     """``1.23 M events/s``, ``45.6 k req/s``, ``789 MB/s``."""
-    if value >= 1e6:
-        return f"{value / 1e6:.2f} M {unit}"
-    if value >= 1e4:
-        return f"{value / 1e3:.1f} k {unit}"
-    return f"{value:,.0f} {unit}"
-
-
-def fmt_time(value: float, unit: str) -> str:
-    """``123 ns/call``, ``45.6 µs/call``, ``1.23 ms``."""
-    return f"{value:,.0f} {unit}" if unit.startswith("ns") or value >= 100 else f"{value:,.1f} {unit}"
+    return (f"{value / 1e6:.2f} M {unit}" if value >= 1e6 else f"{value / 1e3:.1f} k {unit}"
+            if value >= 1e4 else f"{value:,.0f} {unit}")
 
 
 def fmt_value(value: float, unit: str) -> str:
+    """``1.23×``, a rate (fmt_rate), ``123 ns/call``, ``45.6 µs/call``."""
     if unit == "x":
         return f"{value:.2f}×"
     if unit.endswith("/s"):
         return fmt_rate(value, unit)
-    return fmt_time(value, unit)
-
-
-def met(value: float, target: dict[str, Any]) -> bool:
-    return value <= target["value"] if target["op"] == "<=" else value >= target["value"]
+    return f"{value:,.0f} {unit}" if unit.startswith("ns") or value >= 100 else f"{value:,.1f} {unit}"
 
 
 def row(case: str, key: str | None, figure: float | None, unit: str, figure_text: str = "", *,
@@ -298,17 +263,15 @@ def row(case: str, key: str | None, figure: float | None, unit: str, figure_text
         ratio_text: str | None = None, target: dict[str, Any] | None = None,
         target_text: str = "—", passed: bool | None = None, verdict: str | None = None,
         reference: str | None = None, runs_text: str = "—") -> dict[str, Any]:
-    """One row of a benchmark's results, as ``report.py`` reads them.
-
-    ``anchor`` is ``anchor_ref(...)`` of the row compared with; ``ratio`` is in throughput
-    terms (> 1: faster than the anchor); ``target`` is ``{"op": "<=" | ">=", "value",
-    "unit"}`` (unit "x": a bound on the ratio), and ``passed`` follows from it unless given;
-    ``verdict`` is the Pass cell; ``reference`` a figure quoted, not measured here."""
+    """One result row, as ``report.py`` reads it: ``ratio`` in throughput terms (> 1: faster
+    than ``anchor``); ``target`` {"op": "<=" | ">=", "value", "unit"} (unit "x": a bound on
+    the ratio) decides ``passed`` unless given; ``reference``: a figure quoted, not measured."""
     if figure is not None and not figure_text:
         figure_text = fmt_value(figure, unit)
     if passed is None and target is not None and figure is not None:
         bounded = ratio if target["unit"] == "x" and unit != "x" else figure
-        passed = None if bounded is None else met(bounded, target)
+        passed = None if bounded is None else (bounded <= target["value"] if target["op"] == "<="
+                                               else bounded >= target["value"])
     if verdict is None:
         verdict = "—" if passed is None else ("PASS" if passed else "FAIL")
     if ratio_text is None:
@@ -327,26 +290,31 @@ def anchor_ref(key: str | None, name: str, figure: float | None, unit: str,
 
 def series_row(case: str, s: Series, anchor: Series | None = None, anchor_name: str = "",
                target: tuple[str, float] | None = None, target_text: str = "—",
-               reference: str | None = None) -> dict[str, Any]:
+               reference: str | None = None, target_unit: str | None = None) -> dict[str, Any]:
     """A row from measured series: the ratio in throughput terms whatever the unit (a time
-    per call is inverted), the target a bound on the figure."""
+    per call is inverted), the target a bound on the figure (target_unit "x": on the ratio)."""
     faster = s.unit.endswith("/s") or s.unit == "x"
     return row(case, s.name, s.median, s.unit, role="anchor" if case.startswith("Anchor:") else "case",
                anchor=None if anchor is None else anchor_ref(anchor.name, anchor_name, anchor.median,
                                                              anchor.unit),
                ratio=None if anchor is None else (s.median / anchor.median if faster
                                                   else anchor.median / s.median),
-               target=None if target is None else {"op": target[0], "value": target[1], "unit": s.unit},
+               target=None if target is None else {"op": target[0], "value": target[1],
+                                                   "unit": target_unit or s.unit},
                target_text=target_text, reference=reference, runs_text=runs_text(s))
 
 
 def sweep_table(sweep: dict[str, Any]) -> str:
     """storage.json's ``batch_sweep`` as a table: M entries/s of every line by batch size."""
-    sizes, lines = sweep["batch_sizes"], [*sweep["lines"], *sweep.get("extra_points", [])]
+    sizes = sweep["batch_sizes"]
     return markdown_table(["M entries/s (median)", *(f"batch {n}" for n in sizes)],
                           [[line["label"], *(f"{by[n] / 1e6:.2f}" if n in by else "—" for n in sizes)]
-                           for line in lines
+                           for line in sweep_lines(sweep)
                            for by in [{int(p["batch"]): p["entries_per_s"] for p in line["points"]}]])
+
+
+def sweep_lines(sweep: dict[str, Any]) -> list[dict[str, Any]]:
+    return [*sweep["lines"], *sweep.get("extra_points", [])]
 
 
 def build_c(source: Path, out: Path) -> Path:
@@ -381,8 +349,6 @@ def runs_text(s: Series) -> str:
     return ", ".join(fmt_value(v, s.unit).removesuffix(unit) for v in s.runs) + unit
 
 
-# ---- command line and output ------------------------------------------------------------
-
 def parser(doc: str, quick: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=doc.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -402,9 +368,11 @@ def write_results(results: Path, area: str, title: str, rows: list[dict[str, Any
     print(text)
     print(json.dumps({"rows": rows}, ensure_ascii=False))
     results.mkdir(parents=True, exist_ok=True)
-    for name, content in ((f"{area}.md", text),
-                          (f"{area}.json", json.dumps({**data, "rows": rows}, indent=2,
-                                                      ensure_ascii=False, default=str) + "\n")):
-        tmp = results / (name + ".tmp")
-        tmp.write_text(content, encoding="utf-8")
-        os.replace(tmp, results / name)
+    write_atomic(results / f"{area}.md", text)
+    write_atomic(results / f"{area}.json",
+                 json.dumps({**data, "rows": rows}, indent=2, ensure_ascii=False, default=str) + "\n")
+
+
+def write_atomic(path: Path, text: str) -> None:
+    path.with_name(path.name + ".tmp").write_text(text, encoding="utf-8")
+    os.replace(path.with_name(path.name + ".tmp"), path)

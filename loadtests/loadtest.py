@@ -1,17 +1,8 @@
-"""Locust load test of the gateway, with a no-loss, no-duplicate check; and its soak variant.
+"""Locust load test of ``comet serve`` with a no-loss, no-duplicate check of every 202;
+``--soak`` adds retention, `comet ship` into a directory and bounds on disk use and lag.
 
-    make loadtest                                   # 60 s, 16 users (LOADTEST_SECONDS, LOADTEST_USERS)
-    make soak                                       # 300 s with retention and `comet ship` (SOAK_SECONDS)
+    make loadtest | make soak
     .venv/bin/python loadtests/loadtest.py --run-time 30 --users 8 BatchUser KeyedUser
-
-``comet serve`` (``gateway.testing.Gateway``), then ``locust --headless`` with
-``locustfile.py`` (in ``.venv-locust``, created when missing), which records
-every answer; after TERM every stored entry is matched to the 202 that
-acknowledged it (``check``).  ``--soak`` paces the load, sets a retention
-budget and runs ``comet ship`` into a directory: the log must stay within
-the budget plus one segment, the ship lag bounded and drained after the load,
-every acknowledged event in the log or the sink exactly once.  Results:
-``results/<name>.json`` and locust's CSV files; exit status 0 only if all held.
 """
 
 from __future__ import annotations
@@ -25,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import suppress
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
@@ -37,7 +29,7 @@ from storage_c import CometError, Config, Log, StreamNotFound
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from benchlib import machine_info  # noqa: E402
+from benchlib import machine_info, write_atomic  # noqa: E402
 from report import loadtest_summary  # noqa: E402
 
 LOCUST_VENV = HERE.parent / ".venv-locust"
@@ -49,19 +41,13 @@ READ_CONFIG = Config(create=False, auto_create_streams=False, background_flush=F
 
 
 def ensure_locust_venv(venv: Path = LOCUST_VENV) -> Path:
-    """``venv/bin/locust``, installed from requirements-locust.txt when missing or older."""
+    """``venv/bin/locust``, installed by `make locust-venv` when missing or older than
+    requirements-locust.txt."""
     locust, stamp = venv / "bin" / "locust", venv / ".installed"
-    if locust.exists() and stamp.exists() and stamp.stat().st_mtime >= REQUIREMENTS.stat().st_mtime:
-        return locust
-    print(f"installing locust into {venv} ...", flush=True)
-    python = venv / "bin" / "python"
-    if not python.exists():
-        subprocess.run([getattr(sys, "_base_executable", None) or sys.executable, "-m", "venv",
-                        str(venv)], check=True)
-    pip = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
-    subprocess.run(pip + ["--upgrade", "pip"], check=True)
-    subprocess.run(pip + ["-r", str(REQUIREMENTS)], check=True)
-    stamp.touch()
+    if not (locust.exists() and stamp.exists()
+            and stamp.stat().st_mtime >= REQUIREMENTS.stat().st_mtime):
+        subprocess.run(["make", "-C", str(HERE.parent), "locust-venv",
+                        f"LOCUST_VENV={venv.resolve()}"], check=True)
     return locust
 
 
@@ -78,14 +64,10 @@ def stop_group(proc: subprocess.Popen[bytes] | None, timeout: float = 60.0) -> i
         except subprocess.TimeoutExpired:
             print(f"process {proc.pid} did not stop within {timeout:.0f} s: killing its group",
                   file=sys.stderr)
-    try:
+    with suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
     return proc.wait()
 
-
-# ---- what locust recorded, and the check -------------------------------------------------
 
 @dataclass
 class Records:
@@ -327,8 +309,6 @@ def check_shard(log: Log, stream: str, shard: int, exists: bool, records: Record
             rep.unanswered_stored += 1  # no answer, or no record at all: the client died
 
 
-# ---- soak sampling -----------------------------------------------------------------------
-
 @dataclass
 class Sample:
     t: float
@@ -351,14 +331,12 @@ def take_sample(data_dir: Path, t0: float, phase: str) -> Sample:
             if name.endswith((".log", ".idx")) and os.path.basename(root).startswith("shard-"):
                 counted += st.st_size
     lag, appended = None, 0
-    try:
+    with suppress(StreamNotFound, CometError):
         with Log(data_dir, READ_CONFIG) as log:
             stats = log.stats(STREAM)
         infos = [g for g in stats.groups if g.name == "ship"]
         lag = sum(g.lag for g in infos) if infos else None
         appended = sum(s.next_entry for s in stats.shards)
-    except (StreamNotFound, CometError):
-        pass
     return Sample(round(time.monotonic() - t0, 2), counted, used, lag, appended, phase)
 
 
@@ -415,10 +393,6 @@ def judge_soak(args: argparse.Namespace, samples: list[Sample], segment_bytes: i
                 "retention deleted nothing: the run was too short or too slow to reach the "
                 "budget, so the bound was not exercised"]}
 
-
-# ---- locust's figures, the summary -------------------------------------------------------
-
-# ---- the run -----------------------------------------------------------------------------
 
 class Interrupted(Exception):
     pass
@@ -542,11 +516,11 @@ def run(args: argparse.Namespace) -> int:
         check_s = time.monotonic() - t_check
         if args.soak:
             samples.append(take_sample(data_dir, t0, "stopped"))
-            soak.update(judge_soak(args, samples, int(storage["segment_bytes"]), budget, report))
-            soak["problems"] += [soak["drain_problem"]] if soak.get("drain_problem") else []
-            if soak.get("ship_exit_code") not in (0, None):
-                soak["problems"].append(f"comet ship exited {soak['ship_exit_code']}")
-            soak["ship_log"] = scan_log(scratch / "ship.log")
+            soak.update(judge_soak(args, samples, int(storage["segment_bytes"]), budget, report),
+                        ship_log=scan_log(scratch / "ship.log"))
+            soak["problems"] += ([soak["drain_problem"]] if soak.get("drain_problem") else []) + (
+                [f"comet ship exited {soak['ship_exit_code']}"]
+                if soak.get("ship_exit_code") not in (0, None) else [])
             with open(results / f"{args.name}_samples.csv", "w", newline="") as f:
                 csv.writer(f).writerows([["t_s", "phase", "log_bytes", "du_bytes", "lag", "appended"],
                                          *([x.t, x.phase, x.log_bytes, x.du_bytes,
@@ -582,8 +556,7 @@ def run(args: argparse.Namespace) -> int:
             **({"soak": soak} if args.soak else {}),
         }
         out = results / f"{args.name}.json"
-        out.with_name(out.name + ".tmp").write_text(json.dumps(result, indent=2, default=str) + "\n")
-        out.with_name(out.name + ".tmp").replace(out)
+        write_atomic(out, json.dumps(result, indent=2, default=str) + "\n")
         print(f"\n{loadtest_summary(result)}\n\nresults: {out} and {csv_prefix}_*.csv")
         return 0 if ok else 1
     finally:

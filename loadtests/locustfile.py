@@ -1,18 +1,6 @@
-"""Locust scenarios for the gateway's ingest path (``POST /streams/{name}``), run by
-``loadtest.py`` in ``.venv-locust`` (locust patches the standard library with gevent).
-
-User classes: ``SingleEventUser`` (1 JSON event per request), ``BatchUser``
-(100-event NDJSON), ``KeyedUser`` (10-event NDJSON with a key from ``--keys``,
-as ``?key=`` or ``X-Comet-Key``), ``GzipBatchUser`` (100 events, gzip),
-``MixUser`` (all of them, 4:2:2:1).  Every answer but a matching 202 is a
-failure.  Every event names its request and index (``{"r": id, "i": k}``);
-with ``COMET_LT_RECORD_DIR`` set, each process appends one line per answer to
-``acks-<pid>.ndjson``: ``{"r", "s", "sh", "f", "l", "n", "k"}`` for a 202,
-``{"r", "s", "n", "st"}`` otherwise (``st`` 0: no answer, outcome unknown).
-``--user-rps`` paces every user.  When locust quits, the exit code is 1 if
-``--max-fail-ratio`` or ``--max-p95-ms`` is passed (or nothing was sent),
-and ``verdict.json`` says why and holds the final figures by request name.
-"""
+"""Locust scenarios for ``POST /streams/{name}``, run by ``loadtest.py`` in ``.venv-locust``.
+Each event names its request and index; with ``COMET_LT_RECORD_DIR`` set, each process
+appends a line per answer to ``acks-<pid>.ndjson`` and the master writes ``verdict.json``."""
 
 from __future__ import annotations
 
@@ -44,22 +32,20 @@ class Recorder:
         self.pid = 0
 
     def write(self, record: dict[str, Any]) -> None:
-        if self.directory is None:
-            return
-        if self.file is None or self.pid != os.getpid():
+        if self.directory is not None and (self.file is None or self.pid != os.getpid()):
             self.pid = os.getpid()
             os.makedirs(self.directory, exist_ok=True)
             self.file = open(os.path.join(self.directory, f"acks-{self.pid}.ndjson"), "a",
                              encoding="utf-8", buffering=1 << 20)
-        self.file.write(json.dumps(record, separators=(",", ":")) + "\n")
+        if self.file is not None:
+            self.file.write(json.dumps(record, separators=(",", ":")) + "\n")
 
     def close(self, flush_only: bool = False) -> None:
-        if self.file is None or self.pid != os.getpid():
-            return
-        self.file.flush()
-        if not flush_only:
-            self.file.close()
-            self.file = None
+        if self.file is not None and self.pid == os.getpid():
+            self.file.flush()
+            if not flush_only:
+                self.file.close()
+                self.file = None
 
 
 RECORDER = Recorder()
@@ -101,7 +87,7 @@ class CometUser(FastHttpUser):
         self._pace = constant_throughput(rps) if rps > 0 else None
 
     def wait_time(self) -> float:
-        """None between requests (as fast as possible), unless --user-rps paces each user."""
+        """No pause between requests unless --user-rps paces each user."""
         return float(self._pace(self)) if self._pace is not None else 0.0
 
     def post(self, name: str, count: int, *, key: str | None = None, key_header: bool = False,
@@ -174,9 +160,6 @@ class MixUser(CometUser):
              CometUser.gzip_batch: 1}
 
 
-# ---- options, records and thresholds ------------------------------------------------------
-
-
 @events.init_command_line_parser.add_listener
 def add_options(parser: Any) -> None:
     parser.add_argument("--max-fail-ratio", type=float, env_var="COMET_LT_MAX_FAIL_RATIO",
@@ -207,13 +190,9 @@ def check_thresholds(environment: Any, **_: Any) -> None:
     total = environment.stats.total
     ratio = total.fail_ratio
     p95 = total.get_response_time_percentile(0.95) if total.num_requests else 0
-    problems = []
-    if total.num_requests == 0:
-        problems.append("no request was made")
-    if ratio > max_ratio:
-        problems.append(f"failure ratio {ratio:.4f} is above {max_ratio}")
-    if p95 > max_p95:
-        problems.append(f"p95 {p95} ms is above {max_p95} ms")
+    problems = ([] if total.num_requests else ["no request was made"]) + (
+        [f"failure ratio {ratio:.4f} is above {max_ratio}"] if ratio > max_ratio else []) + (
+        [f"p95 {p95} ms is above {max_p95} ms"] if p95 > max_p95 else [])
     for problem in problems:
         log.error("threshold: %s", problem)
     environment.process_exit_code = 1 if problems else 0

@@ -1,10 +1,7 @@
-"""Performance report: the four benchmark areas in one page, plus the storage batch chart.
+"""Performance report: REPORT.md and the storage batch chart from the result files
+(it measures nothing).
 
-    make report         # loadtests/results/REPORT.md and storage_batch.png from the result files
-    .venv/bin/python loadtests/report.py [--results DIR] [--out FILE] [--chart FILE | --no-chart]
-
-It measures nothing: figures, anchors, ratios, targets and verdicts are the
-``rows`` of each ``<area>.json``, the notes those of each ``<area>.md``.
+    make report   # or: .venv/bin/python loadtests/report.py [--results DIR] [--out FILE] [--chart FILE | --no-chart]
 """
 
 from __future__ import annotations
@@ -22,7 +19,7 @@ from typing import Any, Sequence
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from benchlib import BUSY_SHARE, markdown_table, sweep_table  # noqa: E402
+from benchlib import BUSY_SHARE, markdown_table, sweep_lines, sweep_table, write_atomic  # noqa: E402
 
 RESULTS = HERE / "results"
 CHART_NAME = "storage_batch.png"
@@ -97,9 +94,8 @@ def load_area(results: Path, area: Area) -> AreaResult:
             raise ValueError("not a JSON object")
     except (OSError, ValueError) as exc:
         return AreaResult(area, f"unreadable: {type(exc).__name__}: {exc}")
-    if not md.exists():
-        return AreaResult(area, "ok", data)
-    return AreaResult(area, "ok", data, md_notes(md.read_text(encoding="utf-8")), md)
+    return AreaResult(area, "ok", data, *((md_notes(md.read_text(encoding="utf-8")), md)
+                                          if md.exists() else ()))
 
 
 def md_notes(text: str) -> list[str]:
@@ -107,19 +103,13 @@ def md_notes(text: str) -> list[str]:
     lines = text.splitlines()
     start = next((i for i, line in enumerate(lines) if line.strip() == "Notes:"), len(lines))
     out: list[str] = []
-    for line in lines[start + 1:]:
-        if line.startswith("#"):
-            break
-        if not line.strip():
-            continue
-        if out and not line.lstrip().startswith("- "):
+    for line in itertools.takewhile(lambda x: not x.startswith("#"), lines[start + 1:]):
+        if out and line.strip() and not line.lstrip().startswith("- "):
             out[-1] += " " + line.strip()   # a wrapped item
-        else:
+        elif line.strip():
             out.append(line.rstrip())
     return out
 
-
-# ---- formatting --------------------------------------------------------------------------
 
 def anchor_name(anchor: dict[str, Any]) -> str:
     return str(anchor["name"]).removeprefix("Anchor: ")
@@ -147,16 +137,12 @@ def code_state(m: dict[str, Any]) -> str:
 
 def other_cpu_max(node: Any) -> float | None:
     """The largest ``other_share`` anywhere in a result file, None when not recorded."""
-    found: list[float] = []
-    todo = [node]
-    while todo:
-        n = todo.pop()
-        if isinstance(n, dict):
-            found += [float(v) for k, v in n.items() if k == "other_share" and isinstance(v, (int, float))]
-            todo += [v for k, v in n.items() if k != "other_share"]
-        elif isinstance(n, list):
-            todo += n
-    return max(found) if found else None
+    if isinstance(node, dict):
+        found = [(float(v) if isinstance(v, (int, float)) else None) if k == "other_share"
+                 else other_cpu_max(v) for k, v in node.items()]
+    else:
+        found = [other_cpu_max(v) for v in node] if isinstance(node, list) else []
+    return max((f for f in found if f is not None), default=None)
 
 
 def fmt_share(share: float | None) -> str:
@@ -164,9 +150,8 @@ def fmt_share(share: float | None) -> str:
 
 
 def reproduce(area: Area, data: dict[str, Any]) -> str:
-    if area in (LOADTEST, SOAK):
-        return f"`{area.script}`"
-    return f"`.venv/bin/python {area.script}{' --quick' if data.get('mode') == 'quick' else ''}`"
+    return (f"`{area.script}`" if area in (LOADTEST, SOAK) else
+            f"`.venv/bin/python {area.script}{' --quick' if data.get('mode') == 'quick' else ''}`")
 
 
 def relative(path: Path, start: Path) -> str:
@@ -176,13 +161,6 @@ def relative(path: Path, start: Path) -> str:
 def slug(title: str) -> str:
     """GitHub's anchor for a heading."""
     return re.sub(r"[^\w\- ]", "", title.lower()).replace(" ", "-")
-
-
-# ---- the chart ---------------------------------------------------------------------------
-
-def sweep_lines(storage: dict[str, Any]) -> list[dict[str, Any]]:
-    sweep = storage["batch_sweep"]
-    return [*sweep["lines"], *sweep.get("extra_points", [])]
 
 
 def make_chart(storage: AreaResult, path: Path) -> dict[str, list[tuple[int, float]]]:
@@ -197,7 +175,7 @@ def make_chart(storage: AreaResult, path: Path) -> dict[str, list[tuple[int, flo
     styles = {"comet": {"linestyle": "-", "linewidth": 2.2},
               "anchor": {"linestyle": "--", "linewidth": 1.8}}
     markers = itertools.cycle("osD^vP*X")
-    for line in sweep_lines(storage.data):
+    for line in sweep_lines(storage.data["batch_sweep"]):
         pts = sorted((int(p["batch"]), float(p["entries_per_s"])) for p in line["points"]
                      if p.get("entries_per_s"))
         if not pts:
@@ -212,12 +190,8 @@ def make_chart(storage: AreaResult, path: Path) -> dict[str, list[tuple[int, flo
                                       for n, (lo, hi) in go.items()))
         ax.fill_between(xs, lows, highs, color="grey", alpha=0.18,
                         label="Go Comet, quoted in issue 2 (not measured here)")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xticks([1, 10, 100, 1000])
-    ax.set_xticklabels(["1", "10", "100", "1000"])
-    ax.set_xlabel("entries per call (batch size)")
-    ax.set_ylabel("entries/s (median, log scale)")
+    ax.set(xscale="log", yscale="log", xticks=[1, 10, 100, 1000], xticklabels=["1", "10", "100", "1000"],
+           xlabel="entries per call (batch size)", ylabel="entries/s (median, log scale)")
     m = storage.machine
     sub = (f"{m.get('nproc', '?')} CPUs {m.get('cpu_model', '')}, {m.get('date_utc')}, "
            f"mode {storage.data.get('mode', '?')}")
@@ -240,7 +214,7 @@ def make_chart(storage: AreaResult, path: Path) -> dict[str, list[tuple[int, flo
 def sweep_headline(storage: AreaResult) -> str:
     """Entries/s of each chart line at its smallest and largest batch."""
     parts = []
-    for line in sweep_lines(storage.data):
+    for line in sweep_lines(storage.data["batch_sweep"]):
         pts = sorted((int(p["batch"]), float(p["entries_per_s"])) for p in line["points"])
         if line["key"] in SWEEP_SHORT and pts:
             ends = [pts[0], pts[-1]] if len(pts) > 1 else pts
@@ -249,8 +223,6 @@ def sweep_headline(storage: AreaResult) -> str:
                             else f" (batch {' → '.join(str(n) for n, _ in ends)})"))
     return ("M entries/s at batch 1 → 1000: " + "; ".join(parts)) if parts else "no points"
 
-
-# ---- the report --------------------------------------------------------------------------
 
 def headline_text(row: dict[str, Any]) -> str:
     extra = []
@@ -379,16 +351,11 @@ def build(results_dir: Path, out: Path, chart: Path | None) -> dict[str, Any]:
     """Writes the report (and the chart unless ``chart`` is None); returns what it did."""
     results = [load_area(results_dir, area) for area in AREAS]
     extra = [load_area(results_dir, LOADTEST), load_area(results_dir, SOAK)]
-    plotted: dict[str, list[tuple[int, float]]] = {}
-    if chart is not None and results[0].ran:
-        plotted = make_chart(results[0], chart)
-    else:
-        chart = None
+    chart = chart if results[0].ran else None
+    plotted = make_chart(results[0], chart) if chart is not None else {}
     generated = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(render(results, extra, out, chart, generated), encoding="utf-8")
-    os.replace(tmp, out)
+    write_atomic(out, render(results, extra, out, chart, generated))
     return {"report": out, "chart": chart, "plotted": plotted,
             "areas": {r.area.key: r.status for r in [*results, *extra]}}
 
