@@ -8,6 +8,7 @@
  * reader tell a stale or misplaced entry from the one it expects, and gives
  * resynchronisation an exact count of what was skipped.
  */
+#include <stddef.h>
 #include <string.h>
 
 #include "crc32c.h"
@@ -98,6 +99,27 @@ static int header_is_zero(const uint8_t *p)
     return (a | b | c) == 0;
 }
 
+int64_t entry_timestamp(const segment *seg, uint64_t off)
+{
+    int64_t ts;
+    memcpy(&ts, seg->map + off + offsetof(entry_header, timestamp), sizeof ts);
+    return ts;
+}
+
+uint32_t entry_len_flags(const segment *seg, uint64_t off)
+{
+    uint32_t v;
+    memcpy(&v, seg->map + off + offsetof(entry_header, len_flags), sizeof v);
+    return v;
+}
+
+uint32_t entry_number_low(const segment *seg, uint64_t off)
+{
+    uint32_t v;
+    memcpy(&v, seg->map + off + offsetof(entry_header, entry_lo), sizeof v);
+    return v;
+}
+
 entry_check entry_validate(const segment *seg, uint64_t off, uint64_t expect_entry,
                            uint32_t max_len, uint32_t *len_flags_out)
 {
@@ -106,15 +128,13 @@ entry_check entry_validate(const segment *seg, uint64_t off, uint64_t expect_ent
     const uint8_t *p = seg->map + off;
     if (header_is_zero(p))
         return ENTRY_END;
-    uint32_t crc, len_flags, entry_lo;
-    memcpy(&crc, p, 4);
-    memcpy(&len_flags, p + 4, 4);
-    memcpy(&entry_lo, p + 8, 4);
+    uint32_t crc, len_flags = entry_len_flags(seg, off), entry_lo = entry_number_low(seg, off);
+    memcpy(&crc, p + offsetof(entry_header, crc), 4);
     uint32_t len = len_flags & ENTRY_LEN_MASK;
     if ((len_flags & ENTRY_FLAGS_RESERVED) || len > max_len ||
         off + ENTRY_HEADER_BYTES + len > seg->capacity || entry_lo != (uint32_t)expect_entry)
         return ENTRY_BAD;
-    if (entry_checksum(p + 4, p + ENTRY_HEADER_BYTES, len) != crc)
+    if (entry_checksum(p + offsetof(entry_header, len_flags), p + ENTRY_HEADER_BYTES, len) != crc)
         return ENTRY_BAD;
     *len_flags_out = len_flags;
     return ENTRY_OK;
@@ -125,9 +145,7 @@ entry_check entry_validate(const segment *seg, uint64_t off, uint64_t expect_ent
 static int plausible(const segment *seg, uint64_t p, uint64_t from_off, uint64_t expect,
                      uint32_t max_len, uint64_t *entry_out)
 {
-    uint32_t len_flags, entry_lo;
-    memcpy(&len_flags, seg->map + p + 4, 4);
-    memcpy(&entry_lo, seg->map + p + 8, 4);
+    uint32_t len_flags = entry_len_flags(seg, p), entry_lo = entry_number_low(seg, p);
     if (len_flags & ENTRY_FLAGS_RESERVED)
         return 0;
     uint32_t len = len_flags & ENTRY_LEN_MASK;
@@ -171,8 +189,7 @@ int entry_resync(const segment *seg, uint64_t off, uint64_t expect_entry, uint64
     if (limit > seg->capacity)
         limit = seg->capacity;
     if (off + ENTRY_HEADER_BYTES <= limit) {
-        uint32_t len_flags;
-        memcpy(&len_flags, seg->map + off + 4, 4);
+        uint32_t len_flags = entry_len_flags(seg, off);
         uint64_t next = off + ENTRY_HEADER_BYTES + (len_flags & ENTRY_LEN_MASK);
         if (!(len_flags & ENTRY_FLAGS_RESERVED) && next < limit &&
             entry_validate(seg, next, expect_entry + 1, max_len, &lf) == ENTRY_OK) {

@@ -259,9 +259,8 @@ int index_rebuild(segment *seg, const char *dir, uint32_t shard_id, uint64_t end
             continue;
         }
         if (off - last >= interval && count < capacity) {
-            int64_t ts;
-            memcpy(&ts, seg->map + off + 12, 8);
-            records[count++] = (index_record){(uint32_t)(entry - seg->base), (uint32_t)off, ts};
+            records[count++] = (index_record){(uint32_t)(entry - seg->base), (uint32_t)off,
+                                              entry_timestamp(seg, off)};
             last = off;
         }
         off += ENTRY_HEADER_BYTES + (lf & ENTRY_LEN_MASK);

@@ -112,6 +112,11 @@ typedef enum entry_check {
 
 entry_check entry_validate(const segment *seg, uint64_t off, uint64_t expect_entry,
                            uint32_t max_len, uint32_t *len_flags);
+/* Fields of the entry header at off of a segment's mapping (FORMAT.md,
+ * Entries); the one place that knows where they sit. */
+int64_t entry_timestamp(const segment *seg, uint64_t off);
+uint32_t entry_len_flags(const segment *seg, uint64_t off);
+uint32_t entry_number_low(const segment *seg, uint64_t off);
 /* Writes one entry at dst (header then payload). flags are ENTRY_FLAG_*. */
 void entry_write(uint8_t *dst, const uint8_t *payload, uint32_t len, uint32_t flags,
                  uint64_t entry, int64_t ts);

@@ -253,8 +253,7 @@ static int read_locked_in(shard *sh, const comet_read_request *req, comet_read_r
             req->data[used + out_len] = '\n';
             out_len++;
         }
-        int64_t ts;
-        memcpy(&ts, c.seg->map + c.off + 12, 8);
+        int64_t ts = entry_timestamp(c.seg, c.off);
         req->entries[n] = (int64_t)c.entry;
         req->timestamps[n] = ts;
         used += out_len;
@@ -308,8 +307,7 @@ static int64_t find_time_in(shard *sh, int64_t ts)
             free(bases);
             return rc;
         }
-        int64_t first_ts;
-        memcpy(&first_ts, seg->map + SEGMENT_DATA_OFFSET + 12, 8);
+        int64_t first_ts = entry_timestamp(seg, SEGMENT_DATA_OFFSET);
         shard_segment_release(sh, seg);
         i--;
         if (first_ts < ts)
@@ -340,8 +338,7 @@ static int64_t find_time_in(shard *sh, int64_t ts)
         int64_t lf;
         uint64_t seg_end = c.seg_end;
         while ((lf = cursor_next(&c, start)) >= 0 && c.entry < seg_end) {
-            int64_t ets;
-            memcpy(&ets, c.seg->map + c.off + 12, 8);
+            int64_t ets = entry_timestamp(c.seg, c.off);
             if (c.entry >= start && ets >= ts) {
                 answer = c.entry;
                 break;

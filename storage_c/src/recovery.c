@@ -201,13 +201,6 @@ static void release_all(holds *h)
     h->cap = 0;
 }
 
-static int64_t timestamp_at(const segment *seg, uint64_t off)
-{
-    int64_t ts;
-    memcpy(&ts, seg->map + off + 12, 8);
-    return ts;
-}
-
 /* Finishes the repair at the cut point: zero what follows, trim the index,
  * restore the segment's size, publish the new commit point. */
 static int apply_cut(shard *sh, holds *h, scan_point cut, uint64_t furthest,
@@ -330,7 +323,7 @@ int recovery_repair_tail(shard *sh, int how)
         entry_check c = seg ? entry_validate(seg, off, e, ENTRY_LEN_MASK, &lf) : ENTRY_BAD;
         if (c == ENTRY_OK) {
             good_after_gap |= before_gap.seg != NULL;
-            int64_t ts = timestamp_at(seg, off);
+            int64_t ts = entry_timestamp(seg, off);
             off += ENTRY_HEADER_BYTES + (lf & ENTRY_LEN_MASK);
             e++;
             if ((lf & ENTRY_FLAG_BATCH_END) || e <= committed)

@@ -109,7 +109,7 @@ static int64_t first_timestamp(shard *sh, uint64_t base)
     int64_t ts = -1;
     uint32_t lf;
     if (entry_validate(seg, SEGMENT_DATA_OFFSET, base, ENTRY_LEN_MASK, &lf) == ENTRY_OK)
-        memcpy(&ts, seg->map + SEGMENT_DATA_OFFSET + 12, 8);
+        ts = entry_timestamp(seg, SEGMENT_DATA_OFFSET);
     shard_segment_release(sh, seg);
     return ts;
 }

@@ -60,7 +60,7 @@ static int stats_of(shard *sh, comet_shard_stats *out)
         uint32_t lf;
         if (seg && entry_validate(seg, SEGMENT_DATA_OFFSET, seg->base, ENTRY_LEN_MASK, &lf) ==
                        ENTRY_OK)
-            memcpy(&out->oldest_timestamp, seg->map + SEGMENT_DATA_OFFSET + 12, 8);
+            out->oldest_timestamp = entry_timestamp(seg, SEGMENT_DATA_OFFSET);
         shard_segment_release(sh, seg);
         out->newest_timestamp = atomic_load(&st->last_ts);
     }
