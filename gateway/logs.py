@@ -51,11 +51,6 @@ class AccessLog:
         elif self._timer is None:
             self._arm()
 
-    def write(self, fields: dict[str, Any]) -> None:
-        fields["ts"] = time.time()
-        self.flush()
-        self._write(orjson.dumps(fields) + b"\n")
-
     def _arm(self) -> None:
         try:
             self._timer = asyncio.get_running_loop().call_later(self.interval, self._tick)

@@ -218,7 +218,7 @@ uint64_t retention_free_oldest(comet_db *db, uint64_t need, int64_t now, uint64_
 
 /* Scans the tail from the committed point, keeps whole batches, cuts the rest.
  * Called with the append lock held. */
-int recovery_repair_tail(shard *sh, int state_rebuilt); /* 0 or STATE_REBUILT / STATE_REBOOTED */
+int recovery_repair_tail(shard *sh, int how); /* how: 0, STATE_REBUILT or STATE_REBOOTED */
 
 /* ---- state.c ------------------------------------------------------------- */
 

@@ -117,18 +117,18 @@ static int segment_has_data(const segment *seg)
  * in a segment of their own, and readers count the numbers between as
  * missing.  Otherwise the group would skip the new entries given those
  * numbers, and shipped objects named by entry number would be overwritten. */
-static void skip_acknowledged(shard *sh, int *changed)
+static int skip_acknowledged(shard *sh)
 {
     state_file *st = sh->st;
     uint64_t next = atomic_load(&st->next_entry), acked = offsets_max(sh);
     if (acked <= next)
-        return;
+        return 0;
     atomic_store(&st->active_base, acked);
     atomic_store(&st->active_end, 0);
     atomic_store(&st->write_hwm, 0);
     atomic_store(&st->zeroed_end, 0);
     atomic_store_explicit(&st->next_entry, acked, memory_order_release);
-    *changed = 1;
+    return 1;
 }
 
 static int no_segments(shard *sh, uint64_t next)
@@ -143,8 +143,7 @@ static int no_segments(shard *sh, uint64_t next)
         atomic_store(&st->first_entry, next);
     if (atomic_load(&st->durable_entry) > next)
         atomic_store(&st->durable_entry, next);
-    int changed = 0;
-    skip_acknowledged(sh, &changed);
+    skip_acknowledged(sh);
     atomic_fetch_add(&st->active_gen, 1);
     atomic_store(&st->recovery_pending, 0);
     return 0;
@@ -399,7 +398,7 @@ int recovery_repair_tail(shard *sh, int how)
     release_all(&h);
     if (rc)
         return rc;
-    skip_acknowledged(sh, &changed);
+    changed |= skip_acknowledged(sh);
     if (how == STATE_REBOOTED) { /* what is read after a restart came from the disk */
         atomic_store(&st->durable_base, atomic_load(&st->active_base));
         atomic_store(&st->durable_entry, atomic_load(&st->next_entry));

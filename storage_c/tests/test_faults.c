@@ -35,6 +35,20 @@ static void payload_for(uint32_t shard, uint64_t e, uint8_t *out, uint32_t *len)
         out[k] = (uint8_t)(e * 31 + k + shard);
 }
 
+/* Appends the shard's next entry; counts it as acknowledged when it succeeds. */
+static int64_t append_next(comet_stream *s, outcome *o, uint32_t shard)
+{
+    uint8_t p[256];
+    uint32_t len;
+    payload_for(shard, o->acked[shard], p, &len);
+    int64_t got = comet_append(s, shard, p, len, 0, -1);
+    if (got >= 0) {
+        CHECK((uint64_t)got == o->acked[shard]);
+        o->acked[shard]++;
+    }
+    return got;
+}
+
 static comet_config scenario_config(void)
 {
     comet_config cfg;
@@ -72,14 +86,8 @@ static void scenario(const char *dir, outcome *o)
         goto close;
     for (uint64_t i = 0; i < APPENDS; i++) {
         uint32_t shard = (uint32_t)(i % SHARDS);
-        uint8_t p[256];
-        uint32_t len;
-        payload_for(shard, o->acked[shard], p, &len);
-        int64_t got = comet_append(s, shard, p, len, 0, -1);
-        if (failed(o, "append", got))
+        if (failed(o, "append", append_next(s, o, shard)))
             goto close;
-        CHECK((uint64_t)got == o->acked[shard]);
-        o->acked[shard]++;
         if (shard == 0 && i % 50 == 0 && failed(o, "ack", comet_group_ack(g, o->acked[0] - 1)))
             goto close;
     }
@@ -225,12 +233,7 @@ static void prepare_recovery(const char *dir, outcome *o)
     CHECK_OK(comet_open(dir, &cfg, &db));
     comet_stream *s = open_stream(db, "s", SHARDS);
     for (uint64_t i = 0; i < PREPARED; i++) {
-        uint32_t shard = (uint32_t)(i % SHARDS);
-        uint8_t p[256];
-        uint32_t len;
-        payload_for(shard, o->acked[shard], p, &len);
-        CHECK_OK(comet_append(s, shard, p, len, 0, -1));
-        o->acked[shard]++;
+        CHECK_OK(append_next(s, o, (uint32_t)(i % SHARDS)));
     }
     CHECK_OK(comet_close(db));
     char path[1024];
@@ -264,14 +267,8 @@ static void recover(const char *dir, outcome *o)
             }
             e += rb.res.count;
         }
-        uint8_t p[256];
-        uint32_t len;
-        payload_for(shard, o->acked[shard], p, &len);
-        int64_t got = comet_append(s, shard, p, len, 0, -1);
-        if (failed(o, "append", got))
+        if (failed(o, "append", append_next(s, o, shard)))
             goto close;
-        CHECK((uint64_t)got == o->acked[shard]);
-        o->acked[shard]++;
     }
 close:;
     int rc = comet_close(db);
