@@ -46,7 +46,7 @@ docker-deps:
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml setup.py storage_c/_build.py $(CSRC) $(CHDR)
+$(STAMP): pyproject.toml setup.py storage_c/_build.py storage_c/_fastpath.c $(CSRC) $(CHDR)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip setuptools wheel cffi
 	$(PY) -m pip install -q --no-build-isolation -e '.[dev]'

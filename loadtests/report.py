@@ -34,8 +34,8 @@ class Area:
 
 
 AREAS = (
-    Area("storage", "Storage core (issue 2)", "loadtests/bench_storage.py",
-         ("c_append_single", "c_append_batch_1000", "py_batch_1000", "py_read")),
+    Area("storage", "Storage core at sustained volume (issue 14)", "loadtests/bench_storage.py",
+         ("comet_1", "comet_10", "comet_100", "comet_1000", "comet_floor_ratio_1000")),
     Area("consumers", "Consumers (issue 3)", "loadtests/bench_consumers.py",
          ("ack_group", "read_ack", "ship_dir")),
     Area("gateway", "Gateway (issue 4)", "loadtests/bench_gateway.py",
@@ -189,7 +189,7 @@ def make_chart(storage: AreaResult, path: Path) -> dict[str, list[tuple[int, flo
         xs, lows, highs = zip(*sorted((int(n), int(n) * 1e9 / hi, int(n) * 1e9 / lo)
                                       for n, (lo, hi) in go.items()))
         ax.fill_between(xs, lows, highs, color="grey", alpha=0.18,
-                        label="Go Comet, quoted in issue 2 (not measured here)")
+                        label="Go Comet, quoted in issue 14 (not measured here)")
     ax.set(xscale="log", yscale="log", xticks=[1, 10, 100, 1000], xticklabels=["1", "10", "100", "1000"],
            xlabel="entries per call (batch size)", ylabel="entries/s (median, log scale)")
     m = storage.machine
@@ -198,7 +198,7 @@ def make_chart(storage: AreaResult, path: Path) -> dict[str, list[tuple[int, flo
     busy = other_cpu_max(storage.data)
     if busy is not None and busy > BUSY_SHARE:
         sub += f"; NOT IDLE: other programs used up to {busy:.0%} of the CPU"
-    ax.set_title(f"Storage: append throughput against batch size, 100-byte entries\n{sub}",
+    ax.set_title(f"Storage: sustained append throughput against batch size, 88-116-byte entries\n{sub}",
                  fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8, loc="lower right")

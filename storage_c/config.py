@@ -66,6 +66,9 @@ class Config:
     """...unless their entries are older than this; then delete and count the loss (0: never)."""
     retention_interval_ms: int = 60_000
     """Period of the background retention pass (0: only when run_retention() is called)."""
+    recycle_segments: bool = True
+    """Keep one deleted segment file per shard and reuse it as the shard's next segment
+    (writes then land on warm pages); False unlinks every deleted segment at once."""
 
     # ---- presets: how each kind of process opens a data directory ----------------
     # Every process that is not the gateway opens the directory through one of
@@ -140,6 +143,8 @@ class Config:
             flags |= lib.COMET_OPEN_CREATE
         if not self.background_flush:
             flags |= lib.COMET_OPEN_NO_FLUSHER
+        if not self.recycle_segments:
+            flags |= lib.COMET_OPEN_NO_RECYCLE
         cfg.flags = flags
         return cfg
 

@@ -1,15 +1,14 @@
 """The Python API of the storage core: a thin, typed layer over the C library.
 
 Every append crosses into C once, whatever the batch size: a list of payloads
-travels as one ``marshal`` buffer, an NDJSON body as one buffer plus its
-delimiter.  Compression happens here, with ``zstandard`` (which releases the
+is handed over item by item without a copy (``_fastpath``), an NDJSON body as
+one buffer plus its delimiter.  Compression happens here, with ``zstandard`` (which releases the
 GIL), before C takes any lock; C decompresses on the read path.
 """
 
 from __future__ import annotations
 
 import itertools
-import marshal
 import os
 import threading
 import weakref
@@ -18,6 +17,7 @@ from typing import Any, Iterable, Iterator, NoReturn, Sequence
 
 import zstandard
 
+from . import _fastpath
 from ._comet import ffi, lib
 from .config import DURABILITY_CODES, Config
 from .errors import BodyFault, Closed, CometError, ShardRangeError, error_for, raise_for
@@ -35,11 +35,13 @@ from .records import (
     VerifyReport,
 )
 
-_append_to = lib.comet_append_to
+_append_to = _fastpath.append_to
+_append_list = _fastpath.append_list
+_APPEND_TO_FN = int(ffi.cast("uintptr_t", ffi.addressof(lib, "comet_append_to")))
+_APPEND_VECTOR_FN = int(ffi.cast("uintptr_t", ffi.addressof(lib, "comet_append_vector")))
 _WANTS_COMPRESSION = lib.COMET_E_WANTS_COMPRESSION
 _BUFFER_TOO_SMALL = lib.COMET_E_BUFFER_TOO_SMALL
 _NO_STREAM = lib.COMET_E_NO_STREAM
-_BAD_FRAMING = lib.COMET_E_BAD_FRAMING
 _COMPRESSED = lib.COMET_ENTRY_COMPRESSED
 _STAT_FIELDS = tuple(f for f in ShardStats.__dataclass_fields__ if f != "shard")
 
@@ -54,13 +56,14 @@ class _Stream:
     """A stream opened in this process: its C handle, shard handles, and the
     rotation over this process's own shards for unkeyed writes."""
 
-    __slots__ = ("name", "ptr", "shards", "handles", "rotation")
+    __slots__ = ("name", "ptr", "addr", "shards", "handles", "rotation")
 
-    def __init__(self, name: str, ptr: object, shards: int, owned: Sequence[int]) -> None:
+    def __init__(self, name: str, ptr: Any, shards: int, owned: Sequence[int]) -> None:
         self.name = name
         self.ptr = ptr
+        self.addr = int(ffi.cast("uintptr_t", ptr))  # for _fastpath
         self.shards = shards
-        self.handles: dict[int, object] = {}  # shard -> comet_shard *, opened on first append
+        self.handles: dict[int, int] = {}  # shard -> comet_shard * address, opened on first append
         self.rotation = itertools.cycle(owned or range(shards))
 
     def pick(self, key: str | bytes | None) -> int:
@@ -77,7 +80,7 @@ class _Stream:
     def reset_rotation(self, owned: Sequence[int]) -> None:
         self.rotation = itertools.cycle(owned or range(self.shards))
 
-    def handle(self, shard: int) -> object:
+    def handle(self, shard: int) -> int:
         out = ffi.new("comet_shard **")
         try:
             rc = lib.comet_shard_open(self.ptr, shard, out)
@@ -87,8 +90,9 @@ class _Stream:
             if rc == lib.COMET_E_SHARD_RANGE:
                 raise self.out_of_range(shard)
             raise_for(rc)
-        self.handles[shard] = out[0]
-        return out[0]
+        addr = int(ffi.cast("uintptr_t", out[0]))
+        self.handles[shard] = addr
+        return addr
 
 
 class _Scratch(threading.local):
@@ -385,7 +389,7 @@ class Log:
         if durability is None and type(payload) is bytes:
             n = len(payload)
             if n < self._threshold:
-                rc = _append_to(s.handles.get(shard) or s.handle(shard), payload, n)
+                rc = _append_to(_APPEND_TO_FN, s.handles.get(shard) or s.handle(shard), payload)
                 if rc >= 0:
                     return shard, rc
                 self._raise(stream, rc)
@@ -414,21 +418,19 @@ class Log:
             shard = s.pick(key)
         if type(payloads) is not list and type(payloads) is not tuple:
             payloads = list(payloads)
+        code = DURABILITY_CODES[durability]
         try:
-            framed = marshal.dumps(payloads, 2)
-        except ValueError:
-            raise TypeError("append_batch takes bytes-like payloads") from None
-        try:
-            rc = lib.comet_append_marshal(s.ptr, shard, framed, len(framed), self._raw_limit,
-                                          DURABILITY_CODES[durability], ffi.NULL)
+            rc = _append_list(_APPEND_VECTOR_FN, s.addr, shard, payloads, self._raw_limit, code)
+            if rc is None:  # not all bytes: as bytes (a copy each), then the same call
+                payloads = [_as_bytes(p) for p in payloads]
+                rc = _append_list(_APPEND_VECTOR_FN, s.addr, shard, payloads, self._raw_limit, code)
         except OverflowError:
             raise s.out_of_range(shard) from None
+        if rc is None:  # only a list or tuple of bytes is ever passed
+            raise TypeError("append_batch takes bytes-like payloads")
         if rc == _WANTS_COMPRESSION:
             return self._append_compressed(s, shard, payloads, durability)
         if rc < 0:
-            if rc == _BAD_FRAMING:
-                raise TypeError("append_batch takes bytes-like payloads: " +
-                                str(error_for(rc)))
             self._raise(stream, rc)
         return BatchResult(shard, rc, len(payloads))
 

@@ -141,6 +141,7 @@ class ShardStats:
     retention_deleted_segments: int
     retention_deleted_bytes: int
     retention_lost_entries: int
+    recycled_segments: int
 
     @property
     def entries(self) -> int:

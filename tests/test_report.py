@@ -136,7 +136,7 @@ def test_report_tables_ratios_verdicts_and_chart(tmp_path: Path) -> None:
     done = report.build(results, out, tmp_path / "out" / "chart.png")
     text = out.read_text(encoding="utf-8")
 
-    storage = section(text, "Storage core (issue 2)")
+    storage = section(text, "Storage core at sustained volume (issue 14)")
     assert table_row(storage, "C core: append, 1 entry") == [
         "C core: append, 1 entry", "100 ns/call", "buffered file write/entry: 200 ns/call",
         "2.00×", "≤ 80 ns", "**FAIL**"]
@@ -163,10 +163,10 @@ def test_report_tables_ratios_verdicts_and_chart(tmp_path: Path) -> None:
     assert "Consumers (issue 3): not run (missing)." in head
     assert "C core 10.00 M → 20.00 M; Python append_batch 0.50 M → 10.00 M" in head
     assert "31% of the CPU during Gateway (issue 4)" in head   # other programs were busy
-    assert "Storage core (issue 2)" not in head.split("Not an idle machine")[1]
+    assert "Storage core at sustained volume (issue 14)" not in head.split("Not an idle machine")[1]
 
     runs = section(text, "Runs")
-    assert table_row(runs, "Storage core (issue 2)")[1:6] == [
+    assert table_row(runs, "Storage core at sustained volume (issue 14)")[1:6] == [
         "2030-01-02T03:04:05+00:00", "quick", "3", "abc1234", "1.0 min"]
     assert "`.venv/bin/python loadtests/bench_storage.py --quick`" in runs
     assert table_row(runs, "Spark (issue 5)")[1] == "not run"
@@ -196,7 +196,7 @@ def test_nothing_ran(tmp_path: Path) -> None:
     done = report.build(tmp_path / "empty", out, tmp_path / "chart.png")
     text = out.read_text(encoding="utf-8")
     assert done["chart"] is None and not (tmp_path / "chart.png").exists()
-    for title in ("Storage core (issue 2)", "Consumers (issue 3)", "Gateway (issue 4)",
+    for title in ("Storage core at sustained volume (issue 14)", "Consumers (issue 3)", "Gateway (issue 4)",
                   "Spark (issue 5)"):
         assert f"- {title}: not run (missing)." in text
         assert "Not run: missing" in section(text, title)
@@ -264,53 +264,28 @@ def test_command_line(tmp_path: Path) -> None:
 
 
 def test_storage_sweep_and_rows() -> None:
-    """bench_storage builds its batch_sweep and structured rows from the series it measured."""
+    """bench_storage's rows (Go Comet ratio, targets, Comet ÷ floor) and batch_sweep come
+    from the series it measured."""
     bench = _load("bench_storage", LOADTESTS / "bench_storage.py")
-    s = benchlib.Series
-    series = {
-        "c_append_single": s("c_append_single", "ns/call", [100.0, 125.0, 80.0]),
-        "c_append_batch_10": s("c_append_batch_10", "µs/call", [1.0, 1.0, 1.0]),
-        "c_append_batch_100": s("c_append_batch_100", "µs/call", [10.0, 10.0, 10.0]),
-        "c_append_batch_1000": s("c_append_batch_1000", "µs/call", [50.0, 50.0, 50.0]),
-        "py_append": s("py_append", "ns/call", [500.0, 500.0, 500.0]),
-        "py_batch_1000": s("py_batch_1000", "µs/call", [100.0, 100.0, 100.0]),
-        "py_delimited_1000": s("py_delimited_1000", "µs/call", [80.0, 80.0, 80.0]),
-        "file_single": s("file_single", "ns/call", [200.0, 200.0, 200.0]),
-        "file_1000": s("file_1000", "µs/call", [40.0, 40.0, 40.0]),
-        "sqlite_1000": s("sqlite_1000", "µs/call", [2000.0, 2000.0, 2000.0]),
-        "py_read": s("py_read", "entries/s", [6e6, 6e6, 6e6]),
-        "c_read_batch_1000": s("c_read_batch_1000", "entries/s", [3e7, 3e7, 3e7]),
-    }
-    sweep = {f"sweep_{k}_{n}": s("x", "entries/s", [float(n), float(n), float(n)])
-             for k, n in [("py_append_batch", 1), ("py_append_batch", 10),
-                          ("py_append_batch", 100), ("py_append_delimited", 1),
-                          ("py_append_delimited", 10), ("py_append_delimited", 100),
-                          ("file", 10), ("file", 100), ("sqlite", 1), ("sqlite", 10),
-                          ("sqlite", 100)]}
-    out = bench.batch_sweep(series, sweep, bench.QUICK)
-    lines = {line["key"]: line for line in out["lines"]}
-    assert set(lines) == {"c_append", "py_append_batch", "py_append_delimited", "file", "sqlite"}
-    for line in lines.values():
+    figures = {"comet_1": 400.0, "comet_10": 1_200.0, "comet_100": 10_000.0,
+               "comet_1000": 100_000.0, "comet_1000_budget": 120_000.0, "cffi_floor": 120.0,
+               **{f"floor_{n}": 20.0 * n for n in (1, 10, 100, 1000)},
+               **{f"file_{n}": 50.0 * n for n in (1, 10, 100, 1000)}}
+    series = {k: benchlib.Series(k, "ns/call", [v, v * 1.1, v * 0.9]) for k, v in figures.items()}
+    rows = {r["key"]: r for r in bench.build_rows(series)}
+    assert rows["comet_1"]["pass"] is True and rows["comet_1"]["ratio"] == pytest.approx(1.8)  # 720/400
+    assert rows["comet_10"]["pass"] is False and rows["comet_10"]["verdict"] == "MISS"  # > 1,130
+    assert rows["comet_1000_budget"]["pass"] is False                               # > 112,000
+    ratio = rows["comet_floor_ratio_1000"]
+    assert ratio["figure"] == pytest.approx(5.0) and ratio["unit"] == "x" and ratio["pass"] is False
+    assert rows["floor_1000"]["role"] == "anchor" and rows["file_1"]["role"] == "anchor"
+    sweep = bench.batch_sweep(series)
+    for line in sweep["lines"]:
         assert [p["batch"] for p in line["points"]] == [1, 10, 100, 1000]
-    c = {p["batch"]: p for p in lines["c_append"]["points"]}
-    assert c[1]["entries_per_s"] == pytest.approx(1e7)         # median of 1e9/ns per run
-    assert c[1000]["entries_per_s"] == pytest.approx(2e7)
-    assert c[1000]["source"] == "c_append_batch_1000"
-    py = {p["batch"]: p for p in lines["py_append_batch"]["points"]}
-    assert py[10]["source"] == "sweep_py_append_batch_10" and py[10]["entries_per_s"] == 10
-    assert py[1000]["entries_per_s"] == pytest.approx(1e7)
-    assert lines["sqlite"]["points"][3]["entries_per_s"] == pytest.approx(5e5)
-    assert out["extra_points"][0]["points"][0]["entries_per_s"] == pytest.approx(2e6)
-    assert "batch 1000" in benchlib.sweep_table(out)
-
-    rows = {r["case"]: r for r in bench.build_rows(series)}
-    single = rows["C core: append, 1 entry"]
-    assert single["figure"] == 100.0 and single["pass"] is False
-    assert single["ratio"] == pytest.approx(2.0)               # 200 ns file ÷ 100 ns: faster
-    assert single["anchor"]["figure_text"] == "200 ns/call"
-    assert rows["Python: read + payloads (1000/read)"]["ratio"] == pytest.approx(0.2)
-    assert rows["Python: read + payloads (1000/read)"]["pass"] is True
-    assert rows["Anchor: SQLite executemany 1000 rows/txn"]["role"] == "anchor"
+    comet = {p["batch"]: p["entries_per_s"] for p in sweep["lines"][0]["points"]}
+    assert comet[1000] == pytest.approx(1000 * 1e9 / 100_000.0)
+    assert "batch 1000" in benchlib.sweep_table(sweep)
+    assert "| Go ÷ Comet | 1.80× |" in bench.entry_table(series)
 
 
 def _bound_met(value: float, target: dict[str, Any]) -> bool:

@@ -50,7 +50,7 @@ enum {
     COMET_E_BUFFER_TOO_SMALL = -15,  /* read buffer cannot hold the next entry */
     COMET_E_BATCH_TOO_LARGE = -16,   /* batch above COMET_MAX_BATCH_BYTES or entries */
     COMET_E_WANTS_COMPRESSION = -17, /* an entry is above raw_limit: compress it and retry */
-    COMET_E_BAD_FRAMING = -18,       /* a framed batch buffer is malformed */
+    COMET_E_BAD_FRAMING = -18,       /* no longer returned (was: a malformed marshal batch) */
     COMET_E_DECOMPRESS = -19,        /* a compressed entry failed to decompress */
     COMET_E_SLOT_HELD = -20,         /* this handle already holds a slot */
     COMET_E_GROUP_NAME = -21,        /* group name outside [A-Za-z0-9._-]{1,47} */
@@ -86,6 +86,10 @@ enum {
 /* Open flags. */
 #define COMET_OPEN_CREATE 0x1u        /* create the data directory if missing */
 #define COMET_OPEN_NO_FLUSHER 0x2u    /* no background flush thread (tools, tests) */
+/* Unlink every segment retention deletes.  By default one deleted file per
+ * shard is kept and reused as the shard's next segment, so that appends land
+ * on pages the page cache already holds (FORMAT.md, Recycled segments). */
+#define COMET_OPEN_NO_RECYCLE 0x4u
 
 typedef struct comet_config {
     uint64_t segment_bytes;        /* rotate at this size; default 16 MiB */
@@ -153,6 +157,7 @@ typedef struct comet_shard_stats {
     uint64_t retention_deleted_segments;
     uint64_t retention_deleted_bytes;
     uint64_t retention_lost_entries;
+    uint64_t recycled_segments;   /* segments that reused a deleted segment's file */
 } comet_shard_stats;
 
 /* Batch read into caller-provided buffers. */
@@ -289,10 +294,14 @@ int64_t comet_append_batch(comet_stream *s, uint32_t shard, const void *buf,
 int64_t comet_append_delimited(comet_stream *s, uint32_t shard, const void *buf, size_t len,
                                uint8_t delimiter, int skip_empty, uint32_t raw_limit,
                                int durability, uint32_t *count_out);
-/* A list of byte strings framed by Python's marshal (version 2): '[' or '(',
- * u32 count, then per item 's' + u32 length + bytes. raw_limit as above. */
-int64_t comet_append_marshal(comet_stream *s, uint32_t shard, const void *buf, size_t len,
-                             uint32_t raw_limit, int durability, uint32_t *count_out);
+/* Entries given as (pointer, length) pairs, gathered without a copy (the
+ * Python API's list of bytes).  raw_limit as above. */
+typedef struct comet_payload {
+    const void *data;
+    uint64_t len;
+} comet_payload;
+int64_t comet_append_vector(comet_stream *s, uint32_t shard, const comet_payload *items,
+                            uint32_t count, uint32_t raw_limit, int durability);
 
 /* JSON ingest: a request body in, its events appended as one atomic batch.
  *
@@ -409,6 +418,11 @@ int comet_crc32c_hw_available(void);
 #define COMET_FAULT_READDIR 0x40u /* readdir */
 #define COMET_FAULT_ALLOC 0x80u   /* malloc, calloc, realloc */
 #define COMET_FAULT_ALL 0xFFu
+/* err COMET_FAULT_CRASH: the process dies at that call instead (_exit with
+ * COMET_FAULT_CRASH_EXIT, before the call is made), as a kill -9 there would
+ * leave it: what it wrote through its mappings stays, the rest never happens. */
+#define COMET_FAULT_CRASH (-1)
+#define COMET_FAULT_CRASH_EXIT 77
 void comet_fault_arm(unsigned kinds, long nth, int err, int persist);
 void comet_fault_disarm(void);
 long comet_fault_calls(void); /* calls of the armed kinds since the arming */

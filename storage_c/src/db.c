@@ -195,9 +195,9 @@ int comet_open(const char *path, const comet_config *cfg, comet_db **out)
             *slash = '\0';
         else
             strcpy(parent, ".");
-        int err = fsync_dir(parent);
-        if (err)
-            return set_errno_error(err, "cannot sync %s", parent);
+        int rc = fsync_dir(parent);
+        if (rc)
+            return rc;
     } else if (!S_ISDIR(sb.st_mode)) {
         return set_error(COMET_E_INVALID, "%s is not a directory", path);
     }

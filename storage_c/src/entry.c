@@ -14,10 +14,25 @@
 #include "crc32c.h"
 #include "internal.h"
 
-static inline uint32_t entry_checksum(const uint8_t *fields16, const uint8_t *payload,
-                                      uint32_t len)
+/* The checksum register's starting value for an entry.  From segment version
+ * 2 on it carries the high half of the entry number (the low half is in the
+ * header), so the checksum covers the whole 64-bit number: an entry left in a
+ * recycled segment file by its earlier life can never check out as the entry
+ * expected at its place, whatever the numbers (FORMAT.md, Recycled segments).
+ * A start value that differs changes the checksum of every message of the
+ * same length, CRC being linear.  Version 1 starts from all ones. */
+static inline uint32_t entry_seed(uint16_t version, uint64_t entry)
 {
-    uint32_t reg = crc32c_extend(0xFFFFFFFFu, fields16, 16);
+    uint32_t seed = 0xFFFFFFFFu;
+    if (version >= 2)
+        seed ^= (uint32_t)(entry >> 32);
+    return seed;
+}
+
+static inline uint32_t entry_checksum(uint32_t seed, const uint8_t *fields16,
+                                      const uint8_t *payload, uint32_t len)
+{
+    uint32_t reg = crc32c_extend(seed, fields16, 16);
     reg = crc32c_extend(reg, payload, len);
     return crc32c_mask(~reg);
 }
@@ -32,12 +47,12 @@ static inline void fields_fill(uint8_t fields[16], uint32_t len, uint32_t flags,
     memcpy(fields + 8, &ts, 8);
 }
 
-void entry_write(uint8_t *dst, const uint8_t *payload, uint32_t len, uint32_t flags,
-                 uint64_t entry, int64_t ts)
+static void entry_write(uint8_t *dst, uint16_t version, const uint8_t *payload, uint32_t len,
+                        uint32_t flags, uint64_t entry, int64_t ts)
 {
     uint8_t fields[16];
     fields_fill(fields, len, flags, entry, ts);
-    uint32_t crc = entry_checksum(fields, payload, len);
+    uint32_t crc = entry_checksum(entry_seed(version, entry), fields, payload, len);
     memcpy(dst, &crc, 4);
     memcpy(dst + 4, fields, 16);
     if (len)
@@ -46,8 +61,8 @@ void entry_write(uint8_t *dst, const uint8_t *payload, uint32_t len, uint32_t fl
 
 /* Four entries at once: their checksums run as four interleaved chains over
  * the common length, then each finishes alone. */
-static uint64_t write_four(uint8_t *dst, const entry_ref *refs, uint64_t entry, int64_t ts,
-                           const uint32_t flags[4])
+static uint64_t write_four(uint8_t *dst, uint16_t version, const entry_ref *refs,
+                           uint64_t entry, int64_t ts, const uint32_t flags[4])
 {
     uint8_t fields[4][16];
     const uint8_t *ptr[4];
@@ -55,7 +70,7 @@ static uint64_t write_four(uint8_t *dst, const entry_ref *refs, uint64_t entry, 
     for (int k = 0; k < 4; k++) {
         fields_fill(fields[k], refs[k].len, flags[k], entry + (uint64_t)k, ts);
         ptr[k] = fields[k];
-        reg[k] = 0xFFFFFFFFu;
+        reg[k] = entry_seed(version, entry + (uint64_t)k);
         if (refs[k].len < common)
             common = refs[k].len;
     }
@@ -76,14 +91,14 @@ static uint64_t write_four(uint8_t *dst, const entry_ref *refs, uint64_t entry, 
     return off;
 }
 
-uint64_t entry_write_group(uint8_t *dst, const entry_ref *refs, uint32_t k, uint64_t entry,
-                           int64_t ts, const uint32_t *flags)
+uint64_t entry_write_group(uint8_t *dst, uint16_t version, const entry_ref *refs, uint32_t k,
+                           uint64_t entry, int64_t ts, const uint32_t *flags)
 {
     if (k == 4)
-        return write_four(dst, refs, entry, ts, flags);
+        return write_four(dst, version, refs, entry, ts, flags);
     uint64_t off = 0;
     for (uint32_t i = 0; i < k; i++) {
-        entry_write(dst + off, refs[i].data, refs[i].len, flags[i], entry + i, ts);
+        entry_write(dst + off, version, refs[i].data, refs[i].len, flags[i], entry + i, ts);
         off += ENTRY_HEADER_BYTES + refs[i].len;
     }
     return off;
@@ -134,7 +149,8 @@ entry_check entry_validate(const segment *seg, uint64_t off, uint64_t expect_ent
     if ((len_flags & ENTRY_FLAGS_RESERVED) || len > max_len ||
         off + ENTRY_HEADER_BYTES + len > seg->capacity || entry_lo != (uint32_t)expect_entry)
         return ENTRY_BAD;
-    if (entry_checksum(p + offsetof(entry_header, len_flags), p + ENTRY_HEADER_BYTES, len) != crc)
+    if (entry_checksum(entry_seed(seg->version, expect_entry), p + offsetof(entry_header, len_flags),
+                       p + ENTRY_HEADER_BYTES, len) != crc)
         return ENTRY_BAD;
     *len_flags_out = len_flags;
     return ENTRY_OK;
@@ -158,6 +174,7 @@ static int plausible(const segment *seg, uint64_t p, uint64_t from_off, uint64_t
     return 1;
 }
 
+/* The first valid entry at a byte in [start, stop): 1 and its place, or 0. */
 static int scan_bytes(const segment *seg, uint64_t from_off, uint64_t start, uint64_t stop,
                       uint64_t expect_entry, uint32_t max_len, uint64_t *found_off,
                       uint64_t *found_entry)
@@ -170,10 +187,10 @@ static int scan_bytes(const segment *seg, uint64_t from_off, uint64_t start, uin
         if (entry_validate(seg, p, e, max_len, &lf) == ENTRY_OK) {
             *found_off = p;
             *found_entry = e;
-            return 0;
+            return 1;
         }
     }
-    return -1;
+    return 0;
 }
 
 /* The order keeps the loss smallest and the cost bounded:
@@ -195,7 +212,7 @@ int entry_resync(const segment *seg, uint64_t off, uint64_t expect_entry, uint64
             entry_validate(seg, next, expect_entry + 1, max_len, &lf) == ENTRY_OK) {
             *found_off = next;
             *found_entry = expect_entry + 1;
-            return 0;
+            return 1;
         }
     }
     uint32_t n = seg->index_ok ? atomic_load_explicit(index_count_ptr(seg), memory_order_acquire) : 0;
@@ -204,14 +221,14 @@ int entry_resync(const segment *seg, uint64_t off, uint64_t expect_entry, uint64
     while (first < n && (r[first].offset <= off || seg->base + r[first].rel_entry <= expect_entry))
         first++;
     uint64_t window = first < n && r[first].offset < limit ? r[first].offset : limit;
-    if (scan_bytes(seg, off, off + 1, window, expect_entry, max_len, found_off, found_entry) == 0)
-        return 0;
+    if (scan_bytes(seg, off, off + 1, window, expect_entry, max_len, found_off, found_entry))
+        return 1;
     for (uint32_t i = first; i < n && r[i].offset < limit; i++) {
         uint64_t e = seg->base + r[i].rel_entry;
         if (entry_validate(seg, r[i].offset, e, max_len, &lf) == ENTRY_OK) {
             *found_off = r[i].offset;
             *found_entry = e;
-            return 0;
+            return 1;
         }
     }
     return scan_bytes(seg, off, window, limit, expect_entry, max_len, found_off, found_entry);

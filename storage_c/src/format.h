@@ -17,6 +17,10 @@
 #include <stdint.h>
 
 #define FORMAT_VERSION 1
+/* Segment files have their own version: 2 since entry checksums cover the
+ * whole entry number (recycled segments); version 1 is still read. */
+#define SEGMENT_VERSION 2
+#define SEGMENT_VERSION_OLDEST 1
 
 /* File magics: four ASCII letters read as a little-endian u32. */
 #define MAGIC_SEGMENT 0x47534d43u /* "CMSG" */
@@ -34,7 +38,9 @@
 
 /* ---- Entries --------------------------------------------------------------
  *
- *   0  u32 crc        masked CRC32C of bytes [4, 20 + length)
+ *   0  u32 crc        masked CRC32C of bytes [4, 20 + length), the register
+ *                     starting at ~0 xor the entry number's high 32 bits
+ *                     (segment version 2; version 1: at ~0)
  *   4  u32 len_flags  bits 0-27 payload length, 28 zstd, 29 batch end, 30-31 zero
  *   8  u32 entry_lo   low 32 bits of the entry number
  *  12  i64 timestamp  unix ns
@@ -64,7 +70,7 @@ typedef struct segment_header {
     uint16_t version;
     uint16_t header_bytes;
     uint32_t shard_id;
-    uint32_t reserved0;
+    uint32_t flags;      /* SEGMENT_FLAG_* (version 2; zero in version 1) */
     uint64_t base_entry; /* first entry number stored in this segment */
     uint64_t capacity;   /* bytes allocated so far (preallocated); grows as the segment fills */
     int64_t created_ns;
@@ -73,6 +79,11 @@ typedef struct segment_header {
     uint32_t header_crc;
 } segment_header;
 static_assert(sizeof(segment_header) == FILE_HEADER_BYTES, "segment header is 64 bytes");
+
+/* The file is a recycled one: past what this segment wrote lie the entries of
+ * the segment it was before, not zeros.  They never check out as this
+ * segment's entries (their numbers differ), so they end a scan like zeros do. */
+#define SEGMENT_FLAG_RECYCLED 0x1u
 
 #define SEGMENT_DATA_OFFSET FILE_HEADER_BYTES
 #define SEGMENT_MIN_BYTES (64u * 1024u)
@@ -125,6 +136,7 @@ enum writer_counter {
     WC_RETENTION_DELETED_SEGMENTS,
     WC_RETENTION_DELETED_BYTES,
     WC_RETENTION_LOST_ENTRIES,
+    WC_RECYCLED_SEGMENTS,
     WC_COUNT
 };
 
@@ -174,7 +186,8 @@ typedef struct state_file {
     _Atomic uint64_t durable_base;  /* segment of the durable point */
     _Atomic int64_t last_sync_ns;
     _Atomic uint64_t first_entry;   /* oldest entry not deleted by retention */
-    uint8_t reserved3[32];
+    _Atomic uint32_t seal_active;   /* 1: the next append starts a new segment (recovery) */
+    uint8_t reserved3[28];
     /* [320, 512): counters */
     _Atomic uint64_t writer[WC_COUNT];
     uint8_t reserved4[(24 - WC_COUNT) * 8];
@@ -293,5 +306,7 @@ static_assert(offsetof(usage_file, lock) == FILE_HEADER_BYTES, "usage header is 
 #define INDEX_SUFFIX ".idx"
 #define TEMP_SUFFIX ".tmp"
 #define ORPHAN_SUFFIX ".orphan"
+/* A deleted segment's file kept for the shard's next segment (recycle.c). */
+#define SPARE_NAME "spare.log.free"
 
 #endif /* COMET_FORMAT_H */

@@ -1,10 +1,14 @@
 /*
  * fsutil.c - operating-system helpers.  Nothing here knows the log format.
+ * Each failure is reported here, with the file it concerns, as a COMET_E_*
+ * code and a message (set_errno_error maps ENOSPC to COMET_E_STORAGE_FULL):
+ * callers pass the code on and need not know errno.
  */
 #include "fsutil.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,10 +18,12 @@
 #include <unistd.h>
 
 #include "comet.h"
+#include "errors.h"
 
 int64_t now_ns(void) { return sys_clock_ns(CLOCK_REALTIME); }
 int64_t monotonic_ns(void) { return sys_clock_ns(CLOCK_MONOTONIC); }
 
+/* The value of a hex digit, -1 for any other character. */
 static int hex_value(char c)
 {
     if (c >= '0' && c <= '9')
@@ -33,8 +39,8 @@ void read_boot_id(uint8_t out[16])
 {
     char text[64];
     memset(out, 0, 16);
-    long n = read_file_prefix("/proc/sys/kernel/random/boot_id", text, sizeof text - 1);
-    if (n <= 0)
+    long n = read_file_prefix("/proc/sys/kernel/random/boot_id", text, sizeof text - 1, NULL);
+    if (n <= 0) /* unknown: zeros (the message set by a failure is of no use) */
         return;
     text[n] = 0;
     int nibbles = 0;
@@ -60,8 +66,8 @@ int fsync_dir(const char *dir)
 {
     int fd = sys_open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0);
     if (fd < 0)
-        return errno;
-    int rc = sys_fsync(fd) ? errno : 0;
+        return set_errno_error(errno, "cannot open directory %s", dir);
+    int rc = sys_fsync(fd) ? set_errno_error(errno, "cannot sync directory %s", dir) : 0;
     close(fd);
     return rc;
 }
@@ -76,20 +82,23 @@ int zero_fill(int fd, uint64_t from, uint64_t to)
         if (w < 0) {
             if (errno == EINTR)
                 continue;
-            return errno;
+            return set_errno_error(errno, "cannot write zeros over [%" PRIu64 ", %" PRIu64 ")",
+                                   from, to);
         }
         from += (uint64_t)w;
     }
     return 0;
 }
 
-int preallocate(int fd, uint64_t size)
+int preallocate(int fd, uint64_t size, const char *path)
 {
-    int rc;
+    int err;
     do
-        rc = sys_fallocate(fd, 0, (off_t)size);
-    while (rc == EINTR);
-    return rc;
+        err = sys_fallocate(fd, 0, (off_t)size); /* an errno value, like posix_fallocate */
+    while (err == EINTR);
+    if (err)
+        return set_errno_error(err, "cannot preallocate %" PRIu64 " bytes for %s", size, path);
+    return 0;
 }
 
 int create_file_exclusive(const char *dir, const char *name, const void *data, size_t len)
@@ -97,47 +106,50 @@ int create_file_exclusive(const char *dir, const char *name, const void *data, s
     char tmp[COMET_PATH_MAX], final[COMET_PATH_MAX];
     if (path_format(tmp, "%s/.%s.%ld.tmp", dir, name, (long)getpid()) ||
         path_format(final, "%s/%s", dir, name))
-        return ENAMETOOLONG;
+        return set_error(COMET_E_INVALID, "path too long: %s/%s", dir, name);
     int fd = sys_open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0)
-        return errno;
-    int rc = 0;
+        return set_errno_error(errno, "cannot create %s", tmp);
+    int err = 0; /* the errno value of the first failure */
     const uint8_t *p = data;
     size_t left = len;
-    while (left && !rc) {
+    while (left && !err) {
         ssize_t w = write(fd, p, left);
         if (w < 0 && errno != EINTR)
-            rc = errno;
+            err = errno;
         else if (w > 0) {
             p += w;
             left -= (size_t)w;
         }
     }
-    if (!rc && sys_fsync(fd))
-        rc = errno;
+    if (!err && sys_fsync(fd))
+        err = errno;
     close(fd);
+    int rc = err ? set_errno_error(err, "cannot write %s", tmp) : 0;
     if (!rc && sys_link(tmp, final))
-        rc = errno;
+        rc = errno == EEXIST ? FILE_EXISTS : set_errno_error(errno, "cannot create %s", final);
     sys_unlink(tmp);
     if (!rc)
-        fsync_dir(dir);
+        fsync_dir(dir); /* best effort: the file is complete whatever happens */
     return rc;
 }
 
-long read_file_prefix(const char *path, void *buf, size_t len)
+long read_file_prefix(const char *path, void *buf, size_t len, int *missing)
 {
     int fd = sys_open(path, O_RDONLY | O_CLOEXEC, 0);
+    if (missing)
+        *missing = fd < 0 && errno == ENOENT;
     if (fd < 0)
-        return -errno;
+        return set_errno_error(errno, "cannot open %s", path);
     size_t got = 0;
     while (got < len) {
         ssize_t r = pread(fd, (uint8_t *)buf + got, len - got, (off_t)got);
         if (r < 0) {
             if (errno == EINTR)
                 continue;
-            int e = errno;
+            int rc = set_errno_error(errno, "cannot read %s", path);
             close(fd);
-            return -e;
+            return rc;
         }
         if (r == 0)
             break;

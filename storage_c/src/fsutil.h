@@ -1,6 +1,8 @@
 /*
  * fsutil.h - small operating-system helpers shared by the other files:
  * clocks, the boot id, directory fsync, zero fill, atomic file creation.
+ * They follow the core's return convention (internal.h): a failure is a
+ * negative COMET_E_* code with the message set, never an errno value.
  */
 #ifndef COMET_FSUTIL_H
 #define COMET_FSUTIL_H
@@ -22,23 +24,29 @@ void read_boot_id(uint8_t out[16]);
 /* snprintf into a PATH_MAX buffer; returns COMET_E_INVALID when too long. */
 int path_format(char *out, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* fsync of a directory (a new or removed name survives a power cut). */
 int fsync_dir(const char *dir);
 /* Writes zeros over [from, to) with pwrite: turns preallocated (unwritten)
  * extents into written ones so that later mmap write faults stay cheap. */
 int zero_fill(int fd, uint64_t from, uint64_t to);
-/* posix_fallocate; returns 0 or an errno value. */
-int preallocate(int fd, uint64_t size);
+/* posix_fallocate of the file at path (open as fd) to size bytes; path only
+ * names the file in the error message. */
+int preallocate(int fd, uint64_t size, const char *path);
 
 /* Creates dir/name holding data, all or nothing: writes a temp file, fsyncs,
- * then link()s it into place.  Returns 0, EEXIST if the name exists, or an
- * errno value. */
+ * then link()s it into place.  Returns 0, FILE_EXISTS (1) when the name
+ * exists already (nothing written), or a negative COMET_E_* code. */
+#define FILE_EXISTS 1
 int create_file_exclusive(const char *dir, const char *name, const void *data, size_t len);
 
 /* Disk space a file takes (allocated blocks, what du counts), 0 when it is
  * missing: the one measure of disk use (retention's budgets, comet stat). */
 uint64_t file_disk_bytes(const char *path);
 
-/* Reads exactly len bytes at offset 0; returns bytes read or -errno. */
-long read_file_prefix(const char *path, void *buf, size_t len);
+/* Reads up to len bytes at offset 0: returns the bytes read (fewer when the
+ * file is shorter), or a negative COMET_E_* code.  *missing (may be NULL) is
+ * set when the file does not exist: COMET_E_IO is returned then too, so that
+ * a caller for whom a missing file means something else can tell. */
+long read_file_prefix(const char *path, void *buf, size_t len, int *missing);
 
 #endif

@@ -47,11 +47,11 @@ static int write_index(const char *dir, uint32_t shard_id, uint64_t base, uint32
     int fd = sys_open(tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0)
         return set_errno_error(errno, "cannot create index %s", tmp);
-    int err = preallocate(fd, file_bytes(capacity));
-    if (err) {
+    int rc = preallocate(fd, file_bytes(capacity), tmp);
+    if (rc) {
         close(fd);
         sys_unlink(tmp);
-        return set_errno_error(err, "cannot preallocate index %s", final);
+        return rc;
     }
     uint8_t head[INDEX_RECORDS_OFFSET];
     memset(head, 0, sizeof head);
@@ -72,14 +72,14 @@ static int write_index(const char *dir, uint32_t shard_id, uint64_t base, uint32
                 ? w
                 : -1;
     if (w != (ssize_t)sizeof head || sys_fdatasync(fd)) { /* content durable before the name */
-        err = errno ? errno : EIO;
+        int err = errno ? errno : EIO;
         close(fd);
         sys_unlink(tmp);
         return set_errno_error(err, "cannot write index %s", final);
     }
     close(fd);
     if (sys_rename(tmp, final)) {
-        err = errno;
+        int err = errno;
         sys_unlink(tmp);
         return set_errno_error(err, "cannot rename index %s", final);
     }
@@ -115,7 +115,7 @@ int index_map(segment *seg, const char *dir, uint32_t shard_id)
     seg->index_ok = 0;
     int fd = sys_open(path, O_RDWR | O_CLOEXEC, 0);
     if (fd < 0)
-        return -1;
+        return 0;
     struct stat sb;
     index_header h;
     if (fstat(fd, &sb) || sb.st_size < INDEX_RECORDS_OFFSET ||
@@ -124,13 +124,13 @@ int index_map(segment *seg, const char *dir, uint32_t shard_id)
         h.base_entry != seg->base || h.shard_id != shard_id || h.interval_bytes < 64 ||
         (uint64_t)sb.st_size < file_bytes(h.capacity)) {
         close(fd);
-        return -1;
+        return 0;
     }
     size_t bytes = file_bytes(h.capacity);
     void *map = sys_mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     close(fd);
     if (map == MAP_FAILED)
-        return -1;
+        return 0;
     seg->index_map = map;
     seg->index_map_bytes = bytes;
     seg->index_capacity = h.capacity;
@@ -139,10 +139,10 @@ int index_map(segment *seg, const char *dir, uint32_t shard_id)
     if (count > h.capacity || !records_consistent(seg, count)) {
         index_unmap(seg);
         seg->index_interval = h.interval_bytes;
-        return -1;
+        return 0;
     }
     seg->index_ok = 1;
-    return 0;
+    return 1;
 }
 
 void index_unmap(segment *seg)
@@ -175,6 +175,13 @@ void index_lookup(const segment *seg, uint64_t rel_entry, uint64_t *rel, uint64_
         *rel = r[lo - 1].rel_entry;
         *offset = r[lo - 1].offset;
     }
+}
+
+int index_record_ok(const segment *seg, uint64_t rel, uint64_t offset)
+{
+    uint32_t lf;
+    return rel == 0 ||
+           entry_validate(seg, offset, seg->base + rel, ENTRY_LEN_MASK, &lf) == ENTRY_OK;
 }
 
 void index_lookup_time(const segment *seg, int64_t ts, uint64_t *rel, uint64_t *offset)
@@ -252,7 +259,7 @@ int index_rebuild(segment *seg, const char *dir, uint32_t shard_id, uint64_t end
             break;
         if (c == ENTRY_BAD) {
             uint64_t next_off, next_entry;
-            if (entry_resync(seg, off, entry, end_offset, ENTRY_LEN_MASK, &next_off, &next_entry))
+            if (!entry_resync(seg, off, entry, end_offset, ENTRY_LEN_MASK, &next_off, &next_entry))
                 break;
             off = next_off;
             entry = next_entry;
@@ -271,7 +278,8 @@ int index_rebuild(segment *seg, const char *dir, uint32_t shard_id, uint64_t end
     free(records);
     if (rc)
         return rc;
-    index_map(seg, dir, shard_id);
-    return seg->index_ok ? 0 : set_error(COMET_E_IO, "rebuilt index of segment %" PRIu64
-                                                     " does not map", seg->base);
+    if (!index_map(seg, dir, shard_id))
+        return set_error(COMET_E_IO, "rebuilt index of segment %" PRIu64 " does not map",
+                         seg->base);
+    return 0;
 }

@@ -6,6 +6,21 @@
  *   comet_stream   a stream and its shards (stream.c)
  *   shard          one shard: its mapped state, its segments (shard.c)
  *   segment        one mapped segment file plus its sparse index (segment.c, index.c)
+ *
+ * Return convention, for every function of the core (static ones too):
+ *   - a function that can fail returns 0, or a negative COMET_E_* code after
+ *     set_error() / set_errno_error() has said what failed (which file);
+ *   - one that returns a count, size or offset returns it (>= 0), or a
+ *     negative COMET_E_* code in the same way;
+ *   - a predicate or a search returns 1 (true, found) or 0;
+ *   - a pointer is NULL on failure, as documented at the function;
+ *   - other results (an enum, a sentinel such as UINT64_MAX or -1 for
+ *     "unknown" or "not found") are documented at the function and are
+ *     never failures;
+ *   - an errno value is never returned: it is turned into a code where the
+ *     system call failed (set_errno_error maps ENOSPC to STORAGE_FULL).
+ * A caller passes a code on unchanged; it sets a new message only when it
+ * makes a new decision (another code).
  */
 #ifndef COMET_INTERNAL_H
 #define COMET_INTERNAL_H
@@ -27,6 +42,8 @@ typedef struct segment {
     uint8_t *map;          /* read-only shared mapping of the whole file */
     uint8_t *wmap;         /* writable mapping, only in a process that appended here */
     uint64_t zapped_to;    /* wmap pages below this were unmapped behind the writer */
+    uint16_t version;      /* of its format (the header's): how its entries are checked */
+    uint32_t flags;        /* SEGMENT_FLAG_* of its header */
     int fd;                /* kept by writers for zero fill and fdatasync; -1 otherwise */
     int refs;              /* users of the mapping; guarded by the shard's cache_lock */
     int removed;           /* no longer in the cache: freed when refs drop to zero */
@@ -41,7 +58,25 @@ typedef struct segment {
 /* A new segment file of capacity bytes whose index covers index_coverage. */
 int segment_create(const char *dir, uint32_t shard_id, uint64_t base, uint64_t capacity,
                    uint64_t index_coverage, uint32_t index_interval);
+/* A new segment header (version SEGMENT_VERSION) with its checksum. */
+void segment_header_fill(segment_header *h, uint32_t shard_id, uint64_t base, uint64_t capacity,
+                         uint64_t reserved, uint32_t flags);
 segment *segment_new(uint64_t base);
+/* recycle.c: a deleted segment's file reused as the shard's next segment.
+ * recycle_keep makes the file of sealed segment base the shard's spare (1)
+ * or leaves it to be unlinked (0).  recycle_take turns the spare, when there
+ * is one of at least need bytes, into segment base: returns its capacity,
+ * 0 when there is no spare, or a negative COMET_E_* code.  The spare's size
+ * (0: none), counted in the shard's disk use. */
+int recycle_keep(struct comet_shard *sh, uint64_t base);
+int64_t recycle_take(struct comet_shard *sh, uint64_t base, uint64_t need, uint64_t coverage,
+                     uint32_t index_interval);
+uint64_t recycle_spare_bytes(const struct comet_shard *sh);
+/* Recovery: when the file named as segment base is a recycled one whose new
+ * header was lost (it says an older base), gives it back (spare, or unlinked)
+ * and returns 1; else 0. */
+int recycle_stale(struct comet_shard *sh, uint64_t base);
+int recycle_is_stale(const struct comet_shard *sh, uint64_t base); /* the test of recycle_stale */
 /* Maps the file and its index (seg->map is NULL before). */
 int segment_load(segment *seg, const char *dir, uint32_t shard_id);
 /* Capacity recorded in the mapped header (another process may have grown it). */
@@ -77,6 +112,9 @@ static inline _Atomic uint32_t *index_count_ptr(const segment *seg)
 
 int index_create(const char *dir, uint32_t shard_id, uint64_t base, uint64_t capacity,
                  uint32_t interval);
+/* Maps seg's index file: 1 with seg->index_ok set, or 0 when the index is
+ * missing, inconsistent or cannot be mapped.  Not a failure: entries are then
+ * located by scanning until the index is rebuilt (segcache.c, recovery.c). */
 int index_map(segment *seg, const char *dir, uint32_t shard_id);
 void index_unmap(segment *seg);
 /* Whether the mapped index has a record slot for every interval of capacity. */
@@ -84,6 +122,9 @@ int index_covers(const segment *seg, uint64_t capacity);
 /* Greatest record at or before rel_entry: sets *rel and *offset (the segment
  * start when there is none). */
 void index_lookup(const segment *seg, uint64_t rel_entry, uint64_t *rel, uint64_t *offset);
+/* Whether a record index_lookup gave points at its entry (a wrong index must
+ * not make good entries look damaged); rel 0, the segment start, always does. */
+int index_record_ok(const segment *seg, uint64_t rel, uint64_t offset);
 void index_lookup_time(const segment *seg, int64_t ts, uint64_t *rel, uint64_t *offset);
 /* Appends a record if offset is index_interval past the last one (under lock). */
 void index_note(segment *seg, uint64_t rel_entry, uint64_t offset, int64_t ts);
@@ -117,14 +158,14 @@ entry_check entry_validate(const segment *seg, uint64_t off, uint64_t expect_ent
 int64_t entry_timestamp(const segment *seg, uint64_t off);
 uint32_t entry_len_flags(const segment *seg, uint64_t off);
 uint32_t entry_number_low(const segment *seg, uint64_t off);
-/* Writes one entry at dst (header then payload). flags are ENTRY_FLAG_*. */
-void entry_write(uint8_t *dst, const uint8_t *payload, uint32_t len, uint32_t flags,
-                 uint64_t entry, int64_t ts);
-/* Writes k <= 4 consecutive entries; returns the bytes written. */
-uint64_t entry_write_group(uint8_t *dst, const entry_ref *refs, uint32_t k, uint64_t entry,
-                           int64_t ts, const uint32_t *flags);
-/* Next plausible entry after a damaged one at off: sets *found_off and
- * *found_entry, returns 0, or -1 when nothing valid follows before limit. */
+/* Writes k <= 4 consecutive entries (header then payload each; flags are
+ * ENTRY_FLAG_*) in the format of a segment of the given version; returns the
+ * bytes written. */
+uint64_t entry_write_group(uint8_t *dst, uint16_t version, const entry_ref *refs, uint32_t k,
+                           uint64_t entry, int64_t ts, const uint32_t *flags);
+/* Next plausible entry after a damaged one at off: returns 1 with
+ * *found_off and *found_entry set, or 0 when nothing valid follows before
+ * limit. */
 int entry_resync(const segment *seg, uint64_t off, uint64_t expect_entry, uint64_t limit,
                  uint32_t max_len, uint64_t *found_off, uint64_t *found_entry);
 
@@ -163,6 +204,7 @@ int shard_lock(shard *sh);   /* append lock; repairs the tail if its holder died
 int shard_lock_noting_wait(shard *sh, int *waited);
 int shard_trylock_clean(shard *sh);
 void shard_unlock(shard *sh);
+/* append.c: the append path (lock, room and budget, write, publish). */
 int64_t shard_append(shard *sh, const entry_ref *refs, uint32_t count, uint64_t total_bytes,
                      uint64_t raw_bytes, int durability);
 int shard_sync(shard *sh, uint64_t upto_entry);
@@ -230,7 +272,7 @@ int recovery_repair_tail(shard *sh, int how); /* how: 0, STATE_REBUILT or STATE_
 int state_open(shard *sh, int *rebuilt);
 void state_close(shard *sh);
 int state_init_locks(state_file *st);
-/* A robust, process-shared mutex (in a shared mapping); 0 or an errno value. */
+/* A robust, process-shared mutex (in a shared mapping). */
 int robust_mutex_init(pthread_mutex_t *m);
 
 static inline uint64_t wc_get(const state_file *st, int c)

@@ -108,7 +108,8 @@ static __attribute__((cold, noinline)) const uint8_t *unexpected(json_splitter *
 /* ---- whitespace and compaction -------------------------------------------- */
 
 /* Copies the event's bytes from j->run up to from into scratch and resumes the
- * run at to: the whitespace [from, to) is left out of the stored event. */
+ * run at to: the whitespace [from, to) is left out of the stored event.  0, or
+ * COMET_E_NOMEM (also kept in j->code). */
 static int drop_gap(json_splitter *j, const uint8_t *from, const uint8_t *to)
 {
     if (!j->copying) {
@@ -117,7 +118,7 @@ static int drop_gap(json_splitter *j, const uint8_t *from, const uint8_t *to)
             if (!j->scratch) {
                 j->code = set_error(COMET_E_NOMEM, "out of memory for a %zu-byte body",
                                     (size_t)(j->end - j->body));
-                return -1;
+                return j->code;
             }
         }
         j->copying = 1;

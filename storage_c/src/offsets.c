@@ -106,9 +106,7 @@ int offsets_open(shard *sh)
     if (fstat(fd, &sb))
         rc = set_errno_error(errno, "cannot stat %s", path);
     else if (sb.st_size < OFFSETS_FILE_BYTES) {
-        int err = preallocate(fd, OFFSETS_FILE_BYTES);
-        if (err)
-            rc = set_errno_error(err, "cannot size %s", path);
+        rc = preallocate(fd, OFFSETS_FILE_BYTES, path);
     }
     if (rc) {
         close(fd);
@@ -206,6 +204,7 @@ static int lock_groups(shard *sh)
     return rc ? set_errno_error(rc, "cannot lock the groups of %s", sh->dir) : 0;
 }
 
+/* The index of the slot registered under name, -1 when there is none. */
 static int64_t find_slot(shard *sh, const char *name, size_t len)
 {
     for (uint32_t i = 0; i < OFFSETS_GROUPS; i++) {

@@ -13,6 +13,15 @@
  * the shard's crc_failures and skipped_entries, and reports it in the
  * result.  Entries that retention deleted are skipped the same way, so a
  * reader always learns how many entries it did not see.
+ *
+ * The only lock a read takes is the process-local cache_lock, for the moment
+ * a segment is looked up or released; the shard stays mapped because the
+ * read is counted in its users (shard_acquire), which comet_close and stream
+ * deletion wait for.  The code has two halves: a cursor (cursor_seek,
+ * cursor_next, cursor_resync, cursor_step) walks entries that check out in
+ * the shared mappings, and read_out / put_entry fill the caller's buffers,
+ * decompressing; read_entered joins them for comet_read, find_time_in for
+ * comet_find_time.
  */
 #include <inttypes.h>
 #include <stdlib.h>
@@ -41,6 +50,31 @@ static void cursor_drop(cursor *c)
     c->seg = NULL;
 }
 
+/* Puts the cursor in seg (referenced; the next segment starts at end) at the
+ * index record before target, or at the segment start. */
+static void cursor_place(cursor *c, segment *seg, uint64_t end, uint64_t target)
+{
+    uint64_t rel, off;
+    index_lookup(seg, target - seg->base, &rel, &off);
+    if (!index_record_ok(seg, rel, off)) {
+        /* The record points at something that is not its entry: the index
+         * is wrong (or that entry is damaged).  A sealed segment's index is
+         * rebuilt now; the active one's by the next appender (recovery).
+         * Meanwhile scan from the start. */
+        if (end != UINT64_MAX)
+            seg = shard_segment_rebuild_index(c->sh, seg, end);
+        else
+            atomic_store(&c->sh->st->recovery_pending, 1);
+        index_lookup(seg, target - seg->base, &rel, &off);
+        if (!index_record_ok(seg, rel, off))
+            rel = 0, off = SEGMENT_DATA_OFFSET;
+    }
+    c->seg = seg;
+    c->seg_end = end;
+    c->entry = seg->base + rel;
+    c->off = off;
+}
+
 /* Positions the cursor at the index record before target (or its segment
  * start); entries below target are then walked over by the caller.  Returns
  * 0 when there is nothing to read from target on, or when the segment cannot
@@ -58,26 +92,7 @@ static int cursor_seek(cursor *c, uint64_t target)
             return 0;
         }
         if (seg) {
-            uint64_t rel, off;
-            index_lookup(seg, target - seg->base, &rel, &off);
-            uint32_t lf;
-            if (rel && entry_validate(seg, off, seg->base + rel, ENTRY_LEN_MASK, &lf) != ENTRY_OK) {
-                /* The record points at something that is not its entry: the
-                 * index is wrong (or that entry is damaged).  A sealed
-                 * segment's index is rebuilt now; the active one's by the
-                 * next appender (recovery).  Meanwhile scan from the start. */
-                if (end != UINT64_MAX)
-                    seg = shard_segment_rebuild_index(c->sh, seg, end);
-                else
-                    atomic_store(&c->sh->st->recovery_pending, 1);
-                index_lookup(seg, target - seg->base, &rel, &off);
-                if (rel && entry_validate(seg, off, seg->base + rel, ENTRY_LEN_MASK, &lf) != ENTRY_OK)
-                    rel = 0, off = SEGMENT_DATA_OFFSET;
-            }
-            c->seg = seg;
-            c->seg_end = end;
-            c->entry = seg->base + rel;
-            c->off = off;
+            cursor_place(c, seg, end, target);
             return 1;
         }
         /* target lies before the first segment (deleted by retention) */
@@ -101,7 +116,7 @@ static int cursor_resync(cursor *c, uint64_t from)
     uint64_t bound = c->seg_end < c->limit ? c->seg_end : c->limit;
     uint64_t found_off, found_entry;
     if (entry_resync(c->seg, c->off, c->entry, c->seg->capacity, ENTRY_LEN_MASK, &found_off,
-                     &found_entry) == 0 &&
+                     &found_entry) &&
         found_entry < bound) {
         if (found_entry > from)
             c->skipped += found_entry - (c->entry > from ? c->entry : from);
@@ -117,34 +132,37 @@ static int cursor_resync(cursor *c, uint64_t from)
     return 0;
 }
 
-/* Returns the header flags of the entry at the cursor once it checks out,
- * moving over damage and segment ends; -1 when there is nothing more. */
-static int64_t cursor_next(cursor *c, uint64_t from)
+/* Steps the cursor over the entry at it (len_flags lf). */
+static void cursor_step(cursor *c, uint32_t lf)
+{
+    c->off += ENTRY_HEADER_BYTES + (lf & ENTRY_LEN_MASK);
+    c->entry++;
+}
+
+/* Moves the cursor to the next entry that checks out, over damage and
+ * segment ends: 1 with its header flags in *lf, or 0 when there is nothing
+ * more below the limit (c->err: a segment could not be read). */
+static int cursor_next(cursor *c, uint64_t from, uint32_t *lf)
 {
     while (c->entry < c->limit) {
         if (!c->seg || c->entry >= c->seg_end) {
             if (!cursor_seek(c, c->entry))
-                return -1;
+                return 0;
             continue;
         }
-        uint32_t lf;
-        entry_check chk = entry_validate(c->seg, c->off, c->entry, ENTRY_LEN_MASK, &lf);
-        if (chk == ENTRY_OK)
-            return lf;
+        if (entry_validate(c->seg, c->off, c->entry, ENTRY_LEN_MASK, lf) == ENTRY_OK)
+            return 1;
         /* A mapping made before another process grew the file ends early. */
         if (!c->reloaded && segment_header_capacity(c->seg) > c->seg->capacity) {
             c->reloaded = 1;
-            uint64_t e = c->entry;
-            if (!cursor_seek(c, e))
-                return -1;
+            if (!cursor_seek(c, c->entry))
+                return 0;
             continue;
         }
-        if (!cursor_resync(c, from)) {
+        if (!cursor_resync(c, from))
             cursor_drop(c);
-            continue;
-        }
     }
-    return -1;
+    return 0;
 }
 
 static int check_request(const comet_read_request *req, const comet_read_result *res)
@@ -158,7 +176,7 @@ static int check_request(const comet_read_request *req, const comet_read_result 
     return 0;
 }
 
-static int read_locked_in(shard *sh, const comet_read_request *req, comet_read_result *res);
+static int read_entered(shard *sh, const comet_read_request *req, comet_read_result *res);
 
 int comet_read(comet_stream *s, uint32_t shard_id, const comet_read_request *req,
                comet_read_result *res)
@@ -173,13 +191,147 @@ int comet_read(comet_stream *s, uint32_t shard_id, const comet_read_request *req
         return rc;
     rc = shard_check_deleted(sh);
     if (!rc)
-        rc = read_locked_in(sh, req, res);
+        rc = read_entered(sh, req, res);
     shard_leave(sh);
     return rc;
 }
 
-/* comet_read with the shard held (its mappings cannot go away meanwhile). */
-static int read_locked_in(shard *sh, const comet_read_request *req, comet_read_result *res)
+/* ---- one read: the caller's buffers --------------------------------------- */
+
+/* Where the entries of one read go: req's buffers, filled up to n and used. */
+typedef struct read_out {
+    const comet_read_request *req;
+    comet_read_result *res;
+    uint64_t cap;    /* data_capacity: a hard limit */
+    uint64_t budget; /* max_bytes (at most cap): a limit once one entry is in */
+    uint64_t sep;    /* 1 with COMET_READ_NEWLINES: a '\n' follows each payload */
+    uint32_t n;      /* entries written */
+    uint64_t used;   /* data bytes written */
+    uint64_t need;   /* after PUT_FULL: the bytes the entry needs */
+} read_out;
+
+/* What became of one entry (put_entry). */
+enum { PUT_DONE, PUT_SKIPPED, PUT_FULL };
+
+static read_out read_out_init(const comet_read_request *req, comet_read_result *res)
+{
+    uint64_t cap = req->data_capacity;
+    read_out out = {.req = req, .res = res, .cap = cap};
+    out.budget = req->max_bytes && req->max_bytes < cap ? req->max_bytes : cap;
+    out.sep = (req->flags & COMET_READ_NEWLINES) ? 1 : 0;
+    return out;
+}
+
+/* Bytes of the payload once decoded, -1 when a compressed one does not say. */
+static int64_t decoded_size(const uint8_t *payload, uint32_t lf)
+{
+    uint32_t len = lf & ENTRY_LEN_MASK;
+    return (lf & ENTRY_FLAG_ZSTD) ? codec_frame_size(payload, len) : (int64_t)len;
+}
+
+/* Writes the payload at dst, decompressed to its size bytes: 1, or 0 when it
+ * does not decompress to exactly that. */
+static int copy_payload(uint8_t *dst, const uint8_t *payload, uint32_t lf, uint64_t size,
+                        comet_read_result *res)
+{
+    uint32_t len = lf & ENTRY_LEN_MASK;
+    if (lf & ENTRY_FLAG_ZSTD) {
+        if (codec_decompress(dst, size, payload, len) != (int64_t)size)
+            return 0;
+        res->compressed++;
+    } else if (len) {
+        memcpy(dst, payload, len);
+    }
+    return 1;
+}
+
+/* Puts the entry at the cursor (len_flags lf) into the buffers: PUT_DONE;
+ * PUT_SKIPPED when it checked out but does not decode; PUT_FULL when it does
+ * not fit (out->need set). */
+static int put_entry(read_out *out, const cursor *c, uint32_t lf)
+{
+    const comet_read_request *req = out->req;
+    const uint8_t *payload = c->seg->map + c->off + ENTRY_HEADER_BYTES;
+    int64_t size = decoded_size(payload, lf);
+    if (size < 0)
+        return PUT_SKIPPED;
+    uint64_t need = (uint64_t)size + out->sep;
+    if (out->used + need > out->cap || (out->n && out->used + need > out->budget)) {
+        out->need = need;
+        return PUT_FULL;
+    }
+    uint8_t *dst = req->data + out->used;
+    if (!copy_payload(dst, payload, lf, (uint64_t)size, out->res))
+        return PUT_SKIPPED;
+    if (out->sep) {
+        if (size && memchr(dst, '\n', (size_t)size))
+            out->res->newline_payloads++;
+        dst[size] = '\n';
+    }
+    req->entries[out->n] = (int64_t)c->entry;
+    req->timestamps[out->n] = entry_timestamp(c->seg, c->off);
+    out->used += need;
+    out->n++;
+    req->offsets[out->n] = (int32_t)out->used;
+    return PUT_DONE;
+}
+
+/* Reads entries from the cursor (positioned at or before from) until
+ * max_entries, the limit or a full buffer: returns 1 when it stopped at an
+ * entry that does not fit (the cursor stays on it), else 0. */
+static int read_entries(cursor *c, read_out *out, uint64_t from)
+{
+    uint32_t lf;
+    while (out->n < out->req->max_entries && cursor_next(c, from, &lf)) {
+        if (c->entry >= from) { /* below from: walking from the index record */
+            int put = put_entry(out, c, lf);
+            if (put == PUT_FULL)
+                return 1;
+            if (put == PUT_SKIPPED) { /* checksummed but undecodable: skipped, counted */
+                c->damaged++;
+                c->skipped++;
+            }
+        }
+        cursor_step(c, lf);
+    }
+    return 0;
+}
+
+/* The first entry does not fit the buffer at all: the caller learns its size. */
+static int report_too_small(cursor *c, const read_out *out)
+{
+    cursor_drop(c);
+    out->res->needed_bytes = out->need;
+    out->res->next_entry = c->entry;
+    return set_error(COMET_E_BUFFER_TOO_SMALL,
+                     "entry %" PRIu64 " needs %" PRIu64 " bytes; the buffer has %" PRIu64,
+                     c->entry, out->need - out->sep, out->cap);
+}
+
+/* Fills the result and counts what the cursor skipped. */
+static int finish_read(cursor *c, const read_out *out, uint64_t from)
+{
+    cursor_drop(c);
+    if (c->err && out->n == 0) /* entries read are returned: the next read meets the error */
+        return c->err;
+    comet_read_result *res = out->res;
+    res->count = out->n;
+    res->data_bytes = out->used;
+    res->next_entry = c->entry > from ? c->entry : from;
+    res->skipped = c->skipped;
+    if (c->damaged)
+        sc_add(c->sh->st, SC_CRC_FAILURES, c->damaged);
+    if (c->skipped)
+        sc_add(c->sh->st, SC_SKIPPED_ENTRIES, c->skipped);
+    return 0;
+}
+
+/* comet_read inside the shard (shard_acquire counted this thread in its
+ * users, so comet_close and a stream deletion leave its mappings alone).  No
+ * shard lock is taken: the append lock never, the commit point is loaded with
+ * acquire; only the process-local cache_lock is held for moments, inside the
+ * segment lookups (shard_segment_for, shard_segment_release). */
+static int read_entered(shard *sh, const comet_read_request *req, comet_read_result *res)
 {
     state_file *st = sh->st;
     uint64_t limit = (req->flags & COMET_READ_DURABLE_ONLY)
@@ -192,89 +344,34 @@ static int read_locked_in(shard *sh, const comet_read_request *req, comet_read_r
         req->offsets[0] = 0;
     if (from >= limit || req->max_entries == 0)
         return 0;
-
-    uint64_t cap = req->data_capacity;
-    uint64_t budget = req->max_bytes && req->max_bytes < cap ? req->max_bytes : cap;
-    uint64_t sep = (req->flags & COMET_READ_NEWLINES) ? 1 : 0;
-    cursor c = {.sh = sh, .limit = limit, .entry = from};
-    uint32_t n = 0;
-    uint64_t used = 0;
-    if (!cursor_seek(&c, from))
-        goto done;
-    int64_t lf;
-    while (n < req->max_entries && (lf = cursor_next(&c, from)) >= 0) {
-        uint32_t len = (uint32_t)lf & ENTRY_LEN_MASK;
-        if (c.entry < from) { /* walking from the index record to the start */
-            c.off += ENTRY_HEADER_BYTES + len;
-            c.entry++;
-            continue;
-        }
-        const uint8_t *payload = c.seg->map + c.off + ENTRY_HEADER_BYTES;
-        uint64_t out_len = len;
-        int compressed = (lf & ENTRY_FLAG_ZSTD) != 0;
-        if (compressed) {
-            int64_t size = codec_frame_size(payload, len);
-            if (size < 0) { /* checksummed but undecodable: skip it, counted */
-                c.damaged++;
-                c.skipped++;
-                c.off += ENTRY_HEADER_BYTES + len;
-                c.entry++;
+    /* Retention in another process may delete a segment this read copies
+     * from, and recycle.c may then reuse its file: what was copied could be
+     * the new segment's bytes.  first_entry moves past a deleted segment
+     * before its file can be reused, so once the entries are copied, any
+     * below first_entry are not trusted: the read is done again from there,
+     * counting them as skipped (as if retention had won the race). */
+    uint64_t start = from;
+    for (int attempt = 0;; attempt++) {
+        read_out out = read_out_init(req, res);
+        cursor c = {.sh = sh, .limit = limit, .entry = start, .skipped = start - from};
+        int full = cursor_seek(&c, start) && read_entries(&c, &out, start);
+        atomic_thread_fence(memory_order_acquire);
+        uint64_t first = atomic_load_explicit(&st->first_entry, memory_order_acquire);
+        if (out.n && (uint64_t)req->entries[0] < first) {
+            cursor_drop(&c);
+            start = first < limit ? first : limit;
+            if (attempt < 8 && start < limit)
                 continue;
-            }
-            out_len = (uint64_t)size;
+            out.n = 0; /* retention keeps overtaking this read: nothing returned */
+            out.used = 0;
+            c.entry = start;
+            c.skipped = start - from;
+            full = 0;
         }
-        if (used + out_len + sep > cap || (n && used + out_len + sep > budget)) {
-            if (n == 0) {
-                res->needed_bytes = out_len + sep;
-                cursor_drop(&c);
-                res->next_entry = c.entry;
-                return set_error(COMET_E_BUFFER_TOO_SMALL,
-                                 "entry %" PRIu64 " needs %" PRIu64 " bytes; the buffer has %" PRIu64,
-                                 c.entry, out_len, cap);
-            }
-            break;
-        }
-        if (compressed) {
-            int64_t got = codec_decompress(req->data + used, out_len, payload, len);
-            if (got != (int64_t)out_len) {
-                c.damaged++;
-                c.skipped++;
-                c.off += ENTRY_HEADER_BYTES + len;
-                c.entry++;
-                continue;
-            }
-            res->compressed++;
-        } else if (len) {
-            memcpy(req->data + used, payload, len);
-        }
-        if (sep) {
-            if (out_len && memchr(req->data + used, '\n', out_len))
-                res->newline_payloads++;
-            req->data[used + out_len] = '\n';
-            out_len++;
-        }
-        int64_t ts = entry_timestamp(c.seg, c.off);
-        req->entries[n] = (int64_t)c.entry;
-        req->timestamps[n] = ts;
-        used += out_len;
-        n++;
-        req->offsets[n] = (int32_t)used;
-        c.off += ENTRY_HEADER_BYTES + len;
-        c.entry++;
+        if (full && out.n == 0)
+            return report_too_small(&c, &out);
+        return finish_read(&c, &out, from);
     }
-done:
-    cursor_drop(&c);
-    if (c.err && n == 0) /* with entries read, they are returned; the next read meets the error */
-        return c.err;
-    res->count = n;
-    res->data_bytes = used;
-    res->next_entry = c.entry > from ? c.entry : from;
-    res->skipped = c.skipped;
-    if (c.damaged)
-        sc_add(st, SC_CRC_FAILURES, c.damaged);
-    if (c.skipped)
-        sc_add(st, SC_SKIPPED_ENTRIES, c.skipped);
-    return 0;
 }
 
 static int64_t find_time_in(shard *sh, int64_t ts);
@@ -335,16 +432,14 @@ static int64_t find_time_in(shard *sh, int64_t ts)
             }
             continue;
         }
-        int64_t lf;
+        uint32_t lf;
         uint64_t seg_end = c.seg_end;
-        while ((lf = cursor_next(&c, start)) >= 0 && c.entry < seg_end) {
-            int64_t ets = entry_timestamp(c.seg, c.off);
-            if (c.entry >= start && ets >= ts) {
+        while (cursor_next(&c, start, &lf) && c.entry < seg_end) {
+            if (c.entry >= start && entry_timestamp(c.seg, c.off) >= ts) {
                 answer = c.entry;
                 break;
             }
-            c.off += ENTRY_HEADER_BYTES + ((uint32_t)lf & ENTRY_LEN_MASK);
-            c.entry++;
+            cursor_step(&c, lf);
         }
         cursor_drop(&c);
         if (c.err) {

@@ -24,6 +24,16 @@
  * segment and the same rules rebuild the commit point.  Recovery never fails
  * because of damaged data; it fails only on I/O errors, and then leaves
  * recovery_pending set so that the next locker tries again.
+ *
+ * The code follows those steps: recovery_repair_tail lists the segments and
+ * calls scan_tail (choose_start, scan_start, then scan_segment and
+ * next_segment in turn, end_before_gap), which fills a `repair` struct with
+ * the cut; apply_cut makes the files and the state match it, and publish
+ * finishes (lost acknowledged numbers, counters, active_gen).  Every
+ * segment the scan looks at stays referenced (holds) until the end, so that
+ * the cut, which may point into an earlier segment, stays mapped.  The scan
+ * reads the mappings directly rather than through reader.c's cursor: it must
+ * see past the commit point, which readers never do.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -95,6 +105,8 @@ static void set_aside(shard *sh, uint64_t base, int has_data)
     segment_path(path, sh->dir, base, SEGMENT_SUFFIX);
     segment_path(idx, sh->dir, base, INDEX_SUFFIX);
     sys_unlink(idx);
+    if (recycle_stale(sh, base)) /* never written: its earlier life's bytes */
+        return;
     if (has_data) {
         segment_path(orphan, sh->dir, base, SEGMENT_SUFFIX ORPHAN_SUFFIX);
         sys_rename(path, orphan);
@@ -200,18 +212,51 @@ static void release_all(holds *h)
     h->cap = 0;
 }
 
+/* Where the bytes after the cut that this segment's own writers may have
+ * written end: they are zeroed, so that appends resuming at the cut never sit
+ * in front of an old torn batch a later scan could take for theirs.  In a
+ * fresh segment that is where the non-zero bytes end.  A recycled segment
+ * holds its earlier life's entries after them (recycle.c): without a crash
+ * of the machine, the state's write_hwm bounds this life's writes; after one
+ * it may not, and then only the entry header at the cut is zeroed (the scan
+ * ends there) and the segment is sealed: appends go on in a new segment, so
+ * nothing is ever written in front of what lies past the cut. */
+static uint64_t garbage_end_of(const shard *sh, scan_point cut, uint64_t state_active, int how,
+                               int *seal)
+{
+    uint64_t hwm = atomic_load(&sh->st->write_hwm), cap = cut.seg->capacity;
+    int active = cut.seg->base == state_active;
+    *seal = 0;
+    if (!(cut.seg->flags & SEGMENT_FLAG_RECYCLED))
+        return nonzero_end(cut.seg, cut.off, active ? hwm : 0);
+    if (how == 0 && active)
+        return hwm > cut.off ? (hwm < cap ? hwm : cap) : cut.off;
+    if (cut.entry == cut.seg->base) /* nothing to seal: clear the whole file once */
+        return cap;
+    *seal = 1;
+    return cut.off + ENTRY_HEADER_BYTES < cap ? cut.off + ENTRY_HEADER_BYTES : cap;
+}
+
 /* Finishes the repair at the cut point: zero what follows, trim the index,
  * restore the segment's size, publish the new commit point. */
 static int apply_cut(shard *sh, holds *h, scan_point cut, uint64_t furthest,
-                     uint64_t state_active, int *changed)
+                     uint64_t state_active, int how, int *changed)
 {
     state_file *st = sh->st;
-    uint64_t hwm = atomic_load(&st->write_hwm);
-    uint64_t garbage_end = nonzero_end(cut.seg, cut.off, cut.seg->base == state_active ? hwm : 0);
+    int seal;
+    uint64_t garbage_end = garbage_end_of(sh, cut, state_active, how, &seal);
+    if (seal) {
+        int fd = shard_segment_fd(sh, cut.seg);
+        int rc = fd < 0 ? fd : zero_fill(fd, cut.off, garbage_end);
+        if (rc)
+            return rc;
+        garbage_end = cut.off; /* the earlier life's bytes: nothing truncated */
+    }
     if (garbage_end > cut.off) {
         int fd = shard_segment_fd(sh, cut.seg);
-        if (fd < 0 || zero_fill(fd, cut.off, garbage_end))
-            return set_error(COMET_E_IO, "cannot zero the torn tail of %s", sh->dir);
+        int rc = fd < 0 ? fd : zero_fill(fd, cut.off, garbage_end);
+        if (rc)
+            return rc;
         wc_add(st, WC_TRUNCATED_BYTES, garbage_end - cut.off);
         *changed = 1;
     }
@@ -226,10 +271,13 @@ static int apply_cut(shard *sh, holds *h, scan_point cut, uint64_t furthest,
     uint64_t want = segment_header_capacity(cut.seg);
     if (want > cut.seg->capacity) {
         int fd = shard_segment_fd(sh, cut.seg);
-        int err = fd < 0 ? EIO : preallocate(fd, want);
-        if (err)
-            return set_errno_error(err, "cannot restore the size of segment %" PRIu64 " in %s",
-                                   cut.seg->base, sh->dir);
+        if (fd < 0)
+            return fd;
+        char path[COMET_PATH_MAX];
+        segment_path(path, sh->dir, cut.seg->base, SEGMENT_SUFFIX);
+        int rc = preallocate(fd, want, path);
+        if (rc)
+            return rc;
         *changed = 1;
     }
 
@@ -240,6 +288,7 @@ static int apply_cut(shard *sh, holds *h, scan_point cut, uint64_t furthest,
     atomic_store(&st->active_end, cut.off);
     atomic_store(&st->write_hwm, cut.off);
     atomic_store(&st->zeroed_end, zeroed);
+    atomic_store(&st->seal_active, (uint32_t)seal);
     if (cut.ts > atomic_load(&st->last_ts))
         atomic_store(&st->last_ts, cut.ts);
     if (atomic_load(&st->durable_entry) > cut.entry)
@@ -250,154 +299,242 @@ static int apply_cut(shard *sh, holds *h, scan_point cut, uint64_t furthest,
     return 0;
 }
 
-int recovery_repair_tail(shard *sh, int how)
-{
-    int state_rebuilt = how == STATE_REBUILT;
-    state_file *st = sh->st;
-    remove_temp_files(sh->dir);
-    uint64_t *bases;
+/* ---- the scan ------------------------------------------------------------- */
+
+/* One recovery: the segments, where the scan stands, the best cut so far. */
+typedef struct repair {
+    shard *sh;
+    int how;               /* 0, STATE_REBUILT or STATE_REBOOTED */
+    uint64_t *bases;       /* the segments, ascending */
     size_t n;
-    int rc = shard_list_segments(sh, &bases, &n);
-    if (rc)
-        return rc;
-    if (n == 0) {
-        free(bases);
-        return no_segments(sh, state_rebuilt ? 0 : atomic_load(&st->next_entry));
-    }
-
-    /* Entries up to the commit point are kept even without a batch end after
-     * them (a batch is whole once the commit point passed it).  After a
-     * restart the state's commit point may have reached the disk before the
-     * entries did: only its durable point is sure, and what follows it is
-     * scanned.  Without a usable point (a state re-created, or one older than
-     * every segment) nothing is taken as committed and every segment is
-     * scanned: only batch ends move the cut, and segments that were created
-     * but never written (the power went first) end the log. */
-    uint64_t committed = atomic_load(&st->next_entry);
-    if (how == STATE_REBOOTED && atomic_load(&st->durable_entry) < committed)
-        committed = atomic_load(&st->durable_entry);
-    uint64_t scan_from = committed;
-    if (state_rebuilt || committed < bases[0]) {
-        scan_from = how ? bases[0] : bases[n - 1];
-        committed = how ? 0 : bases[n - 1];
-    }
-    uint64_t state_active =
-        atomic_load(&st->active_end) ? atomic_load(&st->active_base) : UINT64_MAX;
-    int changed = state_rebuilt;
-    holds h = {.seg = NULL, .n = 0, .cap = 0, .sh = sh, .fatal = 0};
-
-    size_t i = n - 1;
-    while (i > 0 && bases[i] > scan_from)
-        i--;
-    segment *seg = hold(&h, bases[i]);
-    if (h.fatal) {
-        free(bases);
-        release_all(&h);
-        return h.fatal;
-    }
-    uint64_t rel = 0, off = SEGMENT_DATA_OFFSET;
-    if (seg) {
-        index_lookup(seg, scan_from - seg->base, &rel, &off);
-        uint32_t lf;
-        if (!seg->index_ok ||
-            (rel && entry_validate(seg, off, seg->base + rel, ENTRY_LEN_MASK, &lf) != ENTRY_OK)) {
-            /* a wrong index must not make good entries look damaged */
-            seg = rebuild_held(&h, seg, scan_from);
-            index_lookup(seg, scan_from - seg->base, &rel, &off);
-            if (rel && entry_validate(seg, off, seg->base + rel, ENTRY_LEN_MASK, &lf) != ENTRY_OK)
-                rel = 0, off = SEGMENT_DATA_OFFSET;
-        }
-    }
-    uint64_t e = bases[i] + rel;
-    scan_point cut = {seg, e, off, atomic_load(&st->last_ts)};
+    uint64_t committed;    /* entries below this are kept without a batch end */
+    uint64_t scan_from;    /* the scan starts at the index record before this entry */
+    uint64_t state_active; /* active segment according to the state (UINT64_MAX: none) */
+    holds h;
+    /* where the scan stands: entry e at byte off of bases[i] (seg NULL: unreadable) */
+    size_t i;
+    segment *seg;
+    uint64_t e, off;
+    scan_point cut;        /* everything from here on is cut */
     /* Where the log stood before its first gap, and whether any entry after
      * it checks out: when none does, the segments after the gap were never
      * written (created, then the power went) and the log ends before it. */
-    scan_point before_gap = {0};
-    size_t gap_at = 0;
-    int good_after_gap = 0;
+    scan_point before_gap;
+    size_t gap_at;
+    int good_after_gap;
+    int changed;           /* the repair changed something (counted as a state rebuild) */
+} repair;
 
+/* Entries up to the commit point are kept even without a batch end after
+ * them (a batch is whole once the commit point passed it).  After a restart
+ * the state's commit point may have reached the disk before the entries did:
+ * only its durable point is sure, and what follows it is scanned.  Without a
+ * usable point (a state re-created, or one older than every segment) nothing
+ * is taken as committed and every segment is scanned: only batch ends move the
+ * cut, and segments that were created but never written (the power went
+ * first) end the log. */
+static void choose_start(repair *r)
+{
+    state_file *st = r->sh->st;
+    uint64_t committed = atomic_load(&st->next_entry);
+    if (r->how == STATE_REBOOTED && atomic_load(&st->durable_entry) < committed)
+        committed = atomic_load(&st->durable_entry);
+    uint64_t scan_from = committed;
+    if (r->how == STATE_REBUILT || committed < r->bases[0]) {
+        scan_from = r->how ? r->bases[0] : r->bases[r->n - 1];
+        committed = r->how ? 0 : r->bases[r->n - 1];
+    }
+    r->committed = committed;
+    r->scan_from = scan_from;
+    r->state_active = atomic_load(&st->active_end) ? atomic_load(&st->active_base) : UINT64_MAX;
+}
+
+/* Byte offset of the index record at or before entry in a held segment
+ * (*rel: its entry, relative); the segment start when there is none.  A
+ * missing index, or one whose record is not its entry, is rebuilt first. */
+static uint64_t start_offset(holds *h, segment **seg, uint64_t entry, uint64_t *rel)
+{
+    uint64_t off;
+    index_lookup(*seg, entry - (*seg)->base, rel, &off);
+    if ((*seg)->index_ok && index_record_ok(*seg, *rel, off))
+        return off;
+    *seg = rebuild_held(h, *seg, entry);
+    index_lookup(*seg, entry - (*seg)->base, rel, &off);
+    if (!index_record_ok(*seg, *rel, off)) {
+        *rel = 0;
+        off = SEGMENT_DATA_OFFSET;
+    }
+    return off;
+}
+
+/* Puts the scan in the segment holding scan_from, at the index record before
+ * it; the cut starts there.  Sets h.fatal when that segment cannot be judged. */
+static void scan_start(repair *r)
+{
+    size_t i = r->n - 1;
+    while (i > 0 && r->bases[i] > r->scan_from)
+        i--;
+    r->i = i;
+    r->seg = hold(&r->h, r->bases[i]);
+    if (r->h.fatal)
+        return;
+    uint64_t rel = 0, off = SEGMENT_DATA_OFFSET;
+    if (r->seg)
+        off = start_offset(&r->h, &r->seg, r->scan_from, &rel);
+    r->e = r->bases[i] + rel;
+    r->off = off;
+    r->cut = (scan_point){r->seg, r->e, off, atomic_load(&r->sh->st->last_ts)};
+}
+
+/* Steps over the good entry at the scan point (its len_flags lf): the cut
+ * follows when it ends a batch or lies below the commit point. */
+static void keep_entry(repair *r, uint32_t lf)
+{
+    r->good_after_gap |= r->before_gap.seg != NULL;
+    int64_t ts = entry_timestamp(r->seg, r->off);
+    r->off += ENTRY_HEADER_BYTES + (lf & ENTRY_LEN_MASK);
+    r->e++;
+    if ((lf & ENTRY_FLAG_BATCH_END) || r->e <= r->committed)
+        r->cut = (scan_point){r->seg, r->e, r->off, ts > r->cut.ts ? ts : r->cut.ts};
+}
+
+/* Moves the scan past a damaged entry to the next good one before the
+ * written end of the segment: 1, or 0 when none follows (the segment ends). */
+static int skip_damage(repair *r)
+{
+    int active = r->seg->base == r->state_active;
+    uint64_t hwm = active ? atomic_load(&r->sh->st->write_hwm) : 0;
+    uint64_t limit;
+    if (r->seg->flags & SEGMENT_FLAG_RECYCLED) {
+        /* Past this life's entries lie the earlier life's, which never check
+         * out here: a sealed segment whose successor starts at e is complete,
+         * and the active one was written no further than write_hwm. */
+        if (r->i + 1 < r->n && r->bases[r->i + 1] == r->e)
+            return 0;
+        limit = active ? hwm : r->seg->capacity;
+    } else {
+        limit = nonzero_end(r->seg, r->off, hwm);
+    }
+    uint64_t found_off, found_entry;
+    if (!entry_resync(r->seg, r->off, r->e, limit + ENTRY_HEADER_BYTES, ENTRY_LEN_MASK, &found_off,
+                      &found_entry))
+        return 0;
+    r->off = found_off;
+    r->e = found_entry;
+    r->changed = 1;
+    return 1;
+}
+
+/* Walks the current segment until its entries stop checking out. */
+static void scan_segment(repair *r)
+{
+    if (!r->seg)
+        return;
     for (;;) {
         uint32_t lf = 0;
-        entry_check c = seg ? entry_validate(seg, off, e, ENTRY_LEN_MASK, &lf) : ENTRY_BAD;
-        if (c == ENTRY_OK) {
-            good_after_gap |= before_gap.seg != NULL;
-            int64_t ts = entry_timestamp(seg, off);
-            off += ENTRY_HEADER_BYTES + (lf & ENTRY_LEN_MASK);
-            e++;
-            if ((lf & ENTRY_FLAG_BATCH_END) || e <= committed)
-                cut = (scan_point){seg, e, off, ts > cut.ts ? ts : cut.ts};
-            continue;
-        }
-        if (c == ENTRY_BAD && seg) {
-            uint64_t limit = nonzero_end(seg, off, seg->base == state_active ? atomic_load(&st->write_hwm) : 0);
-            uint64_t found_off, found_entry;
-            if (entry_resync(seg, off, e, limit + ENTRY_HEADER_BYTES, ENTRY_LEN_MASK, &found_off,
-                             &found_entry) == 0) {
-                off = found_off;
-                e = found_entry;
-                changed = 1;
-                continue;
-            }
-        }
-        if (h.fatal)
-            break;
-        if (!seg) { /* its header cannot be read: nothing of it can be served */
-            set_aside(sh, bases[i], 1);
-            changed = 1;
-        }
-        /* This segment ends here: continue in the next one that fits. */
-        size_t j = i + 1;
-        for (; j < n && bases[j] < e; j++) {
-            segment *later = hold(&h, bases[j]);
-            if (h.fatal)
-                break;
-            set_aside(sh, bases[j], segment_has_data(later));
-            changed = 1;
-        }
-        if (j >= n || h.fatal)
-            break;
-        if (bases[j] != e) {
-            changed = 1; /* a gap: readers count what is missing */
-            if (!before_gap.seg && cut.seg) {
-                before_gap = cut;
-                gap_at = j;
-            }
-        }
-        i = j;
-        seg = hold(&h, bases[j]);
-        if (h.fatal)
-            break;
-        e = bases[j];
-        off = SEGMENT_DATA_OFFSET;
-        if (seg)
-            cut = (scan_point){seg, e, off, cut.ts};
+        entry_check c = entry_validate(r->seg, r->off, r->e, ENTRY_LEN_MASK, &lf);
+        if (c == ENTRY_OK)
+            keep_entry(r, lf);
+        else if (c == ENTRY_END || !skip_damage(r))
+            return;
     }
-    if (!h.fatal && before_gap.seg && !good_after_gap) {
-        cut = before_gap;
-        for (size_t k = gap_at; k < n; k++) {
-            segment *empty = hold(&h, bases[k]);
-            if (h.fatal)
-                break;
-            set_aside(sh, bases[k], empty && segment_has_data(empty));
-        }
-    }
-    free(bases);
-    if (h.fatal) {
-        release_all(&h);
-        return h.fatal;
-    }
+}
 
-    if (!cut.seg) {
-        release_all(&h);
-        shard_refresh_segments(sh);
-        return no_segments(sh, e);
+/* Gives back the stale recycled file at bases[from] and removes the segments
+ * after it (set aside when they hold data); the scan ends before them. */
+static void end_at_stale(repair *r, size_t from)
+{
+    for (size_t k = from; k < r->n; k++) {
+        segment *later = k == from ? NULL : hold(&r->h, r->bases[k]);
+        if (r->h.fatal)
+            return;
+        set_aside(r->sh, r->bases[k], later && segment_has_data(later));
     }
-    uint64_t furthest = e > committed ? e : committed;
-    rc = apply_cut(sh, &h, cut, furthest, state_active, &changed);
-    release_all(&h);
-    if (rc)
-        return rc;
+    r->n = from;
+    r->changed = 1;
+}
+
+/* The current segment ends at entry e: continues in the next segment that
+ * fits the numbering, setting aside an unreadable segment and the ones that
+ * overlap.  Returns 0 at the end of the log, or when h.fatal is set. */
+static int next_segment(repair *r)
+{
+    if (r->h.fatal)
+        return 0;
+    if (!r->seg) { /* its header cannot be read: nothing of it can be served */
+        set_aside(r->sh, r->bases[r->i], 1);
+        r->changed = 1;
+    }
+    size_t j = r->i + 1;
+    for (; j < r->n && r->bases[j] < r->e; j++) {
+        segment *later = hold(&r->h, r->bases[j]);
+        if (r->h.fatal)
+            return 0;
+        set_aside(r->sh, r->bases[j], segment_has_data(later));
+        r->changed = 1;
+    }
+    if (j >= r->n)
+        return 0;
+    if (r->bases[j] != r->e) {
+        r->changed = 1; /* a gap: readers count what is missing */
+        if (!r->before_gap.seg && r->cut.seg) {
+            r->before_gap = r->cut;
+            r->gap_at = j;
+        }
+    }
+    if (recycle_is_stale(r->sh, r->bases[j])) {
+        /* A recycled file whose new header never reached the disk: nothing
+         * of it, nor of any later segment, was ever made durable (a sync
+         * covers every segment up to the active one).  The log ends here. */
+        end_at_stale(r, j);
+        return 0;
+    }
+    r->i = j;
+    r->seg = hold(&r->h, r->bases[j]);
+    if (r->h.fatal)
+        return 0;
+    r->e = r->bases[j];
+    r->off = SEGMENT_DATA_OFFSET;
+    if (r->seg)
+        r->cut = (scan_point){r->seg, r->e, r->off, r->cut.ts};
+    return 1;
+}
+
+/* No entry after the first gap checked out: the log ends before the gap, and
+ * the segments from it on are set aside (or removed when empty). */
+static void end_before_gap(repair *r)
+{
+    if (r->h.fatal || !r->before_gap.seg || r->good_after_gap)
+        return;
+    r->cut = r->before_gap;
+    for (size_t k = r->gap_at; k < r->n; k++) {
+        segment *empty = hold(&r->h, r->bases[k]);
+        if (r->h.fatal)
+            return;
+        set_aside(r->sh, r->bases[k], empty && segment_has_data(empty));
+    }
+}
+
+/* Finds the cut: from the start point through every segment that fits, then
+ * back before a gap nothing was written after.  h.fatal on an I/O error. */
+static void scan_tail(repair *r)
+{
+    choose_start(r);
+    scan_start(r);
+    if (r->h.fatal)
+        return;
+    do
+        scan_segment(r);
+    while (next_segment(r));
+    end_before_gap(r);
+}
+
+/* After the cut: numbers acknowledged but lost are skipped, what a restart
+ * left is durable, the first entry follows retention, the repair is counted,
+ * and writers of other processes map the active segment again. */
+static void publish(shard *sh, int how, int changed)
+{
+    state_file *st = sh->st;
     changed |= skip_acknowledged(sh);
     if (how == STATE_REBOOTED) { /* what is read after a restart came from the disk */
         atomic_store(&st->durable_base, atomic_load(&st->active_base));
@@ -406,17 +543,52 @@ int recovery_repair_tail(shard *sh, int how)
     uint64_t *after;
     size_t m;
     if (shard_segment_bases(sh, &after, &m) == 0) {
-        if (m && atomic_load(&st->first_entry) < after[0])
-            atomic_store(&st->first_entry, after[0]);
+        /* The oldest entry is the first segment's; one past the commit point
+         * is a damaged state's (readers drop entries below it, reader.c). */
+        uint64_t first = atomic_load(&st->first_entry), next = atomic_load(&st->next_entry);
+        if (first > next)
+            first = 0;
+        if (m && first < after[0])
+            first = after[0] < next ? after[0] : next;
+        atomic_store(&st->first_entry, first);
         free(after);
     }
     /* Every check counts, whether it repaired anything or not (what it cut
      * is in the truncated_* counters). */
     wc_add(st, WC_RECOVERIES, 1);
-    if (changed && state_rebuilt)
+    if (changed && how == STATE_REBUILT)
         wc_add(st, WC_STATE_REBUILDS, 1);
-    /* Writers in other processes map the active segment again. */
     atomic_fetch_add_explicit(&st->active_gen, 1, memory_order_release);
     atomic_store(&st->recovery_pending, 0);
+}
+
+int recovery_repair_tail(shard *sh, int how)
+{
+    remove_temp_files(sh->dir);
+    repair r = {.sh = sh, .how = how, .changed = how == STATE_REBUILT, .h = {.sh = sh}};
+    int rc = shard_list_segments(sh, &r.bases, &r.n);
+    if (rc)
+        return rc;
+    if (r.n == 0) {
+        free(r.bases);
+        return no_segments(sh, how == STATE_REBUILT ? 0 : atomic_load(&sh->st->next_entry));
+    }
+    scan_tail(&r);
+    free(r.bases);
+    if (r.h.fatal) {
+        release_all(&r.h);
+        return r.h.fatal;
+    }
+    if (!r.cut.seg) { /* no readable segment: the log goes on where the scan ended */
+        release_all(&r.h);
+        shard_refresh_segments(sh);
+        return no_segments(sh, r.e);
+    }
+    uint64_t furthest = r.e > r.committed ? r.e : r.committed;
+    rc = apply_cut(sh, &r.h, r.cut, furthest, r.state_active, r.how, &r.changed);
+    release_all(&r.h);
+    if (rc)
+        return rc;
+    publish(sh, how, r.changed);
     return 0;
 }

@@ -18,7 +18,7 @@
  * The whole-directory limit is also a budget: a rotation that would pass it
  * first deletes what the policy allows from its own shard, and when nothing
  * may go, the append fails with COMET_E_STORAGE_FULL instead of filling the
- * disk (shard.c).
+ * disk (append.c).
  */
 #include <dirent.h>
 #include <errno.h>
@@ -65,7 +65,8 @@ static uint64_t dir_log_bytes(const char *dir)
     char path[COMET_PATH_MAX];
     struct dirent *de;
     while ((de = sys_readdir(d)))
-        if ((ends_with(de->d_name, SEGMENT_SUFFIX) || ends_with(de->d_name, INDEX_SUFFIX)) &&
+        if ((ends_with(de->d_name, SEGMENT_SUFFIX) || ends_with(de->d_name, INDEX_SUFFIX) ||
+             strcmp(de->d_name, SPARE_NAME) == 0) &&
             !path_format(path, "%s/%s", dir, de->d_name))
             total += file_disk_bytes(path);
     closedir(d);
@@ -114,15 +115,23 @@ static int64_t first_timestamp(shard *sh, uint64_t base)
     return ts;
 }
 
-static void delete_segment(shard *sh, uint64_t base, uint64_t bytes)
+/* Deletes a sealed segment: its file becomes the shard's spare when it may be
+ * kept (recycle.c), else it is unlinked.  Deleting to free the directory's
+ * budget (may_keep 0) always unlinks: a spare would free nothing. */
+static void delete_segment(shard *sh, uint64_t base, uint64_t bytes, int may_keep)
 {
     char path[COMET_PATH_MAX];
     int locked = usage_begin_delete(sh->stream->db);
-    segment_path(path, sh->dir, base, SEGMENT_SUFFIX);
-    int gone = sys_unlink(path) == 0;
+    uint64_t kept = size_of(sh->dir, base, SEGMENT_SUFFIX);
+    if (!may_keep || !recycle_keep(sh, base)) {
+        kept = 0;
+        segment_path(path, sh->dir, base, SEGMENT_SUFFIX);
+        if (sys_unlink(path))
+            bytes = 0;
+    }
     segment_path(path, sh->dir, base, INDEX_SUFFIX);
     sys_unlink(path); /* an index left by a crash here has no segment: it is never read */
-    usage_end_delete(sh->stream->db, locked, gone ? bytes : 0);
+    usage_end_delete(sh->stream->db, locked, bytes > kept ? bytes - kept : 0);
 }
 
 int retention_shard(shard *sh, uint64_t need, int64_t now, comet_retention_report *rep)
@@ -170,7 +179,7 @@ int retention_shard(shard *sh, uint64_t need, int64_t now, comet_retention_repor
             }
             lost_here = end - (min_offset > bases[i] ? min_offset : bases[i]);
         }
-        delete_segment(sh, bases[i], sizes[i]);
+        delete_segment(sh, bases[i], sizes[i], need == 0);
         freed += sizes[i];
         deleted++;
         lost += lost_here;
@@ -295,7 +304,7 @@ typedef struct candidate {
     int64_t newest; /* no entry of the shard's oldest sealed segment is newer */
 } candidate;
 
-/* Room for one more candidate; 0, or -1 when out of memory (c unchanged). */
+/* Room for one more candidate; 0, or COMET_E_NOMEM (c unchanged). */
 static int grow_candidates(candidate **c, size_t n, size_t *cap)
 {
     if (n < *cap)
@@ -303,7 +312,7 @@ static int grow_candidates(candidate **c, size_t n, size_t *cap)
     size_t want = *cap ? *cap * 2 : 64;
     candidate *more = sys_realloc(*c, want * sizeof *more);
     if (!more)
-        return -1;
+        return set_error(COMET_E_NOMEM, "out of memory for %zu retention candidates", want);
     *c = more;
     *cap = want;
     return 0;

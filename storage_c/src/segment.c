@@ -15,7 +15,7 @@
  * mapping; readers read from it.  Pages of a fallocated file are "unwritten"
  * extents, and the first store to each costs the filesystem a conversion of a
  * few microseconds; appenders therefore zero-fill a window ahead of the write
- * position with pwrite (see shard.c), which makes the later faults cheap.
+ * position with pwrite (see append.c), which makes the later faults cheap.
  */
 #include <errno.h>
 #include <stddef.h>
@@ -38,12 +38,13 @@ void segment_path(char *out, const char *dir, uint64_t base, const char *suffix)
     snprintf(out, COMET_PATH_MAX, "%s/%020" PRIu64 "%s", dir, base, suffix);
 }
 
-static void header_fill(segment_header *h, uint32_t shard_id, uint64_t base, uint64_t capacity,
-                        uint64_t reserved)
+void segment_header_fill(segment_header *h, uint32_t shard_id, uint64_t base, uint64_t capacity,
+                         uint64_t reserved, uint32_t flags)
 {
     memset(h, 0, sizeof *h);
+    h->flags = flags;
     h->magic = MAGIC_SEGMENT;
-    h->version = FORMAT_VERSION;
+    h->version = SEGMENT_VERSION;
     h->header_bytes = FILE_HEADER_BYTES;
     h->shard_id = shard_id;
     h->base_entry = base;
@@ -74,15 +75,13 @@ int segment_create(const char *dir, uint32_t shard_id, uint64_t base, uint64_t c
         rc = set_errno_error(errno, "cannot create segment %s", tmp);
         goto fail;
     }
-    int err = preallocate(fd, capacity);
-    if (err) {
+    rc = preallocate(fd, capacity, final);
+    if (rc) {
         close(fd);
-        rc = set_errno_error(err, "cannot preallocate %" PRIu64 " bytes for segment %s",
-                             capacity, final);
         goto fail;
     }
     segment_header h;
-    header_fill(&h, shard_id, base, capacity, index_coverage);
+    segment_header_fill(&h, shard_id, base, capacity, index_coverage, 0);
     if (sys_pwrite(fd, &h, sizeof h, 0) != (ssize_t)sizeof h) {
         rc = set_errno_error(errno ? errno : EIO, "cannot write segment header %s", tmp);
         close(fd);
@@ -114,10 +113,10 @@ static int check_header(const segment_header *h, uint64_t size, uint32_t shard_i
 {
     if (h->magic != MAGIC_SEGMENT)
         return set_error(COMET_E_CORRUPT, "%s is not a segment file (bad magic)", path);
-    if (h->version != FORMAT_VERSION)
+    if (h->version < SEGMENT_VERSION_OLDEST || h->version > SEGMENT_VERSION)
         return set_error(COMET_E_FORMAT_VERSION,
-                         "%s has format version %u; this build reads version %u", path,
-                         h->version, FORMAT_VERSION);
+                         "%s has format version %u; this build reads versions %u to %u", path,
+                         h->version, SEGMENT_VERSION_OLDEST, SEGMENT_VERSION);
     if (h->header_crc != crc32c_header(h) || h->header_bytes != FILE_HEADER_BYTES)
         return set_error(COMET_E_CORRUPT, "%s: segment header checksum mismatch", path);
     if (h->base_entry != base || h->shard_id != shard_id)
@@ -163,6 +162,8 @@ static int map_file(segment *seg, const char *path, uint32_t shard_id)
     seg->map = map;
     seg->map_bytes = span;
     seg->capacity = size;
+    seg->version = h.version;
+    seg->flags = h.version >= 2 ? h.flags : 0;
     return 0;
 }
 
@@ -225,10 +226,11 @@ int segment_grow(segment *seg, const char *dir, uint64_t capacity, int empty, in
         segment_refresh_capacity(seg, dir);
         return 0;
     }
-    int err = preallocate(fd, capacity);
-    if (err)
-        return set_errno_error(err, "cannot preallocate segment %" PRIu64 " to %" PRIu64 " bytes",
-                               seg->base, capacity);
+    char path[COMET_PATH_MAX];
+    segment_path(path, dir, seg->base, SEGMENT_SUFFIX);
+    int rc = preallocate(fd, capacity, path);
+    if (rc)
+        return rc;
     h.capacity = capacity;
     if (capacity > seg->map_bytes) {
         h.reserved = capacity;

@@ -22,7 +22,11 @@
 #include "errors.h"
 #include "internal.h"
 
-static int ofd_lock(int fd, off_t start, off_t len, short type, int wait)
+/* Takes (or, type F_UNLCK, drops) an OFD lock on bytes [start, start + len)
+ * of the slots file at path: 0, SLOT_BUSY when wait is 0 and another process
+ * holds it, or a negative COMET_E_* code. */
+#define SLOT_BUSY 1
+static int ofd_lock(int fd, const char *path, off_t start, off_t len, short type, int wait)
 {
     struct flock fl;
     memset(&fl, 0, sizeof fl);
@@ -34,7 +38,12 @@ static int ofd_lock(int fd, off_t start, off_t len, short type, int wait)
     do
         rc = fcntl(fd, wait ? F_OFD_SETLKW : F_OFD_SETLK, &fl);
     while (rc && errno == EINTR);
-    return rc ? errno : 0;
+    if (!rc)
+        return 0;
+    if (!wait && (errno == EAGAIN || errno == EACCES))
+        return SLOT_BUSY;
+    return set_errno_error(errno, "cannot lock bytes %lld+%lld of %s", (long long)start,
+                           (long long)len, path);
 }
 
 /* 1 if some process holds any slot lock. */
@@ -51,7 +60,7 @@ static int any_slot_held(int fd)
     return fl.l_type != F_UNLCK;
 }
 
-static int write_header(int fd, uint32_t process_count)
+static int write_header(int fd, const char *path, uint32_t process_count)
 {
     slots_header h;
     memset(&h, 0, sizeof h);
@@ -60,11 +69,13 @@ static int write_header(int fd, uint32_t process_count)
     h.header_bytes = FILE_HEADER_BYTES;
     h.process_count = process_count;
     h.header_crc = crc32c_header(&h);
-    return sys_pwrite(fd, &h, sizeof h, 0) == (ssize_t)sizeof h ? 0 : (errno ? errno : EIO);
+    if (sys_pwrite(fd, &h, sizeof h, 0) != (ssize_t)sizeof h)
+        return set_errno_error(errno ? errno : EIO, "cannot write %s", path);
+    return 0;
 }
 
 /* Under the header lock: make the file's process_count ours, or fail. */
-static int agree_on_count(comet_db *db, int fd)
+static int agree_on_count(comet_db *db, int fd, const char *path)
 {
     slots_header h;
     memset(&h, 0, sizeof h);
@@ -83,8 +94,7 @@ static int agree_on_count(comet_db *db, int fd)
                          "running processes use process_count %u; this one was started with %u "
                          "(stop them all, or use the same count)",
                          h.process_count, db->cfg.process_count);
-    int err = write_header(fd, db->cfg.process_count);
-    return err ? set_errno_error(err, "cannot write %s/%s", db->path, SLOTS_NAME) : 0;
+    return write_header(fd, path, db->cfg.process_count);
 }
 
 int comet_claim_slot(comet_db *db, int want)
@@ -105,21 +115,21 @@ int comet_claim_slot(comet_db *db, int want)
     int fd = sys_open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (fd < 0)
         return set_errno_error(errno, "cannot open %s", path);
-    int err = ofd_lock(fd, SLOTS_HEADER_LOCK_BYTE, 1, F_WRLCK, 1);
-    if (err) {
+    int rc = ofd_lock(fd, path, SLOTS_HEADER_LOCK_BYTE, 1, F_WRLCK, 1);
+    if (rc) {
         close(fd);
-        return set_errno_error(err, "cannot lock %s", path);
+        return rc;
     }
-    int rc = agree_on_count(db, fd);
+    rc = agree_on_count(db, fd, path);
     int slot = -1;
     for (uint32_t s = 0; !rc && s < count && slot < 0; s++) {
         if (want >= 0 && (uint32_t)want != s)
             continue;
-        err = ofd_lock(fd, SLOTS_LOCK_BASE + (off_t)s, 1, F_WRLCK, 0);
-        if (!err)
+        int taken = ofd_lock(fd, path, SLOTS_LOCK_BASE + (off_t)s, 1, F_WRLCK, 0);
+        if (taken == 0)
             slot = (int)s;
-        else if (err != EAGAIN && err != EACCES)
-            rc = set_errno_error(err, "cannot lock slot %u in %s", s, path);
+        else if (taken < 0)
+            rc = taken; /* SLOT_BUSY: try the next one */
     }
     if (!rc && slot < 0)
         rc = want >= 0 ? set_error(COMET_E_NO_SLOT, "slot %d of %s is held by another process",
@@ -132,7 +142,7 @@ int comet_claim_slot(comet_db *db, int want)
         if (sys_pwrite(fd, &rec, sizeof rec, SLOTS_RECORDS_OFFSET + (off_t)slot * (off_t)sizeof rec) < 0)
             rc = set_errno_error(errno, "cannot write slot record in %s", path);
     }
-    ofd_lock(fd, SLOTS_HEADER_LOCK_BYTE, 1, F_UNLCK, 0);
+    ofd_lock(fd, path, SLOTS_HEADER_LOCK_BYTE, 1, F_UNLCK, 0);
     if (rc) {
         close(fd); /* drops any lock taken above */
         return rc;

@@ -36,9 +36,9 @@ int robust_mutex_init(pthread_mutex_t *m)
     if (!rc)
         rc = pthread_mutexattr_setrobust(&attr, PTHREAD_MUTEX_ROBUST);
     if (!rc)
-        rc = pthread_mutex_init(m, &attr);
+        rc = pthread_mutex_init(m, &attr); /* pthread calls return an errno value */
     pthread_mutexattr_destroy(&attr);
-    return rc;
+    return rc ? set_errno_error(rc, "cannot initialise a process-shared mutex") : 0;
 }
 
 int state_init_locks(state_file *st)
@@ -51,7 +51,7 @@ int state_init_locks(state_file *st)
         rc = robust_mutex_init(&st->sync_lock.mutex);
     if (!rc)
         rc = robust_mutex_init(&st->groups_lock.mutex);
-    return rc ? set_errno_error(rc, "cannot initialise shard locks") : 0;
+    return rc;
 }
 
 static void header_seal(state_file *st, const uint8_t boot_id[16])
@@ -83,11 +83,13 @@ int state_open(shard *sh, int *rebuilt)
         return set_errno_error(errno, "cannot stat state of %s", sh->dir);
     int fresh = sb.st_size == 0;
     if (sb.st_size != STATE_FILE_BYTES) {
-        int err = preallocate(sh->state_fd, STATE_FILE_BYTES);
-        if (!err && sb.st_size > STATE_FILE_BYTES && sys_ftruncate(sh->state_fd, STATE_FILE_BYTES))
-            err = errno;
-        if (err)
-            return set_errno_error(err, "cannot size state file of %s", sh->dir);
+        char path[COMET_PATH_MAX];
+        path_format(path, "%s/%s", sh->dir, STATE_NAME); /* sh->dir leaves room: see comet_open */
+        int rc = preallocate(sh->state_fd, STATE_FILE_BYTES, path);
+        if (rc)
+            return rc;
+        if (sb.st_size > STATE_FILE_BYTES && sys_ftruncate(sh->state_fd, STATE_FILE_BYTES))
+            return set_errno_error(errno, "cannot size state file of %s", sh->dir);
     }
     void *map = sys_mmap(NULL, STATE_FILE_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, sh->state_fd, 0);
     if (map == MAP_FAILED)

@@ -65,6 +65,9 @@ static int stats_of(shard *sh, comet_shard_stats *out)
         out->newest_timestamp = atomic_load(&st->last_ts);
     }
     free(bases);
+    char spare[COMET_PATH_MAX]; /* the spare (recycle.c) is the shard's disk too */
+    if (!path_format(spare, "%s/%s", sh->dir, SPARE_NAME))
+        out->disk_bytes += file_disk_bytes(spare);
 
     out->appends = wc_get(st, WC_APPENDS);
     out->appended_entries = wc_get(st, WC_APPENDED_ENTRIES);
@@ -83,6 +86,7 @@ static int stats_of(shard *sh, comet_shard_stats *out)
     out->retention_deleted_segments = wc_get(st, WC_RETENTION_DELETED_SEGMENTS);
     out->retention_deleted_bytes = wc_get(st, WC_RETENTION_DELETED_BYTES);
     out->retention_lost_entries = wc_get(st, WC_RETENTION_LOST_ENTRIES);
+    out->recycled_segments = wc_get(st, WC_RECYCLED_SEGMENTS);
     out->syncs = atomic_load(&st->shared[SC_SYNCS]);
     out->lock_owner_died = atomic_load(&st->shared[SC_LOCK_OWNER_DIED]);
     out->index_rebuilds = atomic_load(&st->shared[SC_INDEX_REBUILDS]);

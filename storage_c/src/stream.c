@@ -61,11 +61,12 @@ static int read_meta(const char *dir, const char *name, uint32_t *shards, int64_
     if (path_format(path, "%s/%s", dir, STREAM_META_NAME))
         return set_error(COMET_E_INVALID, "path too long");
     stream_meta m;
-    long n = read_file_prefix(path, &m, sizeof m);
-    if (n == -ENOENT)
+    int missing;
+    long n = read_file_prefix(path, &m, sizeof m, &missing);
+    if (missing)
         return COMET_E_NO_STREAM;
     if (n < 0)
-        return set_errno_error((int)-n, "cannot read %s", path);
+        return (int)n;
     if (n < (long)sizeof m || m.magic != MAGIC_STREAM)
         return set_error(COMET_E_CORRUPT, "%s is not a stream metadata file", path);
     if (m.header_crc != crc32c_header(&m))
@@ -144,9 +145,9 @@ static int stream_create(comet_db *db, const char *name, const char *dir, uint32
     int rc = 0;
     if (sys_mkdir(dir, 0755) && errno != EEXIST)
         rc = set_errno_error(errno, "cannot create stream directory %s", dir);
-    int err = rc ? 0 : create_meta(dir, shards);
-    if (err && err != EEXIST)
-        rc = set_errno_error(err, "cannot create metadata of stream '%s'", name);
+    int made = rc ? 0 : create_meta(dir, shards); /* FILE_EXISTS: another process won */
+    if (made < 0)
+        rc = made;
     if (!rc)
         fsync_dir(db->path);
     if (lock >= 0)

@@ -41,6 +41,8 @@ static int fault(unsigned kind)
     if (n < nth || (n > nth && !atomic_load(&fault_persist)))
         return 0;
     atomic_fetch_add(&fault_fired, 1);
+    if (atomic_load(&fault_errno) == COMET_FAULT_CRASH)
+        _exit(COMET_FAULT_CRASH_EXIT); /* killed right before this call */
     errno = atomic_load(&fault_errno);
     return 1;
 }

@@ -54,8 +54,9 @@ static int set_up(comet_db *db, usage_file *u)
     if (u->magic == MAGIC_USAGE && u->version == USAGE_VERSION && !memcmp(u->boot_id, boot, 16))
         return 0;
     memset(u, 0, sizeof *u);
-    if (robust_mutex_init(&u->lock.mutex))
-        return -1;
+    int rc = robust_mutex_init(&u->lock.mutex);
+    if (rc)
+        return rc;
     count_into(db, u);
     memcpy(u->boot_id, boot, 16);
     u->version = USAGE_VERSION;

@@ -54,7 +54,7 @@ static void verify_entries(const segment *seg, uint64_t end_entry, comet_verify_
         note(r, seg->base, off, e, COMET_E_CORRUPT);
         uint64_t found_off, found_entry;
         if (c == ENTRY_BAD &&
-            entry_resync(seg, off, e, seg->capacity, ENTRY_LEN_MASK, &found_off, &found_entry) == 0 &&
+            entry_resync(seg, off, e, seg->capacity, ENTRY_LEN_MASK, &found_off, &found_entry) &&
             found_entry < end_entry) {
             r->bad_entries += found_entry - e;
             e = found_entry;

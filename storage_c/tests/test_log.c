@@ -85,9 +85,9 @@ static void test_batches_and_framing(void)
     CHECK(n == 3);
     uint32_t lens[3] = {1, 0, 2};
     CHECK(comet_append_batch(s, 0, "abc", lens, NULL, 3, -1) == 3);
-    /* marshal.dumps([b"xy", b""], 2) */
-    const uint8_t m[] = {'[', 2, 0, 0, 0, 's', 2, 0, 0, 0, 'x', 'y', 's', 0, 0, 0, 0};
-    CHECK(comet_append_marshal(s, 0, m, sizeof m, 0, -1, &n) == 6 && n == 2);
+    /* the Python API's list [b"xy", b""] */
+    const comet_payload v[2] = {{"xy", 2}, {"", 0}};
+    CHECK(comet_append_vector(s, 0, v, 2, 0, -1) == 6);
     CHECK_OK(read_some(s, 0, 0, 100, &rb, 0));
     CHECK(rb.res.count == 8);
     const char *want[8] = {"one", "two", "three", "a", "", "bc", "xy", ""};
@@ -95,14 +95,12 @@ static void test_batches_and_framing(void)
         CHECK((size_t)(rb.offsets[i + 1] - rb.offsets[i]) == strlen(want[i]));
         CHECK(memcmp(rb.data + rb.offsets[i], want[i], strlen(want[i])) == 0);
     }
-    /* Bad framing and limits: nothing written. */
-    const uint8_t bad1[] = {'[', 2, 0, 0, 0, 's', 2, 0, 0, 0, 'x', 'y'};
-    CHECK(comet_append_marshal(s, 0, bad1, sizeof bad1, 0, -1, &n) == COMET_E_BAD_FRAMING);
-    const uint8_t bad2[] = {'[', 1, 0, 0, 0, 'u', 1, 0, 0, 0, 'x'};
-    CHECK(comet_append_marshal(s, 0, bad2, sizeof bad2, 0, -1, &n) == COMET_E_BAD_FRAMING);
-    const uint8_t bad3[] = {'[', 1, 0, 0, 0, 's', 9, 0, 0, 0, 'x'};
-    CHECK(comet_append_marshal(s, 0, bad3, sizeof bad3, 0, -1, &n) == COMET_E_BAD_FRAMING);
-    CHECK(comet_append_marshal(s, 0, m, sizeof m, 1, -1, &n) == COMET_E_WANTS_COMPRESSION);
+    /* Bad items and limits: nothing written. */
+    const comet_payload bad[2] = {{"xy", 2}, {NULL, 3}};
+    CHECK(comet_append_vector(s, 0, bad, 2, 0, -1) == COMET_E_INVALID);
+    CHECK(comet_append_vector(s, 0, NULL, 2, 0, -1) == COMET_E_INVALID);
+    CHECK(comet_append_vector(s, 0, v, 0, 0, -1) == COMET_E_INVALID);
+    CHECK(comet_append_vector(s, 0, v, 2, 1, -1) == COMET_E_WANTS_COMPRESSION);
     CHECK(comet_append_delimited(s, 0, "a\nbb\n", 5, '\n', 1, 1, -1, &n) == COMET_E_WANTS_COMPRESSION);
     CHECK(comet_append(s, 1, "x", 1, 0, -1) == COMET_E_SHARD_RANGE);
     static uint8_t big[(16 << 20) + 1];

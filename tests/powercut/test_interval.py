@@ -44,6 +44,16 @@ def lost_batches(state: dict, batches: list[Batch], where: str) -> list[Batch]:
     return lost
 
 
+def check_in_write_order(state: dict, where: str) -> None:
+    """Every stored entry was written at its place: tags (round, batch, index) rise with the
+    entry number.  Segment files are recycled (retention keeps 8), so an entry of a file's
+    earlier life served under a new number would show here as a step back."""
+    for shard, s in enumerate(state["streams"]["events"]):
+        tags = [(e, tuple(int(x) for x in p.split("."))) for e, p in s["entries"]]
+        back = [(a, b) for a, b in zip(tags, tags[1:]) if b[1] <= a[1]]
+        assert not back, f"{where}: shard {shard}: entries out of write order: {back[:3]}"
+
+
 def run_interval(powercut: PowerCutFS, mode: str, bound: float, check_verify: bool = False) -> list[float]:
     """CUTS cuts, each 0.05-0.8 s into a writer's run; retention keeps 8 segments
     per shard (so that every reopen costs the same)."""
@@ -68,6 +78,7 @@ def run_interval(powercut: PowerCutFS, mode: str, bound: float, check_verify: bo
         writer = powercut.spawn("batches", data, rnd, rng.randrange(1 << 30), "interval", 2,
                                 env={"POWERCUT_FROM": json.dumps(since), "POWERCUT_RETAIN": "8"})
         state = read_state(writer)
+        check_in_write_order(state, f"cut {rnd - 1}")
         if check_verify:
             shards = state["streams"]["events"]
             assert state["verify"]["ok"], (
@@ -75,7 +86,7 @@ def run_interval(powercut: PowerCutFS, mode: str, bound: float, check_verify: bo
                 f"{state['verify']['bad_entries']} bad entries, first problems "
                 f"{state['verify']['problems'][:3]}; shards (first, next): "
                 f"{[(s['first'], s['next']) for s in shards]}; segment files and sizes: "
-                f"{sorted((k, v) for k, v in state['files'].items() if k.endswith('.log'))}")
+                f"{sorted(state['files'].items())}")
         if batches:
             lost = lost_batches(state, batches, f"cut {rnd - 1}")
             window = instant - min(b[4] for b in lost) if lost else 0.0

@@ -1,0 +1,383 @@
+/*
+ * batch.c - the public append entry points.  Each turns its input into one
+ * array of entry references (pointer, length, flags), checks every limit
+ * before anything is locked or written, and hands the batch to append.c.
+ *
+ * Four shapes, so that callers cross into C once per batch:
+ *   - one buffer plus an array of lengths (and optional per-entry flags);
+ *   - one buffer plus a delimiter (NDJSON: one entry per line);
+ *   - an array of (pointer, length) pairs: the Python API's list of bytes,
+ *     gathered by storage_c/_fastpath.c without copying a payload;
+ *   - a JSON or NDJSON request body (comet_ingest): json.c validates and
+ *     splits it, large events are compressed here, then one batch.
+ *
+ * max_entry_bytes bounds an entry as the caller gave it: a compressed entry
+ * by its content size, an ingested event by its bytes as sent.
+ */
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "errors.h"
+#include "internal.h"
+
+#define STACK_REFS 64
+
+typedef struct batch {
+    entry_ref *refs;
+    entry_ref local[STACK_REFS];
+    uint32_t count, cap;
+    uint64_t total; /* bytes on disk, headers included */
+    uint64_t raw;   /* payload bytes before compression */
+} batch;
+
+static void batch_init(batch *b)
+{
+    b->refs = b->local;
+    b->count = 0;
+    b->cap = STACK_REFS;
+    b->total = 0;
+    b->raw = 0;
+}
+
+static void batch_free(batch *b)
+{
+    if (b->refs != b->local)
+        free(b->refs);
+}
+
+static int batch_reserve(batch *b, uint64_t n)
+{
+    if (n > UINT32_MAX / 2)
+        return set_error(COMET_E_BATCH_TOO_LARGE, "batch of %" PRIu64 " entries is too large", n);
+    if (n <= b->cap)
+        return 0;
+    entry_ref *r = sys_malloc(n * sizeof *r);
+    if (!r)
+        return set_error(COMET_E_NOMEM, "out of memory for a batch of %" PRIu64 " entries", n);
+    memcpy(r, b->refs, b->count * sizeof *r);
+    batch_free(b);
+    b->refs = r;
+    b->cap = (uint32_t)n;
+    return 0;
+}
+
+/* The size an entry had as the caller gave it: a compressed entry is checked
+ * against max_entry_bytes by its content size, never by its stored size. */
+static int entry_raw_size(const comet_stream *s, const uint8_t *p, uint64_t len, uint32_t flags,
+                          uint32_t index, uint64_t *raw)
+{
+    uint32_t max = s->db->cfg.max_entry_bytes;
+    *raw = len;
+    if (flags & COMET_ENTRY_COMPRESSED) {
+        int64_t n = codec_frame_size(p, (size_t)len);
+        if (n < 0)
+            return set_error(COMET_E_INVALID, "entry %u is flagged compressed but is not a zstd "
+                             "frame that records its content size", index);
+        *raw = (uint64_t)n;
+    }
+    if (*raw > max || len > max)
+        return set_error(COMET_E_ENTRY_TOO_LARGE,
+                         "entry %u of the batch is %" PRIu64 " bytes; max_entry_bytes is %u",
+                         index, *raw > len ? *raw : len, max);
+    return 0;
+}
+
+static int batch_add(batch *b, const comet_stream *s, const uint8_t *p, uint64_t len,
+                     uint32_t flags)
+{
+    uint64_t raw;
+    int rc = entry_raw_size(s, p, len, flags, b->count, &raw);
+    if (rc)
+        return rc;
+    if (b->count == b->cap && batch_reserve(b, (uint64_t)b->cap * 2))
+        return COMET_E_NOMEM;
+    b->refs[b->count++] = (entry_ref){p, (uint32_t)len, flags};
+    b->total += ENTRY_HEADER_BYTES + len;
+    b->raw += raw;
+    return 0;
+}
+
+static int64_t batch_commit(batch *b, comet_stream *s, uint32_t shard_id, int durability)
+{
+    if (b->count == 0)
+        return set_error(COMET_E_INVALID, "empty batch: nothing to append");
+    if (b->total > COMET_MAX_BATCH_BYTES)
+        return set_error(COMET_E_BATCH_TOO_LARGE, "batch of %" PRIu64 " bytes is above %" PRIu64,
+                         b->total, (uint64_t)COMET_MAX_BATCH_BYTES);
+    shard *sh;
+    int rc = shard_acquire(s, shard_id, &sh);
+    if (rc)
+        return rc;
+    int64_t r = shard_append(sh, b->refs, b->count, b->total, b->raw, durability);
+    shard_leave(sh);
+    return r;
+}
+
+/* Checked before any payload is looked at, so that a bad shard is reported
+ * as such rather than as a side effect of the batch. */
+static int check_target(const comet_stream *s, uint32_t shard_id, int durability)
+{
+    int rc = stream_check_shard(s, shard_id);
+    if (rc)
+        return rc;
+    if (durability < COMET_DURABILITY_DEFAULT || durability > COMET_DURABILITY_ALWAYS)
+        return set_error(COMET_E_INVALID, "durability %d is not one of -1, 0, 1, 2", durability);
+    return 0;
+}
+
+int64_t comet_append(comet_stream *s, uint32_t shard_id, const void *payload, uint32_t len,
+                     uint32_t flags, int durability)
+{
+    int rc = check_target(s, shard_id, durability);
+    if (rc)
+        return rc;
+    if (!payload && len)
+        return set_error(COMET_E_INVALID, "null payload");
+    entry_ref r = {payload, len, flags & COMET_ENTRY_COMPRESSED};
+    uint64_t raw;
+    if ((rc = entry_raw_size(s, payload, len, r.flags, 0, &raw)))
+        return rc;
+    shard *sh;
+    rc = shard_acquire(s, shard_id, &sh);
+    if (rc)
+        return rc;
+    int64_t first = shard_append(sh, &r, 1, ENTRY_HEADER_BYTES + (uint64_t)len, raw, durability);
+    shard_leave(sh);
+    return first;
+}
+
+int comet_shard_open(comet_stream *s, uint32_t shard_id, comet_shard **out)
+{
+    int rc = check_target(s, shard_id, COMET_DURABILITY_DEFAULT);
+    if (rc)
+        return rc;
+    if (!out)
+        return set_error(COMET_E_INVALID, "null output");
+    rc = shard_acquire(s, shard_id, out);
+    if (rc == 0)
+        shard_leave(*out);
+    return rc;
+}
+
+int64_t comet_append_to(comet_shard *sh, const char *payload, uint32_t len)
+{
+    uint32_t max = sh->stream->db->cfg.max_entry_bytes;
+    if (len > max)
+        return set_error(COMET_E_ENTRY_TOO_LARGE, "entry is %u bytes; max_entry_bytes is %u", len,
+                         max);
+    if (!payload && len)
+        return set_error(COMET_E_INVALID, "null payload");
+    int rc = shard_enter(sh);
+    if (rc)
+        return rc;
+    entry_ref r = {(const uint8_t *)payload, len, 0};
+    int64_t first = shard_append(sh, &r, 1, ENTRY_HEADER_BYTES + (uint64_t)len, len,
+                                 COMET_DURABILITY_DEFAULT);
+    shard_leave(sh);
+    return first;
+}
+
+int64_t comet_append_batch(comet_stream *s, uint32_t shard_id, const void *buf,
+                           const uint32_t *lens, const uint8_t *flags, uint32_t count,
+                           int durability)
+{
+    int rc = check_target(s, shard_id, durability);
+    if (rc)
+        return rc;
+    if (count && (!lens || !buf))
+        return set_error(COMET_E_INVALID, "null buffer or lengths");
+    batch b;
+    batch_init(&b);
+    rc = batch_reserve(&b, count);
+    const uint8_t *p = buf;
+    for (uint32_t i = 0; !rc && i < count; i++) {
+        rc = batch_add(&b, s, p, lens[i], flags ? (flags[i] & COMET_ENTRY_COMPRESSED) : 0);
+        p += lens[i];
+    }
+    int64_t r = rc ? rc : batch_commit(&b, s, shard_id, durability);
+    batch_free(&b);
+    return r;
+}
+
+int64_t comet_append_delimited(comet_stream *s, uint32_t shard_id, const void *buf, size_t len,
+                               uint8_t delimiter, int skip_empty, uint32_t raw_limit,
+                               int durability, uint32_t *count_out)
+{
+    int rc = check_target(s, shard_id, durability);
+    if (rc)
+        return rc;
+    if (!buf && len)
+        return set_error(COMET_E_INVALID, "null buffer");
+    batch b;
+    batch_init(&b);
+    const uint8_t *p = buf, *end = p + len;
+    uint64_t line = 0;
+    while (!rc && p < end) {
+        const uint8_t *stop = memchr(p, delimiter, (size_t)(end - p));
+        if (!stop)
+            stop = end;
+        uint64_t n = (uint64_t)(stop - p);
+        line++;
+        if (n || !skip_empty) {
+            if (raw_limit && n > raw_limit)
+                rc = set_error(COMET_E_WANTS_COMPRESSION, "record %" PRIu64 " is %" PRIu64
+                               " bytes, above the raw limit %u", line, n, raw_limit);
+            else if ((rc = batch_add(&b, s, p, n, 0)) == COMET_E_ENTRY_TOO_LARGE)
+                rc = set_error(rc, "record %" PRIu64 " is %" PRIu64 " bytes; max_entry_bytes is %u",
+                               line, n, s->db->cfg.max_entry_bytes);
+        }
+        p = stop + 1;
+    }
+    int64_t r = rc ? rc : batch_commit(&b, s, shard_id, durability);
+    if (count_out)
+        *count_out = r >= 0 ? b.count : 0;
+    batch_free(&b);
+    return r;
+}
+
+int64_t comet_append_vector(comet_stream *s, uint32_t shard_id, const comet_payload *items,
+                            uint32_t count, uint32_t raw_limit, int durability)
+{
+    int rc = check_target(s, shard_id, durability);
+    if (rc)
+        return rc;
+    if (count && !items)
+        return set_error(COMET_E_INVALID, "null items");
+    batch b;
+    batch_init(&b);
+    rc = batch_reserve(&b, count);
+    for (uint32_t i = 0; !rc && i < count; i++) {
+        uint64_t n = items[i].len;
+        if (!items[i].data && n)
+            rc = set_error(COMET_E_INVALID, "item %u: null data", i);
+        else if (raw_limit && n > raw_limit)
+            rc = set_error(COMET_E_WANTS_COMPRESSION, "item %u is %" PRIu64
+                           " bytes, above the raw limit %u", i, n, raw_limit);
+        else
+            rc = batch_add(&b, s, items[i].data, n, 0);
+    }
+    int64_t r = rc ? rc : batch_commit(&b, s, shard_id, durability);
+    batch_free(&b);
+    return r;
+}
+
+/* ---- JSON ingest ------------------------------------------------------------ */
+
+typedef struct ingest_ctx {
+    batch b;
+    const comet_stream *s;
+    uint32_t compress_above;
+    int level;
+    uint8_t **packed;       /* compressed copies, freed after the commit */
+    uint32_t packed_count, packed_cap;
+} ingest_ctx;
+
+static int ingest_emit(void *arg, const uint8_t *event, uint32_t len, uint64_t index)
+{
+    (void)index;
+    ingest_ctx *c = arg;
+    if (c->compress_above && len > c->compress_above) {
+        if (c->packed_count == c->packed_cap) {
+            uint32_t cap = c->packed_cap ? c->packed_cap * 2 : 8;
+            uint8_t **grown = sys_realloc(c->packed, cap * sizeof *grown);
+            if (!grown)
+                return set_error(COMET_E_NOMEM, "out of memory for compressed events");
+            c->packed = grown;
+            c->packed_cap = cap;
+        }
+        size_t cap = codec_compress_bound(len);
+        uint8_t *dst = sys_malloc(cap);
+        if (!dst)
+            return set_error(COMET_E_NOMEM, "out of memory compressing a %u-byte event", len);
+        c->packed[c->packed_count++] = dst;
+        int64_t n = codec_compress(dst, cap, event, len, c->level);
+        if (n < 0)
+            return (int)n;
+        if ((uint64_t)n < len)
+            return batch_add(&c->b, c->s, dst, (uint64_t)n, COMET_ENTRY_COMPRESSED);
+    }
+    return batch_add(&c->b, c->s, event, len, 0);
+}
+
+static void ingest_result(comet_ingest_result *res, const json_splitter *j, int64_t first,
+                          uint32_t count)
+{
+    if (!res)
+        return;
+    res->first = first >= 0 ? first : -1;
+    res->count = first >= 0 ? count : 0;
+    res->reserved = 0;
+    json_report(j, res);
+}
+
+int64_t comet_ingest(comet_stream *s, uint32_t shard_id, const comet_ingest_request *req,
+                     comet_ingest_result *res)
+{
+    json_splitter j;
+    memset(&j, 0, sizeof j);
+    if (!req || (!req->body && req->len)) {
+        ingest_result(res, &j, -1, 0);
+        return set_error(COMET_E_INVALID, "null request or body");
+    }
+    int rc = check_target(s, shard_id, req->durability);
+    if (rc) {
+        ingest_result(res, &j, -1, 0);
+        return rc;
+    }
+    ingest_ctx c = {.s = s, .compress_above = req->compress_above, .level = req->compress_level};
+    batch_init(&c.b);
+    rc = json_split(&j, req->body, req->len, req->format, s->db->cfg.max_entry_bytes, ingest_emit, &c);
+    int64_t r;
+    if (rc) {
+        r = rc == COMET_E_BAD_JSON || rc == COMET_E_ENTRY_TOO_LARGE || rc == COMET_E_NO_EVENTS
+                ? set_error(rc, "%s", j.reason) : rc;
+    } else {
+        r = batch_commit(&c.b, s, shard_id, req->durability);
+    }
+    ingest_result(res, &j, r, c.b.count);
+    for (uint32_t i = 0; i < c.packed_count; i++)
+        free(c.packed[i]);
+    free(c.packed);
+    batch_free(&c.b);
+    json_split_free(&j);
+    return r;
+}
+
+typedef struct split_ctx {
+    uint8_t *out;
+    size_t cap, used;
+    uint32_t *lens;
+    uint32_t lens_cap;
+} split_ctx;
+
+static int split_emit(void *arg, const uint8_t *event, uint32_t len, uint64_t index)
+{
+    split_ctx *c = arg;
+    if (index >= c->lens_cap || c->cap - c->used < len)
+        return set_error(COMET_E_BUFFER_TOO_SMALL, "more events than the output buffers hold");
+    memcpy(c->out + c->used, event, len);
+    c->used += len;
+    c->lens[index] = len;
+    return 0;
+}
+
+int64_t comet_json_split(const comet_ingest_request *req, uint32_t max_entry_bytes,
+                         uint8_t *out, size_t out_cap, uint32_t *lens, uint32_t lens_cap,
+                         comet_ingest_result *res)
+{
+    json_splitter j;
+    memset(&j, 0, sizeof j);
+    if (!req || (!req->body && req->len) || (!out && out_cap) || (!lens && lens_cap)) {
+        ingest_result(res, &j, -1, 0);
+        return set_error(COMET_E_INVALID, "null request or buffer");
+    }
+    split_ctx c = {out, out_cap, 0, lens, lens_cap};
+    int rc = json_split(&j, req->body, req->len, req->format, max_entry_bytes, split_emit, &c);
+    int64_t r = rc == 0 ? (int64_t)j.count
+                : rc == COMET_E_BAD_JSON || rc == COMET_E_ENTRY_TOO_LARGE || rc == COMET_E_NO_EVENTS
+                    ? set_error(rc, "%s", j.reason) : rc;
+    ingest_result(res, &j, r >= 0 ? 0 : r, (uint32_t)j.count);
+    json_split_free(&j);
+    return r;
+}
