@@ -124,10 +124,18 @@ static int cpu_has_crc(void)
 }
 #endif
 
-static void crc32c_portable4(uint32_t reg[4], const uint8_t *const p[4], size_t n)
+static uint32_t crc32c_portable_copy(uint32_t reg, uint8_t *dst, const uint8_t *src, size_t n)
+{
+    if (n)
+        memcpy(dst, src, n);
+    return crc32c_portable(reg, src, n);
+}
+
+static void crc32c_portable_copy4(uint32_t reg[4], uint8_t *const dst[4],
+                                  const uint8_t *const src[4], size_t n)
 {
     for (int k = 0; k < 4; k++)
-        reg[k] = crc32c_portable(reg[k], p[k], n);
+        reg[k] = crc32c_portable_copy(reg[k], dst[k], src[k], n);
 }
 
 #ifdef HW_TARGET
@@ -178,28 +186,68 @@ HW_TARGET static uint32_t crc32c_hw(uint32_t reg, const uint8_t *p, size_t n)
     return reg;
 }
 
-HW_TARGET static void crc32c_hw4(uint32_t reg[4], const uint8_t *const p[4], size_t n)
+/* Checksums n bytes of src while copying them to dst, 8 at a time: the bytes
+ * are loaded once, for both, which is what an entry's payload needs (it is
+ * checksummed and written into the segment in the same pass). */
+HW_TARGET static uint32_t crc32c_hw_copy(uint32_t reg, uint8_t *dst, const uint8_t *src,
+                                         size_t n)
+{
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t w;
+        memcpy(&w, src + i, 8);
+        reg = HW_STEP64(reg, w);
+        memcpy(dst + i, &w, 8);
+    }
+    if (i + 4 <= n) {
+        uint32_t w;
+        memcpy(&w, src + i, 4);
+        reg = HW_STEP32(reg, w);
+        memcpy(dst + i, &w, 4);
+        i += 4;
+    }
+    if (i + 2 <= n) {
+        uint16_t w;
+        memcpy(&w, src + i, 2);
+        reg = HW_STEP16(reg, w);
+        memcpy(dst + i, &w, 2);
+        i += 2;
+    }
+    if (i < n) {
+        reg = HW_STEP8(reg, src[i]);
+        dst[i] = src[i];
+    }
+    return reg;
+}
+
+/* Four copies at once: the checksum instruction's latency is hidden by
+ * running four independent chains side by side. */
+HW_TARGET static void crc32c_hw_copy4(uint32_t reg[4], uint8_t *const dst[4],
+                                      const uint8_t *const src[4], size_t n)
 {
     uint32_t r0 = reg[0], r1 = reg[1], r2 = reg[2], r3 = reg[3];
+    const uint8_t *s0 = src[0], *s1 = src[1], *s2 = src[2], *s3 = src[3];
+    uint8_t *d0 = dst[0], *d1 = dst[1], *d2 = dst[2], *d3 = dst[3];
     size_t i = 0;
     for (; i + 8 <= n; i += 8) {
         uint64_t w0, w1, w2, w3;
-        memcpy(&w0, p[0] + i, 8);
-        memcpy(&w1, p[1] + i, 8);
-        memcpy(&w2, p[2] + i, 8);
-        memcpy(&w3, p[3] + i, 8);
+        memcpy(&w0, s0 + i, 8);
+        memcpy(&w1, s1 + i, 8);
+        memcpy(&w2, s2 + i, 8);
+        memcpy(&w3, s3 + i, 8);
         r0 = HW_STEP64(r0, w0);
         r1 = HW_STEP64(r1, w1);
         r2 = HW_STEP64(r2, w2);
         r3 = HW_STEP64(r3, w3);
+        memcpy(d0 + i, &w0, 8);
+        memcpy(d1 + i, &w1, 8);
+        memcpy(d2 + i, &w2, 8);
+        memcpy(d3 + i, &w3, 8);
     }
-    for (; i < n; i++) {
-        r0 = HW_STEP8(r0, p[0][i]);
-        r1 = HW_STEP8(r1, p[1][i]);
-        r2 = HW_STEP8(r2, p[2][i]);
-        r3 = HW_STEP8(r3, p[3][i]);
-    }
-    reg[0] = r0, reg[1] = r1, reg[2] = r2, reg[3] = r3;
+    reg[0] = crc32c_hw_copy(r0, d0 + i, s0 + i, n - i);
+    reg[1] = crc32c_hw_copy(r1, d1 + i, s1 + i, n - i);
+    reg[2] = crc32c_hw_copy(r2, d2 + i, s2 + i, n - i);
+    reg[3] = crc32c_hw_copy(r3, d3 + i, s3 + i, n - i);
 }
 
 crc32c_fn crc32c_hardware(void)
@@ -207,9 +255,14 @@ crc32c_fn crc32c_hardware(void)
     return cpu_has_crc() ? crc32c_hw : NULL;
 }
 
-static crc32c4_fn crc32c_hardware4(void)
+static crc32c_copy_fn crc32c_hardware_copy(void)
 {
-    return cpu_has_crc() ? crc32c_hw4 : NULL;
+    return cpu_has_crc() ? crc32c_hw_copy : NULL;
+}
+
+static crc32c_copy4_fn crc32c_hardware_copy4(void)
+{
+    return cpu_has_crc() ? crc32c_hw_copy4 : NULL;
 }
 #else
 crc32c_fn crc32c_hardware(void)
@@ -217,23 +270,31 @@ crc32c_fn crc32c_hardware(void)
     return NULL;
 }
 
-static crc32c4_fn crc32c_hardware4(void)
+static crc32c_copy_fn crc32c_hardware_copy(void)
+{
+    return NULL;
+}
+
+static crc32c_copy4_fn crc32c_hardware_copy4(void)
 {
     return NULL;
 }
 #endif
 
 crc32c_fn crc32c_extend = crc32c_portable;
-crc32c4_fn crc32c_extend4 = crc32c_portable4;
+crc32c_copy_fn crc32c_copy = crc32c_portable_copy;
+crc32c_copy4_fn crc32c_copy4 = crc32c_portable_copy4;
 
 __attribute__((constructor)) static void crc32c_init(void)
 {
     build_tables();
     build_shift_tables();
     crc32c_fn hw = crc32c_hardware();
-    crc32c4_fn hw4 = crc32c_hardware4();
+    crc32c_copy_fn hw_copy = crc32c_hardware_copy();
+    crc32c_copy4_fn hw_copy4 = crc32c_hardware_copy4();
     crc32c_extend = hw ? hw : crc32c_portable;
-    crc32c_extend4 = hw4 ? hw4 : crc32c_portable4;
+    crc32c_copy = hw_copy ? hw_copy : crc32c_portable_copy;
+    crc32c_copy4 = hw_copy4 ? hw_copy4 : crc32c_portable_copy4;
 }
 
 uint32_t comet_crc32c(uint32_t crc, const void *data, size_t len, int impl)

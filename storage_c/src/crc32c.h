@@ -15,14 +15,19 @@
 
 typedef uint32_t (*crc32c_fn)(uint32_t reg, const uint8_t *p, size_t n);
 
-typedef void (*crc32c4_fn)(uint32_t reg[4], const uint8_t *const p[4], size_t n);
+typedef uint32_t (*crc32c_copy_fn)(uint32_t reg, uint8_t *dst, const uint8_t *src, size_t n);
+typedef void (*crc32c_copy4_fn)(uint32_t reg[4], uint8_t *const dst[4], const uint8_t *const src[4],
+                                size_t n);
 
 /* The implementation chosen at load time: hardware if the CPU has it. */
 extern crc32c_fn crc32c_extend;
-/* Extends four independent registers over n bytes of four buffers at once:
- * the instruction's latency is hidden by running the chains side by side,
- * which is how a batch of short entries gets checksummed. */
-extern crc32c4_fn crc32c_extend4;
+/* Extends the register over n bytes of src while copying them to dst: each
+ * byte is loaded once for both (an entry's payload, written into its segment). */
+extern crc32c_copy_fn crc32c_copy;
+/* The same for four independent buffers at once: the instruction's latency is
+ * hidden by running the chains side by side, which is how a batch of short
+ * entries gets written. */
+extern crc32c_copy4_fn crc32c_copy4;
 
 uint32_t crc32c_portable(uint32_t reg, const uint8_t *p, size_t n);
 /* NULL when the CPU lacks the instruction. */

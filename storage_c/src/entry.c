@@ -47,46 +47,48 @@ static inline void fields_fill(uint8_t fields[16], uint32_t len, uint32_t flags,
     memcpy(fields + 8, &ts, 8);
 }
 
+/* One entry: the header's fields and the payload are checksummed while they
+ * are copied into place (one pass over the bytes), then the checksum goes in
+ * front. */
 static void entry_write(uint8_t *dst, uint16_t version, const uint8_t *payload, uint32_t len,
                         uint32_t flags, uint64_t entry, int64_t ts)
 {
     uint8_t fields[16];
     fields_fill(fields, len, flags, entry, ts);
-    uint32_t crc = entry_checksum(entry_seed(version, entry), fields, payload, len);
+    uint32_t reg = crc32c_copy(entry_seed(version, entry), dst + 4, fields, 16);
+    reg = crc32c_copy(reg, dst + ENTRY_HEADER_BYTES, payload, len);
+    uint32_t crc = crc32c_mask(~reg);
     memcpy(dst, &crc, 4);
-    memcpy(dst + 4, fields, 16);
-    if (len)
-        memcpy(dst + ENTRY_HEADER_BYTES, payload, len);
 }
 
-/* Four entries at once: their checksums run as four interleaved chains over
- * the common length, then each finishes alone. */
+/* Four entries at once: four interleaved chains over the fields and the
+ * payloads' common length, then each finishes alone. */
 static uint64_t write_four(uint8_t *dst, uint16_t version, const entry_ref *refs,
                            uint64_t entry, int64_t ts, const uint32_t flags[4])
 {
-    uint8_t fields[4][16];
-    const uint8_t *ptr[4];
+    uint8_t fields[4][16], *at[4];
+    const uint8_t *from[4];
     uint32_t reg[4], common = UINT32_MAX;
+    uint64_t off = 0;
     for (int k = 0; k < 4; k++) {
         fields_fill(fields[k], refs[k].len, flags[k], entry + (uint64_t)k, ts);
-        ptr[k] = fields[k];
+        from[k] = fields[k];
+        at[k] = dst + off + 4;
         reg[k] = entry_seed(version, entry + (uint64_t)k);
         if (refs[k].len < common)
             common = refs[k].len;
-    }
-    crc32c_extend4(reg, ptr, 16);
-    for (int k = 0; k < 4; k++)
-        ptr[k] = refs[k].data;
-    crc32c_extend4(reg, ptr, common);
-    uint64_t off = 0;
-    for (int k = 0; k < 4; k++) {
-        reg[k] = crc32c_extend(reg[k], refs[k].data + common, refs[k].len - common);
-        uint32_t crc = crc32c_mask(~reg[k]);
-        memcpy(dst + off, &crc, 4);
-        memcpy(dst + off + 4, fields[k], 16);
-        if (refs[k].len)
-            memcpy(dst + off + ENTRY_HEADER_BYTES, refs[k].data, refs[k].len);
         off += ENTRY_HEADER_BYTES + refs[k].len;
+    }
+    crc32c_copy4(reg, at, from, 16);
+    for (int k = 0; k < 4; k++) {
+        from[k] = refs[k].data;
+        at[k] += 16;
+    }
+    crc32c_copy4(reg, at, from, common);
+    for (int k = 0; k < 4; k++) {
+        reg[k] = crc32c_copy(reg[k], at[k] + common, refs[k].data + common, refs[k].len - common);
+        uint32_t crc = crc32c_mask(~reg[k]);
+        memcpy(at[k] - ENTRY_HEADER_BYTES, &crc, 4);
     }
     return off;
 }
