@@ -94,7 +94,7 @@ static int enforce_shard_limit(shard *sh, uint64_t new_bytes)
     const comet_config *cfg = shard_config(sh);
     if (cfg->retention_max_shard_bytes &&
         retention_shard_bytes(sh) + new_bytes > cfg->retention_max_shard_bytes)
-        return retention_shard(sh, 0, now_ns(), NULL);
+        return retention_shard(sh, 0, 1, now_ns(), NULL);
     return 0;
 }
 
@@ -270,7 +270,7 @@ int64_t shard_append(shard *sh, const entry_ref *refs, uint32_t count, uint64_t 
          * may take the room freed first: then again, while deleting frees
          * something. */
         shard_unlock(sh);
-        uint64_t freed = retention_free_oldest(sh->stream->db, budget_short, now_ns(),
+        uint64_t freed = retention_free_oldest(sh->stream->db, sh, budget_short, now_ns(),
                                                &budget_protected);
         if ((rc = shard_lock_noting_wait(sh, &slow)))
             return rc;

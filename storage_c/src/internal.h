@@ -245,16 +245,20 @@ uint64_t offsets_max(shard *sh);
 
 /* Deletes what the policy allows from one shard (append lock held).  need is
  * a number of bytes the caller wants freed whatever the policy says (budget
- * enforcement at rotation); 0 for a policy pass. */
-int retention_shard(shard *sh, uint64_t need, int64_t now, comet_retention_report *rep);
+ * enforcement at rotation); 0 for a policy pass.  may_keep: a deleted
+ * segment's file may become the shard's spare (recycle.c). */
+int retention_shard(shard *sh, uint64_t need, int may_keep, int64_t now,
+                    comet_retention_report *rep);
 /* Bytes of segment and index files of a shard / of the whole data directory. */
 uint64_t retention_shard_bytes(shard *sh);
 uint64_t retention_total_bytes(comet_db *db);
 /* Deletes sealed segments anywhere in the data directory, whatever process
  * owns the shard, the oldest data first, until `need` bytes are freed or
  * nothing more may go.  Call with no shard lock held: it takes each shard's
- * lock in turn.  Returns the bytes freed. */
-uint64_t retention_free_oldest(comet_db *db, uint64_t need, int64_t now, uint64_t *protected_segments);
+ * lock in turn.  Returns the bytes freed.  The requester (the shard whose
+ * rotation needs the room) may keep its own oldest file as its spare. */
+uint64_t retention_free_oldest(comet_db *db, const shard *requester, uint64_t need, int64_t now,
+                               uint64_t *protected_segments);
 
 /* ---- recovery.c ---------------------------------------------------------- */
 

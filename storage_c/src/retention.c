@@ -117,7 +117,7 @@ static int64_t first_timestamp(shard *sh, uint64_t base)
 
 /* Deletes a sealed segment: its file becomes the shard's spare when it may be
  * kept (recycle.c), else it is unlinked.  Deleting to free the directory's
- * budget (may_keep 0) always unlinks: a spare would free nothing. */
+ * budget for another shard (may_keep 0) unlinks: a spare would free nothing. */
 static void delete_segment(shard *sh, uint64_t base, uint64_t bytes, int may_keep)
 {
     char path[COMET_PATH_MAX];
@@ -134,7 +134,8 @@ static void delete_segment(shard *sh, uint64_t base, uint64_t bytes, int may_kee
     usage_end_delete(sh->stream->db, locked, bytes > kept ? bytes - kept : 0);
 }
 
-int retention_shard(shard *sh, uint64_t need, int64_t now, comet_retention_report *rep)
+int retention_shard(shard *sh, uint64_t need, int may_keep, int64_t now,
+                    comet_retention_report *rep)
 {
     const comet_config *cfg = &sh->stream->db->cfg;
     state_file *st = sh->st;
@@ -179,7 +180,7 @@ int retention_shard(shard *sh, uint64_t need, int64_t now, comet_retention_repor
             }
             lost_here = end - (min_offset > bases[i] ? min_offset : bases[i]);
         }
-        delete_segment(sh, bases[i], sizes[i], need == 0);
+        delete_segment(sh, bases[i], sizes[i], may_keep);
         freed += sizes[i];
         deleted++;
         lost += lost_here;
@@ -223,7 +224,7 @@ static int retention_stream(comet_db *db, comet_stream *s, uint64_t *excess, int
         rc = shard_lock(sh);
         if (!rc) {
             comet_retention_report here = {0};
-            rc = retention_shard(sh, *excess, now, &here);
+            rc = retention_shard(sh, *excess, *excess == 0, now, &here);
             shard_unlock(sh);
             *excess = here.deleted_bytes >= *excess ? 0 : *excess - here.deleted_bytes;
             if (rep) {
@@ -374,7 +375,8 @@ static size_t gather(comet_db *db, candidate **out)
     return n;
 }
 
-uint64_t retention_free_oldest(comet_db *db, uint64_t need, int64_t now, uint64_t *protected_segments)
+uint64_t retention_free_oldest(comet_db *db, const shard *requester, uint64_t need, int64_t now,
+                               uint64_t *protected_segments)
 {
     *protected_segments = 0;
     /* The shortfall was measured on the estimate, which counts no deletion:
@@ -393,7 +395,9 @@ uint64_t retention_free_oldest(comet_db *db, uint64_t need, int64_t now, uint64_
         for (size_t i = 0; i < n; i++) {
             if (freed < need && shard_lock(c[i].sh) == 0) {
                 comet_retention_report rep = {0};
-                retention_shard(c[i].sh, 1, now, &rep); /* its oldest segment, if it may go */
+                /* its oldest segment, if it may go; the requester's may become
+                 * its spare: the rotation that needs the room then takes it */
+                retention_shard(c[i].sh, 1, c[i].sh == requester, now, &rep);
                 shard_unlock(c[i].sh);
                 freed += rep.deleted_bytes;
                 *protected_segments += rep.protected_segments;
