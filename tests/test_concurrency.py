@@ -40,6 +40,37 @@ def test_eight_threads_one_shard(data_dir: Path) -> None:
             assert order == list(range(per_thread))
 
 
+
+def test_list_changed_by_another_thread_during_append_batch(data_dir: Path) -> None:
+    """append_batch hands the list's bytes to C without copying them (storage_c/_fastpath.c)
+    and lets the GIL go meanwhile: another thread emptying and refilling the same list must
+    neither crash it nor make it store anything but payloads that were in the list."""
+    known = {b"%04d" % i + b"." * 300 for i in range(2000)}
+    items = sorted(known)
+    shared = list(items)
+    stop = threading.Event()
+    with Log(data_dir, SMALL) as log:
+        def churn() -> None:
+            while not stop.is_set():
+                shared.clear()
+                shared.extend(items)
+                shared[::7] = [b"%04d" % i + b"." * 300 for i in range(0, 2000, 7)]
+
+        thread = threading.Thread(target=churn)
+        thread.start()
+        try:
+            for _ in range(300):
+                try:
+                    log.append_batch("churn", shared, shard=0)
+                except ValueError:
+                    pass  # "empty batch": the list was caught empty
+        finally:
+            stop.set()
+            thread.join()
+        stored = [p for _, _, p in read_all(log, "churn", 0)]
+        assert stored and set(stored) <= known
+
+
 def test_four_processes_own_and_foreign_shards(data_dir: Path, tmp_path: Path) -> None:
     own, keyed = 50_000, 5_000
     outs = [tmp_path / f"slot-{i}" for i in range(4)]
