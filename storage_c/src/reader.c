@@ -355,8 +355,9 @@ static int read_entered(shard *sh, const comet_read_request *req, comet_read_res
         read_out out = read_out_init(req, res);
         cursor c = {.sh = sh, .limit = limit, .entry = start, .skipped = start - from};
         int full = cursor_seek(&c, start) && read_entries(&c, &out, start);
-        atomic_thread_fence(memory_order_acquire);
-        uint64_t first = atomic_load_explicit(&st->first_entry, memory_order_acquire);
+        /* An RMW that changes nothing: its release half keeps the copies
+         * above from moving past this load (a plain acquire load would not). */
+        uint64_t first = atomic_fetch_add_explicit(&st->first_entry, 0, memory_order_acq_rel);
         if (out.n && (uint64_t)req->entries[0] < first) {
             cursor_drop(&c);
             start = first < limit ? first : limit;
