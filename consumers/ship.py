@@ -20,6 +20,15 @@ exactly that object (same entries, same bytes, same key) before doing
 anything else.  An upload therefore either happened and is acknowledged, or
 is repeated to the same key: never a second, overlapping object.
 
+Across power cuts as well: before an object's intent is written, the
+object's entries are made durable in the log (an object never stands for
+entries a power cut takes back, whose numbers the log would give to new
+data) and so is the group's previous ack of that shard (the intent replaces
+the previous one, so after a cut the group's offset is at this intent's
+first entry or past it, never at an earlier object whose boundaries a rerun
+could not know).  Directories (of the sink, of the intents) are made durable
+in their parents before a file in them is (``storage_c.files.make_dirs_durably``).
+
 Lines are the payloads.  A payload that would break the NDJSON framing (it
 holds a newline) or would read back as an envelope is written
 as the envelope ``{"base64": "..."}`` instead (``storage_c.export``).
@@ -55,7 +64,7 @@ import zstandard
 
 from storage_c import ReadBatch
 from storage_c.export import HOUR_NS, ndjson_batch_ok, ndjson_line, partition_path
-from storage_c.files import remove_stale_temp_files, write_durably
+from storage_c.files import make_dirs_durably, remove_stale_temp_files, write_durably
 
 from .consumer import Consumer
 from .errors import ShipError, SinkFailure, StreamRecreated, classify
@@ -159,8 +168,11 @@ class Shipper:
         self.sink = sink
         self.config = config or ShipConfig()
         root = Path(state_dir) if state_dir else Path(consumer.log.path) / ".ship"
+        self._state_root = root
         self.intents = root / consumer.group / consumer.stream
         self.pending: dict[int, Pending] = {}
+        self._unsynced_acks: set[int] = set()
+        """Shards whose last ack may not be durable yet (see ``make_durable``)."""
         self.stats = ShipStats()
         self._once = False
         self._last_status = time.monotonic()
@@ -214,6 +226,7 @@ class Shipper:
         if not len(entries):
             if nd.skipped and p is None:  # deleted or damaged entries: move past them
                 self.consumer.ack(shard, nd.next_entry - 1)
+                self._unsynced_acks.add(shard)
             return bool(nd.skipped)
         hour = stamps[0] // HOUR_NS
         simple = (nd.newline_payloads == 0 and stamps[-1] // HOUR_NS == hour
@@ -266,11 +279,13 @@ class Shipper:
             return True
         if key is None:
             key = object_key(self.consumer.stream, shard, p.hour, p.first, p.last)
+            self.make_durable(shard, p.last)
             self.write_intent(shard, p.first, p.last, key)
         data = self._compressor.compress(b"".join(p.chunks))
         if not self.upload(key, data, p.size, stopped):
             return False  # the intent stays: the next run uploads exactly this object
         self.consumer.ack(shard, p.last)
+        self._unsynced_acks.add(shard)
         self.stats.objects += 1
         self.stats.entries += p.count
         self.stats.last_shipped_ns = time.time_ns()
@@ -396,6 +411,7 @@ class Shipper:
         try:
             seen = int(marker.read_text())
         except (FileNotFoundError, ValueError):
+            make_dirs_durably(self.intents, self._state_root)
             write_durably(marker, b"%d" % created)
             return
         if seen != created:
@@ -410,7 +426,20 @@ class Shipper:
     def intent_path(self, shard: int) -> Path:
         return self.intents / f"shard-{shard:04d}.intent"
 
+    def make_durable(self, shard: int, last: int) -> None:
+        """Before the intent of an object ending at ``last``: the object's
+        entries are durable in the log, and so is the group's last ack of
+        ``shard`` (see the module docstring).  The writers' flushers have
+        usually synced both already (an object waits up to max_object_age)."""
+        log, stream = self.consumer.log, self.consumer.stream
+        if log.shard_stats(stream, shard).durable_entry <= last:
+            log.sync(stream, shard)
+        if shard in self._unsynced_acks:
+            log.sync()  # the offsets files (the storage has no call for one shard's)
+            self._unsynced_acks.clear()
+
     def write_intent(self, shard: int, first: int, last: int, key: str) -> None:
+        make_dirs_durably(self.intents, self._state_root)
         write_durably(self.intent_path(shard),
                       orjson.dumps({"first": first, "last": last, "key": key}))
 

@@ -4,9 +4,10 @@ A sink stores one whole object under a key, or raises.  Writing the same key
 again replaces the object with the same bytes, which is what makes a retried
 shipment idempotent.  The directory sink never shows a partial object: it
 writes a temporary file, fsyncs it, renames it into place and fsyncs the
-directory; ``remove_temp_files`` removes what a killed writer left.  S3 needs
-no cleaning: an object is one PUT (never a multipart upload), stored whole or
-not at all.
+directory, after making the directories above it durable in theirs
+(``make_dirs_durably``); ``remove_temp_files`` removes what a killed writer
+left.  S3 needs no cleaning: an object is one PUT (never a multipart upload),
+stored whole or not at all.
 
 Failures are classified permanent or transient by ``errors.classify``.
 """
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlparse
 
-from storage_c.files import remove_stale_temp_files, write_durably
+from storage_c.files import make_dirs_durably, remove_stale_temp_files, write_durably
 
 from .errors import SinkError
 
@@ -48,7 +49,9 @@ class DirectorySink:
 
     def put(self, key: str, data: bytes) -> None:
         _check_key(key)
-        write_durably(self.root / key, data)
+        path = self.root / key
+        make_dirs_durably(path.parent, self.root)
+        write_durably(path, data)
 
     def remove_temp_files(self, key: str, *, mine_are_stale: bool = False) -> list[Path]:
         """Removes the temporary files that writers now dead left in the

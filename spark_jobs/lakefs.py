@@ -28,6 +28,7 @@ from urllib.parse import urlparse
 
 import pyarrow.fs as pafs
 
+from storage_c.files import make_dirs_durably
 from storage_c.files import write_durably
 
 CONNECT_TIMEOUT_S = 5.0
@@ -141,12 +142,15 @@ class Lake:
 
     def write_atomically(self, rel: str, data: bytes) -> None:
         """A whole document or none: S3 PUTs are atomic; locally, a temporary
-        name, fsync, rename, fsync of the directory."""
+        name, fsync, rename, fsync of the directory (and of the parents of the
+        directories it had to create)."""
         if self.is_s3:
             with self.fs.open_output_stream(self.path(rel)) as out:
                 out.write(data)
             return
-        write_durably(Path(self.path(rel)), data)
+        path = Path(self.path(rel))
+        make_dirs_durably(path.parent, self.root)  # write_durably syncs only the last one
+        write_durably(path, data)
 
     def read(self, rel: str) -> bytes | None:
         try:
@@ -176,7 +180,7 @@ class Lake:
                 if info.type == pafs.FileType.NotFound:
                     raise LakeError(f"lake {self.url}: bucket {bucket!r} does not exist")
             else:
-                os.makedirs(self.root, exist_ok=True)
+                make_dirs_durably(self.root, self.root)
         except LakeError:
             raise
         except OSError as exc:
@@ -189,7 +193,9 @@ class Lake:
             self.fs.copy_file(src, dst)
             self.fs.delete_file(src)
             return
-        os.makedirs(posixpath.dirname(dst), exist_ok=True)
+        # a new partition directory is made durable before the manifest names
+        # files in it (the caller syncs the directory itself after the renames)
+        make_dirs_durably(posixpath.dirname(dst), self.root)
         os.replace(src, dst)
 
     def delete_tree(self, rel: str) -> None:

@@ -213,7 +213,7 @@ def _plan(spark: Any, storage: Log, lake: Lake, opts: ShipOptions,
     for shard in shards:
         group = storage.group(opts.stream, shard, opts.group)  # registered: retention keeps its data
         starts[shard] = max(group.offset, done.get(shard, 0))
-        ends[shard] = max(bounds(storage, opts.stream, shard)[1], starts[shard])
+        ends[shard] = max(durable_end(storage, opts.stream, shard), starts[shard])
     ends = cap(starts, ends, opts.max_entries)
     if all(starts[s] >= ends[s] for s in shards):
         return None, False
@@ -226,6 +226,17 @@ def _plan(spark: Any, storage: Log, lake: Lake, opts: ShipOptions,
     lake.write_atomically(plan_rel(opts.stream, run), plan.to_json())
     crash_point("planned")
     return plan, False
+
+
+def durable_end(storage: Log, stream: str, shard: int) -> int:
+    """The shard's committed end, once every entry before it is durable: a plan
+    (and so a manifest) never names entries a power cut can take back - the
+    log would give their numbers to new entries, which the next run, starting
+    after the manifest, would never ship."""
+    end = bounds(storage, stream, shard)[1]
+    if storage.shard_stats(stream, shard).durable_entry < end:
+        storage.sync(stream, shard)  # up to the committed end at least
+    return end
 
 
 def struct_of(spark: Any, ddl: str) -> Any:

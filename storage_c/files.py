@@ -55,6 +55,35 @@ def fsync_dir(directory: str | os.PathLike[str]) -> None:
         os.close(fd)
 
 
+_DURABLE_DIRS: set[Path] = set()  # made durable in their parents by this process
+
+
+def make_dirs_durably(directory: str | os.PathLike[str], top: str | os.PathLike[str]) -> None:
+    """Creates ``directory`` (and its missing parents) and makes its entry
+    durable in its parent, and so on up to ``top`` included: ``write_durably``
+    syncs the directory of the file it writes, not the directories it
+    creates, and a file durable in a directory whose own entry is not is lost
+    with it at a power cut.
+
+    Every directory from ``directory`` up to ``top`` is synced into its parent
+    the first time this process uses it, whether it created it or found it:
+    one that a killed process created may not be durable yet.  ``top`` must
+    be ``directory`` or one of its parents."""
+    directory, top = Path(os.path.abspath(directory)), Path(os.path.abspath(top))
+    if directory in _DURABLE_DIRS and directory.is_dir():
+        return
+    if directory != top and top not in directory.parents:
+        raise ValueError(f"{top} is not {directory} or one of its parents")
+    directory.mkdir(parents=True, exist_ok=True)
+    d = directory
+    while d not in _DURABLE_DIRS or d == directory:
+        fsync_dir(d.parent)
+        _DURABLE_DIRS.add(d)
+        if d == top:
+            break
+        d = d.parent
+
+
 def publish_durably(temp: str | os.PathLike[str], path: str | os.PathLike[str]) -> None:
     """Makes a finished temporary file durable under its final name: fsync
     the file, rename it over ``path`` (atomic: readers see the old file or

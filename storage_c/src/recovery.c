@@ -143,6 +143,9 @@ static int skip_acknowledged(shard *sh)
     return 1;
 }
 
+/* No segment holds an entry: the log is empty and goes on at next (the
+ * oldest entry is next too, whatever the state said: retention may have
+ * deleted segments after the state last reached the disk). */
 static int no_segments(shard *sh, uint64_t next)
 {
     state_file *st = sh->st;
@@ -151,8 +154,7 @@ static int no_segments(shard *sh, uint64_t next)
     atomic_store(&st->active_end, 0);
     atomic_store(&st->write_hwm, 0);
     atomic_store(&st->zeroed_end, 0);
-    if (atomic_load(&st->first_entry) > next)
-        atomic_store(&st->first_entry, next);
+    atomic_store(&st->first_entry, next);
     if (atomic_load(&st->durable_entry) > next)
         atomic_store(&st->durable_entry, next);
     skip_acknowledged(sh);
@@ -222,12 +224,15 @@ static void release_all(holds *h)
  * ends there) and the segment is sealed: appends go on in a new segment, so
  * nothing is ever written in front of what lies past the cut. */
 static uint64_t garbage_end_of(const shard *sh, scan_point cut, uint64_t state_active, int how,
-                               int *seal)
+                               int ended, int *seal)
 {
     uint64_t hwm = atomic_load(&sh->st->write_hwm), cap = cut.seg->capacity;
     int active = cut.seg->base == state_active;
     *seal = 0;
-    if (!(cut.seg->flags & SEGMENT_FLAG_RECYCLED))
+    /* A log ended at damage after a restart (past_durable) has pages of
+     * entries after the cut that the kernel wrote back, with holes between
+     * them: no bound of what to zero; it is sealed as a recycled one is. */
+    if (!(cut.seg->flags & SEGMENT_FLAG_RECYCLED) && !ended)
         return nonzero_end(cut.seg, cut.off, active ? hwm : 0);
     if (how == 0 && active)
         return hwm > cut.off ? (hwm < cap ? hwm : cap) : cut.off;
@@ -240,11 +245,11 @@ static uint64_t garbage_end_of(const shard *sh, scan_point cut, uint64_t state_a
 /* Finishes the repair at the cut point: zero what follows, trim the index,
  * restore the segment's size, publish the new commit point. */
 static int apply_cut(shard *sh, holds *h, scan_point cut, uint64_t furthest,
-                     uint64_t state_active, int how, int *changed)
+                     uint64_t state_active, int how, int ended, int *changed)
 {
     state_file *st = sh->st;
     int seal;
-    uint64_t garbage_end = garbage_end_of(sh, cut, state_active, how, &seal);
+    uint64_t garbage_end = garbage_end_of(sh, cut, state_active, how, ended, &seal);
     if (seal) {
         int fd = shard_segment_fd(sh, cut.seg);
         int rc = fd < 0 ? fd : zero_fill(fd, cut.off, garbage_end);
@@ -322,6 +327,10 @@ typedef struct repair {
     scan_point before_gap;
     size_t gap_at;
     int good_after_gap;
+    /* After a restart, damage or a gap past the durable point ends the log
+     * (see past_durable): the scan stops at e, later segments are set aside,
+     * and the cut segment is sealed. */
+    int ended;
     int changed;           /* the repair changed something (counted as a state rebuild) */
 } repair;
 
@@ -398,23 +407,38 @@ static void keep_entry(repair *r, uint32_t lf)
         r->cut = (scan_point){r->seg, r->e, r->off, ts > r->cut.ts ? ts : r->cut.ts};
 }
 
+/* Whether the scan stands past what is known to have reached the disk
+ * before a restart.  Bytes there were never synced: a page of them the power
+ * took reads as zeros, or as the earlier life of a recycled file, while later
+ * pages the kernel happened to write back survive.  Keeping those would leave
+ * a log that is not a prefix of what was written (a hole of lost entries,
+ * batches torn by it); so there the first damaged entry or gap ends the log.
+ * Before the durable point damage is damage of synced data, skipped in
+ * place.  (The durable point in the state lags what was synced by up to one
+ * flush interval: a byte flipped on the disk in that stretch also ends the
+ * log after a restart.) */
+static int past_durable(const repair *r)
+{
+    return r->how == STATE_REBOOTED && r->e >= r->committed;
+}
+
 /* Moves the scan past a damaged entry to the next good one before the
  * written end of the segment: 1, or 0 when none follows (the segment ends). */
 static int skip_damage(repair *r)
 {
     int active = r->seg->base == r->state_active;
     uint64_t hwm = active ? atomic_load(&r->sh->st->write_hwm) : 0;
-    uint64_t limit;
-    if (r->seg->flags & SEGMENT_FLAG_RECYCLED) {
-        /* Past this life's entries lie the earlier life's, which never check
-         * out here: a sealed segment whose successor starts at e is complete,
-         * and the active one was written no further than write_hwm. */
-        if (r->i + 1 < r->n && r->bases[r->i + 1] == r->e)
-            return 0;
-        limit = active ? hwm : r->seg->capacity;
-    } else {
-        limit = nonzero_end(r->seg, r->off, hwm);
+    int recycled = (r->seg->flags & SEGMENT_FLAG_RECYCLED) != 0;
+    /* Past a recycled segment's entries lie its earlier life's, which never
+     * check out here: a sealed segment whose successor starts at e is
+     * complete, and the active one was written no further than write_hwm. */
+    if (recycled && r->i + 1 < r->n && r->bases[r->i + 1] == r->e)
+        return 0;
+    if (past_durable(r)) {
+        r->ended = 1;
+        return 0;
     }
+    uint64_t limit = recycled ? (active ? hwm : r->seg->capacity) : nonzero_end(r->seg, r->off, hwm);
     uint64_t found_off, found_entry;
     if (!entry_resync(r->seg, r->off, r->e, limit + ENTRY_HEADER_BYTES, ENTRY_LEN_MASK, &found_off,
                       &found_entry))
@@ -454,6 +478,20 @@ static void end_at_stale(repair *r, size_t from)
     r->changed = 1;
 }
 
+/* Sets aside the segments from bases[from] on (removed when they hold no
+ * entry): the log ends before them. */
+static void end_from(repair *r, size_t from)
+{
+    for (size_t k = from; k < r->n; k++) {
+        segment *seg = hold(&r->h, r->bases[k]);
+        if (r->h.fatal)
+            return;
+        set_aside(r->sh, r->bases[k], seg && segment_has_data(seg));
+        r->changed = 1;
+    }
+    r->n = from;
+}
+
 /* The current segment ends at entry e: continues in the next segment that
  * fits the numbering, setting aside an unreadable segment and the ones that
  * overlap.  Returns 0 at the end of the log, or when h.fatal is set. */
@@ -461,6 +499,10 @@ static int next_segment(repair *r)
 {
     if (r->h.fatal)
         return 0;
+    if (r->ended) {
+        end_from(r, r->i + 1);
+        return 0;
+    }
     if (!r->seg) { /* its header cannot be read: nothing of it can be served */
         set_aside(r->sh, r->bases[r->i], 1);
         r->changed = 1;
@@ -475,6 +517,11 @@ static int next_segment(repair *r)
     }
     if (j >= r->n)
         return 0;
+    if (r->bases[j] != r->e && past_durable(r)) {
+        r->ended = 1;
+        end_from(r, j);
+        return 0;
+    }
     if (r->bases[j] != r->e) {
         r->changed = 1; /* a gap: readers count what is missing */
         if (!r->before_gap.seg && r->cut.seg) {
@@ -507,12 +554,7 @@ static void end_before_gap(repair *r)
     if (r->h.fatal || !r->before_gap.seg || r->good_after_gap)
         return;
     r->cut = r->before_gap;
-    for (size_t k = r->gap_at; k < r->n; k++) {
-        segment *empty = hold(&r->h, r->bases[k]);
-        if (r->h.fatal)
-            return;
-        set_aside(r->sh, r->bases[k], empty && segment_has_data(empty));
-    }
+    end_from(r, r->gap_at);
 }
 
 /* Finds the cut: from the start point through every segment that fits, then
@@ -585,7 +627,7 @@ int recovery_repair_tail(shard *sh, int how)
         return no_segments(sh, r.e);
     }
     uint64_t furthest = r.e > r.committed ? r.e : r.committed;
-    rc = apply_cut(sh, &r.h, r.cut, furthest, r.state_active, r.how, &r.changed);
+    rc = apply_cut(sh, &r.h, r.cut, furthest, r.state_active, r.how, r.ended, &r.changed);
     release_all(&r.h);
     if (rc)
         return rc;

@@ -3,7 +3,9 @@
 fs.py is the filesystem (what is volatile, what a cut does), harness.py mounts
 it and cuts, writer.py is the storage-using process, conftest.py the
 ``powercut`` fixture.  Scenarios: test_always.py, test_groups.py,
-test_interval.py, test_lifecycle.py (and test_fs.py for the filesystem's own
+test_interval.py, test_lifecycle.py, test_ship.py (``comet ship`` to a
+directory), test_spark_ship.py (``comet spark-ship`` to a local lake; its cuts:
+POWERCUT_SPARK_CUTS, default 15) (and test_fs.py for the filesystem's own
 model); test_bugs.py holds the scenarios that fail because of storage bugs.
 
 Needs /dev/fuse, Debian's fuse3 and libfuse3-3 (scripts/install-fuse.sh) and

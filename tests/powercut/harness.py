@@ -30,6 +30,8 @@ class Writer(subprocess.Popen[str]):
     """A process spawned on the mount; its stderr went to the file ``stderr_path``."""
 
     stderr_path: Path
+    whole_namespace: bool = False
+    """Its descendants (a Spark driver's JVM and Python workers) are killed with it."""
 
 
 def _root() -> bool:
@@ -99,8 +101,10 @@ class PowerCutFS:
     # ---- processes on the mount -------------------------------------------------
 
     def spawn(self, *args: object, stdin: int | None = None,
-              env: dict[str, str] | None = None) -> Writer:
-        """``python writer.py ARGS`` in this boot's namespace; stdout is a pipe of lines."""
+              env: dict[str, str] | None = None, whole_namespace: bool = False) -> Writer:
+        """``python writer.py ARGS`` in this boot's namespace; stdout is a pipe of lines.
+        ``whole_namespace``: every process of its mount namespace (its descendants)
+        is killed with it at the cut, not only itself."""
         inner = [sys.executable, str(WRITER), *map(str, args)]
         script = 'mount --bind "$0" /proc/sys/kernel/random/boot_id && exec "$@"'
         ns = ["unshare", "--mount", "--propagation", "private"]
@@ -115,11 +119,14 @@ class PowerCutFS:
                           env=env, stdin=stdin, stdout=subprocess.PIPE, stderr=errfile,
                           text=True, bufsize=1)
         proc.stderr_path = err
+        proc.whole_namespace = whole_namespace
         self.procs.append(proc)
         return proc
 
     def _kill_all(self) -> None:
         for proc in self.procs:
+            if proc.whole_namespace and proc.poll() is None:
+                _kill_namespace(proc.pid)
             if proc.poll() is None:
                 proc.send_signal(signal.SIGKILL)
         for proc in self.procs:
@@ -173,6 +180,30 @@ class PowerCutFS:
                 if stream:
                     stream.close()
             shutil.rmtree(self.mnt, ignore_errors=True)
+
+
+def _kill_namespace(pid: int) -> None:
+    """SIGKILLs every process in the mount namespace of ``pid`` (a namespace
+    ``spawn`` made for that process alone: only its descendants share it)."""
+    try:
+        ns = os.readlink(f"/proc/{pid}/ns/mnt")
+    except OSError:
+        return
+    if ns == os.readlink("/proc/self/ns/mnt"):
+        return  # not unshared yet: nothing else can be in it
+    for _ in range(5):  # again, in case one forked meanwhile
+        killed = 0
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                if os.readlink(f"/proc/{entry}/ns/mnt") == ns:
+                    os.kill(int(entry), signal.SIGKILL)
+                    killed += 1
+            except OSError:
+                continue
+        if not killed:
+            return
 
 
 def writeback(mnt: Path) -> None:

@@ -10,7 +10,14 @@ works until it is killed, printing one line per acknowledged operation:
   writer, as ``comet ship`` is): ``G shard offset t`` after each ack;
 - ``lifecycle``: creates, appends to (``always``, large entries: frequent
   rotations), runs retention on and deletes streams: ``C name``,
-  ``A name shard entry payload``, ``R segments``, ``D name``.
+  ``A name shard entry payload``, ``R segments``, ``D name``;
+- ``ship SINK once|follow`` and ``spark-ship LAKE PAUSE_AT``: the real
+  ``comet ship`` / ``comet spark-ship`` commands (test_ship.py,
+  test_spark_ship.py), their log lines on stdout (see ``run_ship``).
+
+POWERCUT_RATE limits ``append`` to about that many appends per second;
+POWERCUT_JSON=1 makes it write JSON payloads ``{"p": payload, "pad": "x..."}``
+(a lake needs JSON); the ``A`` line still gives ``payload``.
 """
 
 from __future__ import annotations
@@ -41,9 +48,11 @@ class ExtraConfig(TypedDict, total=False):
 
 def config(durability: Durability = "always", shards: int = 2,
            **extra: Unpack[ExtraConfig]) -> Config:
+    """POWERCUT_FSYNC_MS: fsync_interval_ms (default 100)."""
     return Config(shards=shards, segment_bytes=SEGMENT, segment_chunk_bytes=SEGMENT,
-                  durability=durability, fsync_interval_ms=100, compression_threshold=0,
-                  **extra)
+                  durability=durability,
+                  fsync_interval_ms=int(os.environ.get("POWERCUT_FSYNC_MS", "100")),
+                  compression_threshold=0, **extra)
 
 
 def raw_offsets(data: Path) -> dict[str, dict[str, int]]:
@@ -119,11 +128,17 @@ def open_and_dump(data: Path, cfg: Config) -> Log:
 def run_append(data: Path, rnd: int, rng: random.Random, durability: Durability,
                shards: int) -> None:
     log = open_and_dump(data, config(durability, shards))
+    as_json = os.environ.get("POWERCUT_JSON") == "1"
+    pause = 1 / float(os.environ.get("POWERCUT_RATE", "inf"))
     seq = 0
     while True:
+        if pause:
+            time.sleep(pause)
         payload = f"{rnd}.{seq}"
-        shard, entry = log.append(STREAM, payload.encode() + b"x" * rng.randrange(200),
-                                  shard=seq % shards)
+        pad = b"x" * rng.randrange(200)
+        body = (b'{"p":"%s","pad":"%s"}' % (payload.encode(), pad) if as_json
+                else payload.encode() + pad)
+        shard, entry = log.append(STREAM, body, shard=seq % shards)
         say(f"A {shard} {entry} {payload} {time.monotonic()}")
         seq += 1
 
@@ -195,6 +210,70 @@ def run_lifecycle(data: Path, rnd: int, rng: random.Random) -> None:
             say(f"A {name} 0 {entry} {payload}")
 
 
+def run_ship(data: Path, rnd: int, args: list[str]) -> None:
+    """``ship SINK once|follow [dump]`` and ``spark-ship LAKE PAUSE_AT [dump]``.
+
+    With ``dump`` the log is first opened (recovery), what survived printed
+    (``S``) and closed again.  Then the real command runs in this process
+    with its JSON log lines on stdout as ``L {json}``; at the end ``X``.
+    ``spark-ship`` also prints ``P name`` at each of the run's crash points
+    (spark_jobs.ship.crash_point) and, at the one named PAUSE_AT, waits for a
+    line on stdin: the test cuts the power there.  ``ship`` waits so after
+    the object POWERCUT_SHIP_PAUSE of shard 0 (1: its first) was stored,
+    before it is acknowledged; POWERCUT_READER_FSYNC_MS sets the
+    fsync_interval_ms of its ``Config.reader()`` (the flusher of its acks)."""
+    import logging
+
+    kind, target, how = args[0], args[1], args[2]
+    if args[3:] == ["dump"]:
+        open_and_dump(data, config("interval", 2)).close()
+
+    pause_at = int(os.environ.get("POWERCUT_SHIP_PAUSE", "0"))
+    shipped = 0
+
+    class Lines(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            nonlocal shipped
+            say("L " + record.getMessage())
+            if '"event": "shipped"' in record.getMessage() and "/shard=0000/" in record.getMessage():
+                shipped += 1
+                if shipped == pause_at:  # stored, not acknowledged yet: wait for the cut
+                    sys.stdin.readline()
+
+    if "POWERCUT_READER_FSYNC_MS" in os.environ:  # the shipper's own flusher, for its acks
+        import consumers.consumer
+
+        every = int(os.environ["POWERCUT_READER_FSYNC_MS"])
+        setattr(consumers.consumer, "Config", type("Config", (Config,), {
+            "reader": classmethod(lambda cls: Config.reader(fsync_interval_ms=every))}))
+
+    for name in ("comet.ship", "comet.spark_ship"):
+        logger = logging.getLogger(name)
+        logger.addHandler(Lines())
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
+    if kind == "ship":
+        from consumers.cli import ship
+
+        cli = ["--max-object-age", "0.05", "--max-object-bytes", "6000",
+               "--status-interval", "0"] + (["--once"] if how == "once" else [])
+        ship.main([str(data), STREAM, target, *cli], standalone_mode=False)
+    else:
+        import spark_jobs.ship
+        from spark_jobs.cli import spark_ship
+
+        def crash_point(name: str) -> None:
+            say(f"P {name}")
+            if name == how:
+                sys.stdin.readline()
+
+        spark_jobs.ship.crash_point = crash_point
+        spark_ship.main([str(data), STREAM, target, "--schema", "p string, pad string",
+                         "--conf", "spark.sql.shuffle.partitions=2", "--master", "local[2]"],
+                        standalone_mode=False)
+    say("X")
+
+
 def main() -> None:
     mode, data, rnd, seed = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
     rng = random.Random(seed)
@@ -207,6 +286,8 @@ def main() -> None:
         run_consume(data, rnd, rng, int(sys.argv[5]))
     elif mode == "lifecycle":
         run_lifecycle(data, rnd, rng)
+    elif mode in ("ship", "spark-ship"):
+        run_ship(data, rnd, [mode, *sys.argv[5:]])
     elif mode == "dump":
         open_and_dump(data, config(cast(Durability, sys.argv[5]), int(sys.argv[6])))
     else:

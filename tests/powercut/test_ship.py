@@ -1,0 +1,318 @@
+"""Power cuts while ``comet ship`` drains a stream into a directory: exactly once.
+
+Everything is on the power-cut mount: the log (a writer appends at durability
+``interval``, so the shipper can read entries that are committed but not yet
+durable), the group's offsets, the intents under ``<data>/.ship/`` and the
+directory sink.  In each round the writer appends while the real ``comet
+ship`` command (``--max-object-age 0.05 --max-object-bytes 6000``: objects
+cut by age and by size, a few entries each) ships; the cut comes after a
+random number of stored objects.  After each cut, before anything reopens
+the log, the sink is read; then a ``comet ship --once`` rerun reopens the
+log (recovery: the ``S`` dump says which entries survived) and ships what
+is left.  Checked after every cut:
+
+- every object in the sink is whole (it decompresses, one line per entry of
+  its key's range) and refers only to entries that survived, with their
+  payloads (an object of lost entries would stand for data the log no longer
+  has, whose numbers the log gives to new entries);
+- per shard the objects run without a gap or an overlap from entry 0: an
+  entry in two objects was shipped twice, and the group's acknowledged
+  offset (as the offsets file holds it after the cut) is never beyond what
+  the sink holds;
+- after the rerun, the objects cover every surviving entry exactly once.
+
+In some rounds the cut hits the rerun itself (a cut during recovery from the
+previous cut).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import zstandard
+
+from .checks import shard_entries
+from .conftest import CUTS, drain, read_lines, read_state
+from .harness import PowerCutFS, Writer, make_synced_dir
+
+KEY = re.compile(r"^stream=events/dt=\d{4}-\d\d-\d\d/hour=\d\d/shard=(?P<shard>\d{4})/"
+                 r"(?P<first>\d{20})-(?P<last>\d{20})\.ndjson\.zst$")
+TEMP = re.compile(r"^\..+\.\d+\.tmp$")
+RATE = "100"  # appends per second: the shipper keeps up, and ships entries not yet durable
+FSYNC_MS = "1000"  # the writer's fsync_interval_ms: the default (comet ship polls every 0.5 s)
+
+Objects = dict[int, list[tuple[int, int, list[str]]]]  # shard -> (first, last, payloads)
+
+
+def read_sink(root: Path, where: str) -> Objects:
+    """The objects of the sink, each checked whole; temporary files are skipped."""
+    out: Objects = {}
+    for path in sorted(root.rglob("*")):
+        if path.is_dir() or TEMP.match(path.name):
+            continue
+        key = path.relative_to(root).as_posix()
+        m = KEY.match(key)
+        assert m, f"{where}: a file in the sink that is no object: {key}"
+        raw = path.read_bytes()
+        try:
+            text = zstandard.ZstdDecompressor().decompress(raw).decode()
+        except zstandard.ZstdError as exc:
+            raise AssertionError(f"{where}: object {key} is not whole ({len(raw)} bytes): "
+                                 f"{exc}") from None
+        lines = text.split("\n")
+        assert lines[-1] == "", f"{where}: object {key} does not end with a newline"
+        out.setdefault(int(m["shard"]), []).append(
+            (int(m["first"]), int(m["last"]), [line.rstrip("x") for line in lines[:-1]]))
+    return out
+
+
+def check_sink(objects: Objects, state: dict, where: str, complete: bool) -> int:
+    """See the module docstring; ``complete``: after a run to the end.  Returns
+    how many objects the sink holds."""
+    shards = state["streams"]["events"]
+    count = 0
+    for shard, info in enumerate(shards):
+        present = shard_entries(info)
+        expect = info["first"]
+        for first, last, lines in sorted(objects.get(shard, [])):
+            name = f"shard {shard} object {first}-{last}"
+            assert first <= expect, (f"{where}: {name}: entries {expect}..{first - 1} were never "
+                                     f"shipped (a gap before it)")
+            assert first == expect, (f"{where}: {name} overlaps the previous object (shipped "
+                                     f"before up to {expect - 1}): entries shipped twice")
+            assert len(lines) == last - first + 1, (
+                f"{where}: {name} holds {len(lines)} lines for {last - first + 1} entries")
+            assert last < info["next"], (
+                f"{where}: {name} refers to entries up to {last}, but only entries below "
+                f"{info['next']} survived the cut (durable point {info['durable']})")
+            wrong = [(first + i, line, present.get(first + i)) for i, line in enumerate(lines)
+                     if present.get(first + i) != line]
+            assert not wrong, (f"{where}: {name}: lines that are not the surviving entries "
+                               f"(entry, shipped, in the log): {wrong[:5]}")
+            expect = last + 1
+            count += 1
+        acked = state["raw_offsets"].get(f"events/shard-{shard:04d}", {}).get("ship")
+        assert acked is None or acked <= expect, (
+            f"{where}: shard {shard}: group ship acknowledged up to {acked - 1}, the sink "
+            f"holds entries below {expect} only: acknowledged entries never shipped")
+        if complete:
+            assert expect == info["next"], (
+                f"{where}: shard {shard}: after a run to the end the sink holds entries below "
+                f"{expect}, the log {info['next']}")
+    return count
+
+
+def shipped_events(proc: Writer, count: int) -> tuple[int, bool]:
+    """Reads the shipper's lines until ``count`` objects were stored, or it
+    ended: (objects stored, whether it ended)."""
+    assert proc.stdout
+    seen = 0
+    while seen < count:
+        line = proc.stdout.readline()
+        if not line or line.startswith("X"):
+            return seen, True
+        if line.startswith("L ") and json.loads(line[2:]).get("event") == "shipped":
+            seen += 1
+    return seen, False
+
+
+def discard_output(proc: Writer) -> threading.Thread:
+    """Reads a writer's acknowledgements away (this scenario looks at what
+    survived, not at what was acknowledged), so that its pipe never fills."""
+    def run() -> None:
+        assert proc.stdout
+        for _ in proc.stdout:
+            pass
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def finish(proc: Writer, where: str, ended: bool) -> None:
+    """Waits for a ``--once`` shipper to end (``ended``: its ``X`` line was
+    read already); it must end well."""
+    assert proc.stdout
+    rest = proc.stdout.read()
+    code = proc.wait()
+    assert code == 0 and (ended or "\nX\n" in "\n" + rest), (
+        f"{where}: comet ship --once failed (exit {code}): {rest[-2000:]}\n"
+        f"{proc.stderr_path.read_text()[-3000:]}")
+
+
+def run_ship(powercut: PowerCutFS, mode: str, cuts: int) -> None:
+    data = make_synced_dir(powercut.mnt / "data")
+    sink = make_synced_dir(powercut.mnt / "sink")
+    rng = random.Random(f"ship-{mode}")
+    env = {"POWERCUT_RATE": RATE, "POWERCUT_FSYNC_MS": FSYNC_MS}
+    # The stream and its shard directories exist durably before the first cut
+    # (as in test_always.py: this scenario is about shipping).
+    setup = powercut.spawn("append", data, 0, 0, "interval", 2, env=env)
+    read_state(setup)
+    drain_setup = discard_output(setup)
+    time.sleep(0.05)
+    powercut.checkpoint()
+    powercut.cut("clean", 0)
+    drain_setup.join()
+    started = time.monotonic()
+    objects = shipped = rerun_cuts = 0
+    for rnd in range(1, cuts + 2):
+        where = f"after cut {rnd - 1}"
+        before = read_sink(sink, where)  # as the cut left it, before any process runs
+        rerun = powercut.spawn("ship", data, rnd, 0, sink, "once", "dump")
+        state = read_state(rerun)
+        check_sink(before, state, where, complete=False)
+        ended = False
+        if rnd <= cuts and rng.random() < 0.25:
+            # the cut hits the rerun, if it has anything left to ship
+            _, ended = shipped_events(rerun, rng.randrange(1, 4))
+            if not ended:
+                powercut.cut(mode, rng.randrange(1 << 30))
+                drain(rerun)
+                rerun_cuts += 1
+                continue
+        finish(rerun, f"{where}, the rerun", ended)
+        objects = check_sink(read_sink(sink, f"{where}, rerun"), state, f"{where}, rerun",
+                             complete=True)
+        if rnd == cuts + 1:
+            break
+        # interval: the shipper reads entries that are not durable yet; always:
+        # what follows the shipped objects survives the cut too, so that a
+        # rerun that cut objects elsewhere would ship entries twice
+        durability = rng.choice(["interval", "always"])
+        writer = powercut.spawn("append", data, rnd, rng.randrange(1 << 30), durability, 2,
+                                env=env)
+        read_state(writer)
+        drained = discard_output(writer)
+        shipper = powercut.spawn("ship", data, rnd, 0, sink, "follow")
+        shipped += shipped_events(shipper, rng.randrange(1, 6))[0]
+        # the cut comes at a random moment of the shipper's next object: writing
+        # its intent, storing it, acknowledging it (0.05 s: its --max-object-age)
+        time.sleep(rng.uniform(0, 0.1))
+        powercut.cut(mode, rng.randrange(1 << 30))
+        drained.join()
+        drain(shipper)
+    elapsed = time.monotonic() - started
+    print(f"\nship/{mode}: {cuts} cuts ({rerun_cuts} during a rerun), {shipped} objects stored "
+          f"before cuts, {objects} objects at the end, {elapsed:.1f} s "
+          f"({elapsed / cuts * 1000:.0f} ms per cut)")
+
+
+@pytest.mark.parametrize("mode", ["clean", "pages"])
+def test_ship_to_a_directory_exactly_once_across_power_cuts(powercut: PowerCutFS,
+                                                             mode: str) -> None:
+    run_ship(powercut, mode, CUTS)
+
+
+# ---- regression tests: one cut each, at a point the scenario above reaches by chance ----
+
+
+def one_cut_while_shipping(powercut: PowerCutFS, durability: str, fsync_ms: str,
+                           pause: str = "1", reader_fsync_ms: str = "1000") -> tuple[
+        Path, Path, Objects, dict]:
+    """A writer appends 20 entries a second (so ``comet ship`` cuts its objects by
+    age, a few entries each); the shipper stores object ``pause`` of shard 0
+    and waits, before acknowledging it; the power goes.  Returns the sink as
+    the cut left it and what survived in the log."""
+    data = make_synced_dir(powercut.mnt / "data")
+    sink = make_synced_dir(powercut.mnt / "sink")
+    env = {"POWERCUT_RATE": "20", "POWERCUT_FSYNC_MS": fsync_ms}
+    setup = powercut.spawn("append", data, 0, 0, "always", 2, env=env)
+    read_state(setup)
+    drained = discard_output(setup)
+    powercut.checkpoint()  # the stream exists durably
+    powercut.cut("clean", 0)
+    drained.join()
+    writer = powercut.spawn("append", data, 1, 1, durability, 2, env=env)
+    read_state(writer)
+    drained = discard_output(writer)
+    shipper = powercut.spawn("ship", data, 1, 0, sink, "follow", stdin=subprocess.PIPE,
+                             env={"POWERCUT_SHIP_PAUSE": pause,
+                                  "POWERCUT_READER_FSYNC_MS": reader_fsync_ms})
+    assert wait_shipped(shipper, int(pause)), shipper.stderr_path.read_text()[-3000:]
+    time.sleep(0.3)  # the writer goes on: entries after the object's
+    powercut.cut("clean", 1)
+    drained.join()
+    drain(shipper)
+    before = read_sink(sink, "after the cut")
+    state = read_state(powercut.spawn("dump", data, 2, 0, "interval", 2))
+    return data, sink, before, state
+
+
+def test_shipped_entries_are_durable_first(powercut: PowerCutFS) -> None:
+    """Was a bug: ``comet ship`` read entries up to the commit point and stored
+    them in an object without making them durable in the log.  With the
+    writer at ``interval`` (a 10 s flush here) a power cut then takes the
+    entries back from the log but not the object: the sink holds an object of
+    entries that do not exist, and the log gives their numbers to new ones."""
+    _, _, before, state = one_cut_while_shipping(powercut, "interval", "10000")
+    check_sink(before, state, "after the cut", complete=False)
+
+
+def wait_shipped(proc: Writer, count: int) -> bool:
+    """Reads the shipper's lines until its ``count``-th object of shard 0 was stored."""
+    assert proc.stdout
+    seen = 0
+    while seen < count:
+        line = proc.stdout.readline()
+        if not line or line.startswith("X"):
+            return False
+        seen += line.startswith("L ") and '"event": "shipped"' in line and "/shard=0000/" in line
+    return True
+
+
+def test_previous_ack_is_durable_before_the_next_intent(powercut: PowerCutFS) -> None:
+    """Was a bug: the group's ack of an object was left to the shipper's
+    flusher (here once an hour: it is never in time), while the intent of the
+    shard's next object replaced the object's own.  A cut after that intent
+    left the group at the first object's start and an intent for the second:
+    the rerun dropped the intent as stale and cut the entries again from the
+    group's offset, at other boundaries than the first (age-cut) object -
+    objects overlapping it, entries shipped twice."""
+    data, sink, before, state = one_cut_while_shipping(powercut, "always", "1000", pause="2",
+                                                       reader_fsync_ms="3600000")
+    check_sink(before, state, "after the cut", complete=False)
+    rerun = powercut.spawn("ship", data, 2, 0, sink, "once")
+    finish(rerun, "the rerun", False)
+    check_sink(read_sink(sink, "after the rerun"), state, "after the rerun", complete=True)
+
+
+def test_intents_survive_a_power_cut(powercut: PowerCutFS) -> None:
+    """Was a bug: the intents directory (``<data>/.ship/<group>/<stream>/``)
+    was created without syncing its parents, so a power cut took every intent
+    with it.  An object stored but not yet acknowledged (cut by age) was then
+    cut again from the group's offset by the rerun, at other boundaries: an
+    object overlapping the stored one, its entries shipped twice."""
+    data, sink, before, state = one_cut_while_shipping(powercut, "always", "1000")
+    check_sink(before, state, "after the cut", complete=False)
+    rerun = powercut.spawn("ship", data, 2, 0, sink, "once")
+    finish(rerun, "the rerun", False)
+    check_sink(read_sink(sink, "after the rerun"), state, "after the rerun", complete=True)
+
+
+def test_sink_directories_survive_a_power_cut(powercut: PowerCutFS) -> None:
+    """Was a bug: the directory sink created ``stream=/dt=/hour=/shard=``
+    directories without syncing their parents (``write_durably`` syncs only
+    the directory of the file), while closing the shipper synced the group's
+    acks: after a cut the objects were gone and their entries acknowledged,
+    never to be shipped again."""
+    data = make_synced_dir(powercut.mnt / "data")
+    sink = make_synced_dir(powercut.mnt / "sink")
+    writer = powercut.spawn("append", data, 0, 0, "always", 2)
+    read_state(writer)
+    read_lines(writer, 40)
+    powercut.checkpoint()  # the stream and its entries are durable
+    powercut.cut("clean", 0)
+    drain(writer)
+    shipper = powercut.spawn("ship", data, 1, 0, sink, "once")
+    finish(shipper, "the run", False)
+    powercut.cut("clean", 1)
+    state = read_state(powercut.spawn("dump", data, 2, 0, "interval", 2))
+    check_sink(read_sink(sink, "after the cut"), state, "after the cut", complete=True)
