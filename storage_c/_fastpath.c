@@ -1,24 +1,40 @@
 /*
- * _fastpath.c - the Python API's two hottest calls, append and append_batch,
- * as plain CPython functions next to the cffi module.
+ * _fastpath.c - Log.append and Log.append_batch, the Python API's two
+ * hottest calls, as C methods next to the cffi module.
  *
- * Why not cffi for these two: cffi cannot take a Python list, so append_batch
- * used to frame its list with marshal.dumps first, a copy of every payload
- * plus per-item work: 45 us for 1000 items of 110 B, as much as the append
- * itself.  Here the list is walked with the CPython API, each bytes item is
- * kept alive (a reference) and its buffer handed to the core as is.  A single
- * append, through cffi, pays its generic argument conversion (~150 ns); here
- * it is two integer conversions.  Both release the GIL around the core call,
- * as cffi does: an append may wait for the shard lock or an fdatasync.
+ * Why not Python over cffi for these two: at a few hundred nanoseconds per
+ * call, the wrapper was the cost.  A Python method frame with keyword
+ * arguments, its dictionary lookups and cffi's generic argument conversion
+ * took ~200 ns of a ~500 ns single append; cffi cannot take a Python list,
+ * so append_batch framed its list with marshal first (a copy of every
+ * payload); and releasing the GIL around a ~150 ns append costs ~70 ns more.
+ *
+ * So two small types:
+ *   - StreamBase, the base of storage_c.log._Stream: the stream's C handle,
+ *     its shard count, the shard handles opened so far, the rotation over
+ *     this process's shards - read here as struct fields;
+ *   - Appender, the base of storage_c.log.Log: append and append_batch.
+ * Each takes the fast way only in the common case - a known stream, bytes
+ * payloads below the compression threshold, default durability, no key -
+ * and otherwise calls the Python method of the same name with a `_general`
+ * suffix (Log._append_general, Log._append_batch_general) with the very same
+ * arguments, which does everything else and raises the errors.
+ *
+ * The fast way first calls the core's *_nowait entry point with the GIL held:
+ * it appends only when nothing has to wait (comet.h).  Otherwise the GIL is
+ * let go for the blocking call, as cffi would: an append may wait for the
+ * shard lock, a rotation or an fdatasync.  Payloads are kept alive by a
+ * reference each while the GIL is let go (another thread may change the
+ * list meanwhile); while it is held nothing can.
  *
  * The core is linked once, in the cffi module: storage_c.log passes the
- * addresses of comet_append_vector and comet_append_to (ffi.addressof) with
- * each call, and the stream or shard handle as an integer.  Nothing else of
- * the core is reachable from here.
+ * addresses of the four entry points (ffi.addressof) to Appender._fast_init,
+ * and each stream's handles as integers.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+#include <structmember.h>
 
 #include "comet.h"
 
@@ -28,126 +44,509 @@ typedef int64_t (*append_to_fn)(comet_shard *, const char *, uint32_t);
 
 #define STACK_ITEMS 64
 
-static int arg_count(Py_ssize_t nargs, Py_ssize_t want, const char *name)
+/* ---- StreamBase ---------------------------------------------------------- */
+
+typedef struct {
+    PyObject_HEAD
+    comet_stream *stream;
+    uint32_t shards;
+    comet_shard **handles; /* [shards]; NULL until set_handle */
+    PyObject *rotation;    /* iterator over this process's shards (unkeyed appends) */
+} StreamBase;
+
+static int stream_init(StreamBase *self, PyObject *args, PyObject *kwds)
 {
-    if (nargs == want)
-        return 0;
-    PyErr_Format(PyExc_TypeError, "%s takes %zd arguments (%zd given)", name, want, nargs);
-    return -1;
+    unsigned long long addr;
+    unsigned int shards;
+    static char *names[] = {"addr", "shards", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "KI", names, &addr, &shards))
+        return -1;
+    comet_shard **handles = PyMem_Calloc(shards ? shards : 1, sizeof *handles);
+    if (!handles) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    PyMem_Free(self->handles);
+    self->handles = handles;
+    self->stream = (comet_stream *)(uintptr_t)addr;
+    self->shards = shards;
+    return 0;
 }
 
-/* append_list(fn, stream, shard, items, raw_limit, durability): the first
- * entry number or a negative error code; None when an item is not exactly
- * bytes (the caller converts them and calls again). */
-static PyObject *append_list(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+static int stream_traverse(StreamBase *self, visitproc visit, void *arg)
 {
-    (void)self;
-    if (arg_count(nargs, 6, "append_list"))
+    Py_VISIT(self->rotation);
+    Py_VISIT(Py_TYPE(self));
+    return 0;
+}
+
+static int stream_clear(StreamBase *self)
+{
+    Py_CLEAR(self->rotation);
+    return 0;
+}
+
+static void stream_dealloc(StreamBase *self)
+{
+    PyTypeObject *type = Py_TYPE(self);
+    PyObject_GC_UnTrack(self);
+    stream_clear(self);
+    PyMem_Free(self->handles);
+    type->tp_free((PyObject *)self);
+    Py_DECREF(type);
+}
+
+static PyObject *stream_set_handle(StreamBase *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "set_handle(shard, handle)");
         return NULL;
-    append_vector_fn fn = (append_vector_fn)PyLong_AsVoidPtr(args[0]);
-    comet_stream *stream = PyLong_AsVoidPtr(args[1]);
-    unsigned long shard = PyLong_AsUnsignedLong(args[2]);
-    PyObject *seq = args[3];
-    unsigned long raw_limit = PyLong_AsUnsignedLong(args[4]);
-    long durability = PyLong_AsLong(args[5]);
+    }
+    unsigned long shard = PyLong_AsUnsignedLong(args[0]);
+    void *handle = PyLong_AsVoidPtr(args[1]);
     if (PyErr_Occurred())
         return NULL;
-    if (!fn || !stream || shard > UINT32_MAX || raw_limit > UINT32_MAX) {
-        PyErr_SetString(PyExc_OverflowError, "append_list: argument out of range");
+    if (shard >= self->shards) {
+        PyErr_SetString(PyExc_IndexError, "set_handle: shard out of range");
         return NULL;
     }
-    if (!PyList_CheckExact(seq) && !PyTuple_CheckExact(seq))
-        Py_RETURN_NONE;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    if ((uint64_t)n > UINT32_MAX / 2)
-        return PyLong_FromLong(COMET_E_BATCH_TOO_LARGE);
-    comet_payload local[STACK_ITEMS], *items = local;
-    PyObject *held_local[STACK_ITEMS], **held = held_local;
-    if (n > STACK_ITEMS) {
-        items = PyMem_Malloc((size_t)n * sizeof *items);
-        held = PyMem_Malloc((size_t)n * sizeof *held);
-        if (!items || !held) {
-            PyMem_Free(items);
-            PyMem_Free(held);
-            return PyErr_NoMemory();
-        }
-    }
-    /* The items are read while the GIL is held and kept alive by a reference
-     * each, so that another thread changing the list meanwhile frees nothing
-     * the core is reading. */
-    PyObject **src = PySequence_Fast_ITEMS(seq);
-    Py_ssize_t i = 0;
-    for (; i < n; i++) {
-        PyObject *o = src[i];
-        if (!PyBytes_CheckExact(o))
-            break;
-        Py_INCREF(o);
-        held[i] = o;
-        items[i].data = PyBytes_AS_STRING(o);
-        items[i].len = (uint64_t)PyBytes_GET_SIZE(o);
-    }
-    int64_t rc = 0;
-    int all_bytes = i == n;
-    if (all_bytes) {
-        Py_BEGIN_ALLOW_THREADS
-        rc = fn(stream, (uint32_t)shard, items, (uint32_t)n, (uint32_t)raw_limit, (int)durability);
-        Py_END_ALLOW_THREADS
-    }
-    for (Py_ssize_t k = 0; k < i; k++)
-        Py_DECREF(held[k]);
-    if (items != local) {
-        PyMem_Free(items);
-        PyMem_Free(held);
-    }
-    if (!all_bytes)
-        Py_RETURN_NONE;
-    return PyLong_FromLongLong(rc);
+    self->handles[shard] = handle;
+    Py_RETURN_NONE;
 }
 
-/* append_to(fn, shard_handle, payload): one bytes entry; the entry number or
- * a negative error code. */
-static PyObject *append_to(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+static PyObject *stream_get_addr(StreamBase *self, void *closure)
 {
-    (void)self;
-    if (arg_count(nargs, 3, "append_to"))
-        return NULL;
-    append_to_fn fn = (append_to_fn)PyLong_AsVoidPtr(args[0]);
-    comet_shard *sh = PyLong_AsVoidPtr(args[1]);
-    if (PyErr_Occurred())
-        return NULL;
-    PyObject *payload = args[2];
-    if (!fn || !sh || !PyBytes_CheckExact(payload)) {
-        PyErr_SetString(PyExc_TypeError, "append_to: a shard handle and a bytes payload");
-        return NULL;
-    }
-    Py_ssize_t len = PyBytes_GET_SIZE(payload);
-    if ((uint64_t)len > UINT32_MAX)
-        return PyLong_FromLong(COMET_E_ENTRY_TOO_LARGE);
-    const char *data = PyBytes_AS_STRING(payload);
-    int64_t rc;
-    Py_INCREF(payload);
-    Py_BEGIN_ALLOW_THREADS
-    rc = fn(sh, data, (uint32_t)len);
-    Py_END_ALLOW_THREADS
-    Py_DECREF(payload);
-    return PyLong_FromLongLong(rc);
+    (void)closure;
+    return PyLong_FromVoidPtr(self->stream);
 }
 
-static PyMethodDef methods[] = {
-    {"append_list", (PyCFunction)(void (*)(void))append_list, METH_FASTCALL,
-     "append_list(fn, stream, shard, items, raw_limit, durability)"},
-    {"append_to", (PyCFunction)(void (*)(void))append_to, METH_FASTCALL,
-     "append_to(fn, shard_handle, payload)"},
+static PyMethodDef stream_methods[] = {
+    {"set_handle", (PyCFunction)(void (*)(void))stream_set_handle, METH_FASTCALL,
+     "set_handle(shard, handle): the comet_shard * of a shard, for the fast appends"},
     {NULL, NULL, 0, NULL},
 };
 
+static PyMemberDef stream_members[] = {
+    {"shards", T_UINT, offsetof(StreamBase, shards), READONLY, "shard count"},
+    {"rotation", T_OBJECT, offsetof(StreamBase, rotation), 0,
+     "iterator over this process's shards, for unkeyed appends"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyGetSetDef stream_getset[] = {
+    {"addr", (getter)stream_get_addr, NULL, "the comet_stream * as an integer", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyType_Slot stream_slots[] = {
+    {Py_tp_doc, "A stream's handles as the fast appends read them (base of log._Stream)."},
+    {Py_tp_new, PyType_GenericNew},
+    {Py_tp_init, stream_init},
+    {Py_tp_dealloc, stream_dealloc},
+    {Py_tp_traverse, stream_traverse},
+    {Py_tp_clear, stream_clear},
+    {Py_tp_methods, stream_methods},
+    {Py_tp_members, stream_members},
+    {Py_tp_getset, stream_getset},
+    {0, NULL},
+};
+
+static PyType_Spec stream_spec = {
+    "storage_c._fastpath.StreamBase", sizeof(StreamBase), 0,
+    Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC, stream_slots,
+};
+
+/* ---- Appender ------------------------------------------------------------ */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *streams;        /* the Log's dict: name -> _Stream (a StreamBase) */
+    PyTypeObject *stream_type;
+    PyTypeObject *batch_result;
+    append_to_fn to, to_nowait;
+    append_vector_fn vector, vector_nowait;
+    uint64_t threshold;       /* payloads this long or longer go the general way (compression) */
+    uint32_t raw_limit;       /* the same, for the core's check of a batch */
+} Appender;
+
+static PyObject *str_append_general, *str_append_batch_general, *str_raise;
+static PyObject *str_shard, *str_key, *str_durability, *kw_shard;
+
+static int appender_traverse(Appender *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->streams);
+    Py_VISIT(self->stream_type);
+    Py_VISIT(self->batch_result);
+    Py_VISIT(Py_TYPE(self));
+    return 0;
+}
+
+static int appender_clear(Appender *self)
+{
+    Py_CLEAR(self->streams);
+    Py_CLEAR(self->stream_type);
+    Py_CLEAR(self->batch_result);
+    return 0;
+}
+
+static void appender_dealloc(Appender *self)
+{
+    PyTypeObject *type = Py_TYPE(self);
+    PyObject_GC_UnTrack(self);
+    if (type->tp_weaklistoffset)
+        PyObject_ClearWeakRefs((PyObject *)self);
+    appender_clear(self);
+    type->tp_free((PyObject *)self);
+    Py_DECREF(type);
+}
+
+/* _fast_init(streams, stream_type, batch_result, to, to_nowait, vector,
+ *            vector_nowait, threshold, raw_limit) */
+static PyObject *appender_fast_init(Appender *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 9 || !PyDict_CheckExact(args[0]) || !PyType_Check(args[1]) ||
+        !PyType_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "_fast_init(streams, stream_type, batch_result, to, "
+                                         "to_nowait, vector, vector_nowait, threshold, raw_limit)");
+        return NULL;
+    }
+    void *fns[4];
+    for (int i = 0; i < 4; i++)
+        fns[i] = PyLong_AsVoidPtr(args[3 + i]);
+    unsigned long long threshold = PyLong_AsUnsignedLongLong(args[7]);
+    unsigned long raw_limit = PyLong_AsUnsignedLong(args[8]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (!fns[0] || !fns[1] || !fns[2] || !fns[3] || raw_limit > UINT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "_fast_init: null entry point or raw_limit too large");
+        return NULL;
+    }
+    Py_INCREF(args[0]);
+    Py_XSETREF(self->streams, args[0]);
+    Py_INCREF(args[1]);
+    Py_XSETREF(self->stream_type, (PyTypeObject *)args[1]);
+    Py_INCREF(args[2]);
+    Py_XSETREF(self->batch_result, (PyTypeObject *)args[2]);
+    self->to = (append_to_fn)fns[0];
+    self->to_nowait = (append_to_fn)fns[1];
+    self->vector = (append_vector_fn)fns[2];
+    self->vector_nowait = (append_vector_fn)fns[3];
+    self->threshold = threshold;
+    self->raw_limit = (uint32_t)raw_limit;
+    Py_RETURN_NONE;
+}
+
+/* The call as it came, to the Python method `name` (the general way). */
+static PyObject *general(Appender *self, PyObject *name, PyObject *const *args, Py_ssize_t nargs,
+                         PyObject *kwnames)
+{
+    Py_ssize_t total = nargs + (kwnames ? PyTuple_GET_SIZE(kwnames) : 0);
+    PyObject *local[8], **stack = local;
+    if (total + 1 > 8 && !(stack = PyMem_Malloc((size_t)(total + 1) * sizeof *stack)))
+        return PyErr_NoMemory();
+    stack[0] = (PyObject *)self;
+    for (Py_ssize_t i = 0; i < total; i++)
+        stack[1 + i] = args[i];
+    PyObject *r = PyObject_VectorcallMethod(name, stack, (size_t)(nargs + 1), kwnames);
+    if (stack != local)
+        PyMem_Free(stack);
+    return r;
+}
+
+/* The general way for a stream and a shard already chosen (the rotation
+ * moved): name(stream, payloads, shard=shard). */
+static PyObject *general_in_shard(Appender *self, PyObject *name, PyObject *stream,
+                                  PyObject *payloads, PyObject *shard)
+{
+    PyObject *stack[4] = {(PyObject *)self, stream, payloads, shard};
+    return PyObject_VectorcallMethod(name, stack, 3, kw_shard);
+}
+
+/* The general way for a call the fast way did not take: as it came, or,
+ * when the stream was found (the rotation may have moved), with the shard
+ * already chosen.  Takes shard_obj's reference. */
+static PyObject *fallback(Appender *self, PyObject *name, PyObject *const *args, Py_ssize_t nargs,
+                          PyObject *kwnames, StreamBase *s, PyObject *shard_obj)
+{
+    if (!s)
+        return general(self, name, args, nargs, kwnames);
+    PyObject *r = general_in_shard(self, name, args[0], args[1], shard_obj);
+    Py_DECREF(shard_obj);
+    return r;
+}
+
+/* Reads shard=, key=, durability= (nothing else); 0 when a keyword is unknown. */
+static int keywords(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, PyObject **shard,
+                    PyObject **key, PyObject **durability)
+{
+    *shard = *key = *durability = Py_None;
+    Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    for (Py_ssize_t i = 0; i < nkw; i++) {
+        PyObject *k = PyTuple_GET_ITEM(kwnames, i), *v = args[nargs + i];
+        if (k == str_shard)
+            *shard = v;
+        else if (k == str_key)
+            *key = v;
+        else if (k == str_durability)
+            *durability = v;
+        else
+            return 0;
+    }
+    return 1;
+}
+
+/* The stream and shard of a fast append, or NULL (the general way): a known
+ * stream, an int shard in range (or the next of the rotation), no key, default
+ * durability.  *shard_obj: a new reference to the shard as an int. */
+static StreamBase *fast_target(Appender *self, PyObject *const *args, Py_ssize_t nargs,
+                               PyObject *kwnames, uint32_t *shard_out, PyObject **shard_obj)
+{
+    PyObject *shard, *key, *durability;
+    *shard_obj = NULL;
+    if (nargs != 2 || !self->streams || !keywords(args, nargs, kwnames, &shard, &key, &durability) ||
+        key != Py_None || durability != Py_None || !PyUnicode_CheckExact(args[0]))
+        return NULL;
+    PyObject *found = PyDict_GetItemWithError(self->streams, args[0]); /* borrowed */
+    if (!found || !PyObject_TypeCheck(found, self->stream_type))
+        return NULL;
+    StreamBase *s = (StreamBase *)found;
+    if (shard == Py_None) {
+        if (!s->rotation)
+            return NULL;
+        shard = PyIter_Next(s->rotation);
+        if (!shard)
+            return NULL;
+    } else {
+        Py_INCREF(shard);
+    }
+    unsigned long n = PyLong_CheckExact(shard) ? PyLong_AsUnsignedLong(shard) : ULONG_MAX;
+    if (n == (unsigned long)-1 && PyErr_Occurred())
+        PyErr_Clear(); /* negative or huge: the general way says so */
+    if (n >= s->shards) {
+        Py_DECREF(shard);
+        return NULL;
+    }
+    *shard_out = (uint32_t)n;
+    *shard_obj = shard;
+    return s;
+}
+
+/* An error code from the core: Log._raise(stream, rc) raises it. */
+static PyObject *raise_code(Appender *self, PyObject *stream, int64_t rc)
+{
+    PyObject *code = PyLong_FromLongLong(rc);
+    if (!code)
+        return NULL;
+    PyObject *r = PyObject_CallMethodObjArgs((PyObject *)self, str_raise, stream, code, NULL);
+    Py_DECREF(code);
+    Py_XDECREF(r);
+    if (!PyErr_Occurred())
+        PyErr_SetString(PyExc_RuntimeError, "_raise returned");
+    return NULL;
+}
+
+static PyObject *appender_append(Appender *self, PyObject *const *args, Py_ssize_t nargs,
+                                 PyObject *kwnames)
+{
+    uint32_t shard;
+    PyObject *shard_obj;
+    StreamBase *s = fast_target(self, args, nargs, kwnames, &shard, &shard_obj);
+    if (PyErr_Occurred()) {
+        Py_XDECREF(shard_obj);
+        return NULL;
+    }
+    PyObject *payload = nargs == 2 ? args[1] : NULL;
+    comet_shard *h = s ? s->handles[shard] : NULL;
+    if (!h || !PyBytes_CheckExact(payload) || (uint64_t)PyBytes_GET_SIZE(payload) >= self->threshold ||
+        (uint64_t)PyBytes_GET_SIZE(payload) > UINT32_MAX) {
+        return fallback(self, str_append_general, args, nargs, kwnames, s, shard_obj);
+    }
+    const char *data = PyBytes_AS_STRING(payload);
+    uint32_t len = (uint32_t)PyBytes_GET_SIZE(payload);
+    int64_t rc = self->to_nowait(h, data, len);
+    if (rc == COMET_E_WOULD_BLOCK) {
+        Py_INCREF(payload);
+        Py_BEGIN_ALLOW_THREADS
+        rc = self->to(h, data, len);
+        Py_END_ALLOW_THREADS
+        Py_DECREF(payload);
+    }
+    if (rc < 0) {
+        Py_DECREF(shard_obj);
+        return raise_code(self, args[0], rc);
+    }
+    PyObject *entry = PyLong_FromLongLong(rc);
+    if (!entry) {
+        Py_DECREF(shard_obj);
+        return NULL;
+    }
+    PyObject *out = PyTuple_New(2);
+    if (!out) {
+        Py_DECREF(shard_obj);
+        Py_DECREF(entry);
+        return NULL;
+    }
+    PyTuple_SET_ITEM(out, 0, shard_obj);
+    PyTuple_SET_ITEM(out, 1, entry);
+    return out;
+}
+
+/* items[i] from a list or tuple of exact bytes (n items); 0 when one is not
+ * exact bytes. */
+static int gather(PyObject *seq, Py_ssize_t n, comet_payload *items)
+{
+    PyObject **src = PySequence_Fast_ITEMS(seq);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *o = src[i];
+        if (!PyBytes_CheckExact(o))
+            return 0;
+        items[i].data = PyBytes_AS_STRING(o);
+        items[i].len = (uint64_t)PyBytes_GET_SIZE(o);
+    }
+    return 1;
+}
+
+/* The blocking call, the GIL let go; every item held by a reference. */
+static int64_t vector_blocking(Appender *self, StreamBase *s, uint32_t shard, PyObject *seq,
+                               Py_ssize_t n, const comet_payload *items)
+{
+    PyObject **src = PySequence_Fast_ITEMS(seq), *held_local[STACK_ITEMS], **held = held_local;
+    if (n > STACK_ITEMS && !(held = PyMem_Malloc((size_t)n * sizeof *held))) {
+        PyErr_NoMemory();
+        return COMET_E_NOMEM;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        held[i] = src[i];
+        Py_INCREF(held[i]);
+    }
+    int64_t rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = self->vector(s->stream, shard, items, (uint32_t)n, self->raw_limit, COMET_DURABILITY_DEFAULT);
+    Py_END_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n; i++)
+        Py_DECREF(held[i]);
+    if (held != held_local)
+        PyMem_Free(held);
+    return rc;
+}
+
+static PyObject *appender_append_batch(Appender *self, PyObject *const *args, Py_ssize_t nargs,
+                                       PyObject *kwnames)
+{
+    uint32_t shard;
+    PyObject *shard_obj;
+    StreamBase *s = fast_target(self, args, nargs, kwnames, &shard, &shard_obj);
+    if (PyErr_Occurred()) {
+        Py_XDECREF(shard_obj);
+        return NULL;
+    }
+    PyObject *seq = nargs == 2 ? args[1] : NULL;
+    Py_ssize_t n = seq && (PyList_CheckExact(seq) || PyTuple_CheckExact(seq))
+                       ? PySequence_Fast_GET_SIZE(seq) : -1;
+    comet_payload local[STACK_ITEMS], *items = local;
+    int64_t rc = COMET_E_WANTS_COMPRESSION;
+    if (s && n > 0 && (uint64_t)n <= UINT32_MAX / 2) {
+        if (n > STACK_ITEMS && !(items = PyMem_Malloc((size_t)n * sizeof *items))) {
+            Py_DECREF(shard_obj);
+            return PyErr_NoMemory();
+        }
+        if (gather(seq, n, items)) {
+            rc = self->vector_nowait(s->stream, shard, items, (uint32_t)n, self->raw_limit,
+                                     COMET_DURABILITY_DEFAULT);
+            if (rc == COMET_E_WOULD_BLOCK)
+                rc = vector_blocking(self, s, shard, seq, n, items);
+        }
+        if (items != local)
+            PyMem_Free(items);
+        if (PyErr_Occurred()) {
+            Py_DECREF(shard_obj);
+            return NULL;
+        }
+    }
+    if (rc == COMET_E_WANTS_COMPRESSION) /* or not the common case: the general way */
+        return fallback(self, str_append_batch_general, args, nargs, kwnames, s, shard_obj);
+    if (rc < 0) {
+        Py_DECREF(shard_obj);
+        return raise_code(self, args[0], rc);
+    }
+    PyObject *first = PyLong_FromLongLong(rc), *count = PyLong_FromSsize_t(n);
+    PyObject *out = first && count ? self->batch_result->tp_alloc(self->batch_result, 3) : NULL;
+    if (!out) {
+        Py_DECREF(shard_obj);
+        Py_XDECREF(first);
+        Py_XDECREF(count);
+        return NULL;
+    }
+    PyTuple_SET_ITEM(out, 0, shard_obj);
+    PyTuple_SET_ITEM(out, 1, first);
+    PyTuple_SET_ITEM(out, 2, count);
+    return out;
+}
+
+static PyMethodDef appender_methods[] = {
+    {"_fast_init", (PyCFunction)(void (*)(void))appender_fast_init, METH_FASTCALL,
+     "_fast_init(streams, stream_type, batch_result, to, to_nowait, vector, vector_nowait, "
+     "threshold, raw_limit)"},
+    {"append", (PyCFunction)(void (*)(void))appender_append, METH_FASTCALL | METH_KEYWORDS,
+     "append(stream, payload, *, shard=None, key=None, durability=None) -> (shard, entry)\n\n"
+     "Appends one entry; returns its id as (shard, entry).\n\n"
+     "Without shard or key the entry goes to this process's own shards in turn;\n"
+     "with key to hash(key) % shards."},
+    {"append_batch", (PyCFunction)(void (*)(void))appender_append_batch,
+     METH_FASTCALL | METH_KEYWORDS,
+     "append_batch(stream, payloads, *, shard=None, key=None, durability=None) -> BatchResult\n\n"
+     "Appends entries atomically, contiguous and in order, in one shard."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyType_Slot appender_slots[] = {
+    {Py_tp_doc, "The fast appends of storage_c.log.Log (its base)."},
+    {Py_tp_new, PyType_GenericNew},
+    {Py_tp_dealloc, appender_dealloc},
+    {Py_tp_traverse, appender_traverse},
+    {Py_tp_clear, appender_clear},
+    {Py_tp_methods, appender_methods},
+    {0, NULL},
+};
+
+static PyType_Spec appender_spec = {
+    "storage_c._fastpath.Appender", sizeof(Appender), 0,
+    Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC, appender_slots,
+};
+
+/* ---- module -------------------------------------------------------------- */
+
+static int add_type(PyObject *m, PyType_Spec *spec, const char *name)
+{
+    PyObject *t = PyType_FromSpec(spec);
+    if (!t)
+        return -1;
+    int rc = PyModule_AddObjectRef(m, name, t);
+    Py_DECREF(t);
+    return rc;
+}
+
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "_fastpath",
-    "The Python API's append and append_batch without cffi's per-call conversion.", -1, methods,
+    "Log.append and Log.append_batch in C (see storage_c/_fastpath.c).", -1, NULL,
     NULL, NULL, NULL, NULL,
 };
 
 PyMODINIT_FUNC PyInit__fastpath(void)
 {
-    return PyModule_Create(&module);
+    PyObject *m = PyModule_Create(&module);
+    if (!m)
+        return NULL;
+    if (!(str_append_general = PyUnicode_InternFromString("_append_general")) ||
+        !(str_append_batch_general = PyUnicode_InternFromString("_append_batch_general")) ||
+        !(str_raise = PyUnicode_InternFromString("_raise")) ||
+        !(str_shard = PyUnicode_InternFromString("shard")) ||
+        !(str_key = PyUnicode_InternFromString("key")) ||
+        !(str_durability = PyUnicode_InternFromString("durability")) ||
+        !(kw_shard = PyTuple_Pack(1, str_shard)) ||
+        add_type(m, &stream_spec, "StreamBase") || add_type(m, &appender_spec, "Appender")) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
 }

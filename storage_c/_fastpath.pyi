@@ -1,5 +1,23 @@
 """Types of the ``_fastpath`` extension (storage_c/_fastpath.c)."""
 
-def append_list(fn: int, stream: int, shard: int, items: list[bytes] | tuple[bytes, ...] | object,
-                raw_limit: int, durability: int) -> int | None: ...
-def append_to(fn: int, shard_handle: int, payload: bytes) -> int: ...
+from typing import Any, Iterable, Iterator
+
+from .records import BatchResult, Buffer
+
+class StreamBase:
+    shards: int
+    rotation: Iterator[int]
+    @property
+    def addr(self) -> int: ...
+    def __init__(self, addr: int, shards: int) -> None: ...
+    def set_handle(self, shard: int, handle: int) -> None: ...
+
+class Appender:
+    def _fast_init(self, streams: dict[str, Any], stream_type: type, batch_result: type,
+                   to: int, to_nowait: int, vector: int, vector_nowait: int, threshold: int,
+                   raw_limit: int) -> None: ...
+    def append(self, stream: str, payload: Buffer, *, shard: int | None = None,
+               key: str | bytes | None = None, durability: str | None = None) -> tuple[int, int]: ...
+    def append_batch(self, stream: str, payloads: Iterable[Buffer], *, shard: int | None = None,
+                     key: str | bytes | None = None, durability: str | None = None
+                     ) -> BatchResult: ...

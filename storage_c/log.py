@@ -35,11 +35,14 @@ from .records import (
     VerifyReport,
 )
 
-_new_tuple = tuple.__new__
-_append_to = _fastpath.append_to
-_append_list = _fastpath.append_list
-_APPEND_TO_FN = int(ffi.cast("uintptr_t", ffi.addressof(lib, "comet_append_to")))
-_APPEND_VECTOR_FN = int(ffi.cast("uintptr_t", ffi.addressof(lib, "comet_append_vector")))
+
+def _address(name: str) -> int:
+    return int(ffi.cast("uintptr_t", ffi.addressof(lib, name)))
+
+
+# the entry points Log.append and Log.append_batch call from C (_fastpath.c)
+_FAST_ENTRY_POINTS = (_address("comet_append_to"), _address("comet_append_to_nowait"),
+                      _address("comet_append_vector"), _address("comet_append_vector_nowait"))
 _WANTS_COMPRESSION = lib.COMET_E_WANTS_COMPRESSION
 _BUFFER_TOO_SMALL = lib.COMET_E_BUFFER_TOO_SMALL
 _NO_STREAM = lib.COMET_E_NO_STREAM
@@ -53,18 +56,18 @@ DEFAULT_READ_BYTES = 4 << 20
 MAX_SCRATCH_BYTES = 64 << 20  # larger entries grow the buffer on demand
 
 
-class _Stream:
+class _Stream(_fastpath.StreamBase):
     """A stream opened in this process: its C handle, shard handles, and the
-    rotation over this process's own shards for unkeyed writes."""
+    rotation over this process's own shards for unkeyed writes (the fields
+    Log.append reads in C are StreamBase's: addr, shards, rotation, the
+    shard handles)."""
 
-    __slots__ = ("name", "ptr", "addr", "shards", "handles", "rotation")
+    __slots__ = ("name", "ptr")
 
     def __init__(self, name: str, ptr: Any, shards: int, owned: Sequence[int]) -> None:
+        super().__init__(int(ffi.cast("uintptr_t", ptr)), shards)
         self.name = name
         self.ptr = ptr
-        self.addr = int(ffi.cast("uintptr_t", ptr))  # for _fastpath
-        self.shards = shards
-        self.handles: dict[int, int] = {}  # shard -> comet_shard * address, opened on first append
         self.rotation = itertools.cycle(owned or range(shards))
 
     def pick(self, key: str | bytes | None) -> int:
@@ -81,7 +84,9 @@ class _Stream:
     def reset_rotation(self, owned: Sequence[int]) -> None:
         self.rotation = itertools.cycle(owned or range(self.shards))
 
-    def handle(self, shard: int) -> int:
+    def open_handle(self, shard: int) -> None:
+        """Opens the shard's handle for the fast appends (ShardRangeError when
+        there is no such shard)."""
         out = ffi.new("comet_shard **")
         try:
             rc = lib.comet_shard_open(self.ptr, shard, out)
@@ -91,9 +96,7 @@ class _Stream:
             if rc == lib.COMET_E_SHARD_RANGE:
                 raise self.out_of_range(shard)
             raise_for(rc)
-        addr = int(ffi.cast("uintptr_t", out[0]))
-        self.handles[shard] = addr
-        return addr
+        self.set_handle(shard, int(ffi.cast("uintptr_t", out[0])))
 
 
 class _Scratch(threading.local):
@@ -205,7 +208,7 @@ def _as_bytes(payload: object) -> bytes:
     raise TypeError(f"payloads are bytes-like, not {type(payload).__name__}")
 
 
-class Log:
+class Log(_fastpath.Appender):
     """A data directory: streams of shards of entries.
 
     >>> with Log("/var/lib/comet") as log:
@@ -228,6 +231,8 @@ class Log:
         self._lock = threading.Lock()
         self._threshold = self.config.compression_threshold or (1 << 62)
         self._raw_limit = self.config.compression_threshold - 1 if self.config.compression_threshold else 0
+        self._fast_init(self._streams, _Stream, BatchResult, *_FAST_ENTRY_POINTS, self._threshold,
+                        self._raw_limit)
         self._codec = _Codec(self.config.compression_level)
         self._ingest = _IngestCall(self._raw_limit, self.config.compression_level)
         self._scratch = _Scratch()
@@ -375,25 +380,19 @@ class Log:
 
     # ---- appends -----------------------------------------------------------------
 
-    def append(self, stream: str, payload: Buffer, *, shard: int | None = None,
-               key: str | bytes | None = None, durability: str | None = None) -> tuple[int, int]:
-        """Appends one entry; returns its id as ``(shard, entry)``.
+    # append and append_batch are C methods (storage_c/_fastpath.c): they take
+    # the fast way for a known stream, bytes below the compression threshold,
+    # default durability and no key, and call these two for everything else.
 
-        Without ``shard`` or ``key`` the entry goes to this process's own
-        shards in turn; with ``key`` to ``hash(key) % shards``.
-        """
+    def _append_general(self, stream: str, payload: Buffer, *, shard: int | None = None,
+                        key: str | bytes | None = None, durability: str | None = None
+                        ) -> tuple[int, int]:
+        """Log.append when the fast way does not apply (see Appender.append)."""
         s = self._streams.get(stream) or self._open_stream(stream)
         if shard is None:
-            shard = next(s.rotation) if key is None else s.pick(key)
-        # The common case - a small bytes entry, default durability - is one
-        # three-argument C call through a cached shard handle.
-        if durability is None and type(payload) is bytes:
-            n = len(payload)
-            if n < self._threshold:
-                rc = _append_to(_APPEND_TO_FN, s.handles.get(shard) or s.handle(shard), payload)
-                if rc >= 0:
-                    return shard, rc
-                self._raise(stream, rc)
+            shard = s.pick(key)
+        elif durability is None and key is None:
+            s.open_handle(shard)  # the fast way from now on
         rc = self._append_slow(s, shard, payload, durability)
         if rc < 0:
             self._raise(stream, rc)
@@ -411,29 +410,16 @@ class Log:
         except OverflowError:
             raise s.out_of_range(shard) from None
 
-    def append_batch(self, stream: str, payloads: Iterable[Buffer], *, shard: int | None = None,
-                     key: str | bytes | None = None, durability: str | None = None) -> BatchResult:
-        """Appends entries atomically, contiguous and in order, in one shard."""
+    def _append_batch_general(self, stream: str, payloads: Iterable[Buffer], *,
+                              shard: int | None = None, key: str | bytes | None = None,
+                              durability: str | None = None) -> BatchResult:
+        """Log.append_batch when the fast way does not apply (see Appender.append_batch)."""
         s = self._streams.get(stream) or self._open_stream(stream)
         if shard is None:
             shard = s.pick(key)
         if type(payloads) is not list and type(payloads) is not tuple:
             payloads = list(payloads)
-        code = DURABILITY_CODES[durability]
-        try:
-            rc = _append_list(_APPEND_VECTOR_FN, s.addr, shard, payloads, self._raw_limit, code)
-            if rc is None:  # not all bytes: as bytes (a copy each), then the same call
-                payloads = [_as_bytes(p) for p in payloads]
-                rc = _append_list(_APPEND_VECTOR_FN, s.addr, shard, payloads, self._raw_limit, code)
-        except OverflowError:
-            raise s.out_of_range(shard) from None
-        if rc is None:  # only a list or tuple of bytes is ever passed
-            raise TypeError("append_batch takes bytes-like payloads")
-        if rc == _WANTS_COMPRESSION:
-            return self._append_compressed(s, shard, payloads, durability)
-        if rc < 0:
-            self._raise(stream, rc)
-        return _new_tuple(BatchResult, (shard, rc, len(payloads)))  # BatchResult(...), half the cost
+        return self._append_compressed(s, shard, payloads, durability)
 
     def append_delimited(self, stream: str, buffer: Buffer, delimiter: bytes = b"\n", *,
                          shard: int | None = None, key: str | bytes | None = None,
@@ -517,9 +503,12 @@ class Log:
             items.append(p)
         lens = array("I", map(len, items))
         data = b"".join(items)
-        rc = lib.comet_append_batch(s.ptr, shard, data, ffi.from_buffer("uint32_t[]", lens),
-                                    ffi.from_buffer("uint8_t[]", flags), len(items),
-                                    DURABILITY_CODES[durability])
+        try:
+            rc = lib.comet_append_batch(s.ptr, shard, data, ffi.from_buffer("uint32_t[]", lens),
+                                        ffi.from_buffer("uint8_t[]", flags), len(items),
+                                        DURABILITY_CODES[durability])
+        except OverflowError:
+            raise s.out_of_range(shard) from None
         if rc < 0:
             self._raise(s.name, rc)
         return BatchResult(shard, rc, len(items))

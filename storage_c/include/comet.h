@@ -60,8 +60,9 @@ enum {
     COMET_E_BAD_JSON = -25,          /* an ingested body is not valid JSON (comet_ingest_result says where) */
     COMET_E_NO_EVENTS = -26,         /* an ingested body holds no event (empty, blank lines, []) */
     COMET_E_STREAM_LIMIT = -27,      /* creating the stream would pass max_streams */
+    COMET_E_WOULD_BLOCK = -28,       /* a *_nowait append would have to wait: call the blocking one */
 };
-#define COMET_ERROR_COUNT 28
+#define COMET_ERROR_COUNT 29
 
 /* Durability, per data directory (config) and overridable per append. */
 enum {
@@ -358,6 +359,17 @@ int64_t comet_json_split(const comet_ingest_request *req, uint32_t max_entry_byt
  * stream), default durability, no flags.  Same result as comet_append. */
 int comet_shard_open(comet_stream *s, uint32_t shard, comet_shard **out);
 int64_t comet_append_to(comet_shard *sh, const char *payload, uint32_t len);
+
+/* The same appends, never waiting: when the append would first have to wait
+ * or do I/O (the shard's lock is held elsewhere; the active segment must be
+ * mapped, grown or rotated, or its next pages zero-filled; durability is
+ * "always", or "interval" and a sync is due; the shard needs repair), nothing
+ * is written and COMET_E_WOULD_BLOCK is returned: the caller makes the
+ * blocking call.  Python calls these holding the GIL and lets it go only for
+ * the blocking call: a ~150 ns append does not pay for a GIL round trip. */
+int64_t comet_append_to_nowait(comet_shard *sh, const char *payload, uint32_t len);
+int64_t comet_append_vector_nowait(comet_stream *s, uint32_t shard, const comet_payload *items,
+                                   uint32_t count, uint32_t raw_limit, int durability);
 
 /* Reads (lock-free, any process). */
 int comet_read(comet_stream *s, uint32_t shard, const comet_read_request *req,

@@ -245,13 +245,23 @@ static int resolve_durability(const shard *sh, int durability)
     return durability < 0 ? shard_config(sh)->durability : durability;
 }
 
-int64_t shard_append(shard *sh, const entry_ref *refs, uint32_t count, uint64_t total_bytes,
-                     uint64_t raw_bytes, int durability)
+/* "interval" promises a bound: when the last sync of the shard is older than
+ * twice the interval at `now` (the flusher fell behind), an append syncs. */
+static int interval_sync_due(const shard *sh, int mode, int64_t now)
+{
+    if (mode != COMET_DURABILITY_INTERVAL)
+        return 0;
+    int64_t last = atomic_load_explicit(&sh->st->last_sync_ns, memory_order_relaxed);
+    return last && now - last > 2 * (int64_t)shard_config(sh)->fsync_interval_ms * 1000000;
+}
+
+/* The blocking way in: the lock (waiting for it), then room for `total` more
+ * bytes, freeing the oldest data of the directory when over its budget.
+ * *slow is set when anything but memory stores happened. */
+static int lock_with_room(shard *sh, uint64_t total, int *slow)
 {
     state_file *st = sh->st;
-    int64_t t0 = now_ns();
-    int slow = count > 1;
-    int rc = shard_lock_noting_wait(sh, &slow);
+    int rc = shard_lock_noting_wait(sh, slow);
     if (rc)
         return rc;
     if ((rc = shard_check_deleted(sh))) {
@@ -260,7 +270,7 @@ int64_t shard_append(shard *sh, const entry_ref *refs, uint32_t count, uint64_t 
     }
     uint64_t gen_before = atomic_load_explicit(&st->active_gen, memory_order_relaxed);
     budget_short = 0;
-    rc = make_room(sh, total_bytes);
+    rc = make_room(sh, total);
     for (int attempt = 0; rc == COMET_E_STORAGE_FULL && budget_short && attempt < 8; attempt++) {
         /* Over the directory's budget and this shard has nothing more to
          * delete: free the oldest data of the whole directory, whatever
@@ -272,16 +282,16 @@ int64_t shard_append(shard *sh, const entry_ref *refs, uint32_t count, uint64_t 
         shard_unlock(sh);
         uint64_t freed = retention_free_oldest(sh->stream->db, sh, budget_short, now_ns(),
                                                &budget_protected);
-        if ((rc = shard_lock_noting_wait(sh, &slow)))
+        if ((rc = shard_lock_noting_wait(sh, slow)))
             return rc;
         if ((rc = shard_check_deleted(sh))) {
             shard_unlock(sh);
             return rc;
         }
-        slow = 1;
+        *slow = 1;
         int last = attempt > 0 && !freed;
         budget_short = 0;
-        rc = make_room(sh, total_bytes);
+        rc = make_room(sh, total);
         if (last)
             break;
     }
@@ -292,14 +302,60 @@ int64_t shard_append(shard *sh, const entry_ref *refs, uint32_t count, uint64_t 
             sc_add(st, SC_STORAGE_FULL_ERRORS, 1);
         return rc;
     }
+    uint64_t end = atomic_load_explicit(&st->active_end, memory_order_relaxed) + total;
+    if (end > atomic_load_explicit(&st->zeroed_end, memory_order_relaxed)) {
+        zero_ahead(sh, end - total, end);
+        *slow = 1;
+    }
+    *slow |= gen_before != atomic_load_explicit(&st->active_gen, memory_order_relaxed);
+    return 0;
+}
+
+/* The way in that never waits: the lock if it is free, and only when the
+ * active segment this process has mapped already has room and zeroed pages
+ * for `total` more bytes.  Else COMET_E_WOULD_BLOCK, nothing changed. */
+static int lock_if_ready(shard *sh, uint64_t total)
+{
+    state_file *st = sh->st;
+    if (shard_trylock_clean(sh))
+        return COMET_E_WOULD_BLOCK;
+    int rc = shard_check_deleted(sh);
+    if (rc) {
+        shard_unlock(sh);
+        return rc;
+    }
+    uint64_t end = atomic_load_explicit(&st->active_end, memory_order_relaxed) + total;
+    if (!sh->active || sh->active_gen != atomic_load_explicit(&st->active_gen, memory_order_acquire) ||
+        end > sh->active->capacity || end > atomic_load_explicit(&st->zeroed_end, memory_order_relaxed)) {
+        shard_unlock(sh);
+        return COMET_E_WOULD_BLOCK;
+    }
+    return 0;
+}
+
+int64_t shard_append(shard *sh, const entry_ref *refs, uint32_t count, uint64_t total_bytes,
+                     uint64_t raw_bytes, int durability, int nowait)
+{
+    state_file *st = sh->st;
+    int64_t t0 = now_ns();
+    int mode = resolve_durability(sh, durability);
+    int slow = count > 1, rc;
+    if (nowait) {
+        /* What would wait after the write is refused before it.  The due
+         * sync is judged at t0 below too: last_sync_ns only grows, so an
+         * append let in here never syncs. */
+        if (mode == COMET_DURABILITY_ALWAYS || interval_sync_due(sh, mode, t0))
+            return COMET_E_WOULD_BLOCK;
+        rc = lock_if_ready(sh, total_bytes);
+    } else {
+        rc = lock_with_room(sh, total_bytes, &slow);
+    }
+    if (rc)
+        return rc;
     segment *seg = sh->active;
     uint64_t off = atomic_load_explicit(&st->active_end, memory_order_relaxed);
     uint64_t first = atomic_load_explicit(&st->next_entry, memory_order_relaxed);
     uint64_t end = off + total_bytes;
-    if (end > atomic_load_explicit(&st->zeroed_end, memory_order_relaxed)) {
-        zero_ahead(sh, off, end);
-        slow = 1;
-    }
     if (end > atomic_load_explicit(&st->write_hwm, memory_order_relaxed))
         atomic_store_explicit(&st->write_hwm, end, memory_order_relaxed);
     int64_t last_ts = atomic_load_explicit(&st->last_ts, memory_order_relaxed);
@@ -340,7 +396,6 @@ int64_t shard_append(shard *sh, const entry_ref *refs, uint32_t count, uint64_t 
      * quarter of such an append).  Sum and count stay unbiased; max covers
      * every slow append. */
     uint64_t appends = wc_get(st, WC_APPENDS);
-    slow |= gen_before != atomic_load_explicit(&st->active_gen, memory_order_relaxed);
     int64_t t1 = 0;
     if (slow || appends % LATENCY_SAMPLE == 0) {
         t1 = now_ns();
@@ -353,7 +408,6 @@ int64_t shard_append(shard *sh, const entry_ref *refs, uint32_t count, uint64_t 
     }
     shard_unlock(sh);
 
-    int mode = resolve_durability(sh, durability);
     if (mode == COMET_DURABILITY_ALWAYS) {
         rc = shard_sync(sh, entry);
         if (rc)
@@ -361,16 +415,8 @@ int64_t shard_append(shard *sh, const entry_ref *refs, uint32_t count, uint64_t 
     } else {
         if (!atomic_load_explicit(&sh->dirty, memory_order_relaxed))
             atomic_store_explicit(&sh->dirty, 1, memory_order_relaxed);
-        /* "interval" promises a bound: if the flusher fell behind, sync here. */
-        if (mode == COMET_DURABILITY_INTERVAL) {
-            int64_t last = atomic_load_explicit(&st->last_sync_ns, memory_order_relaxed);
-            int64_t bound = 2 * (int64_t)shard_config(sh)->fsync_interval_ms * 1000000;
-            if (last && (t1 ? t1 : t0) - last > bound) {
-                rc = shard_sync(sh, entry);
-                if (rc)
-                    return rc;
-            }
-        }
+        if (interval_sync_due(sh, mode, nowait || !t1 ? t0 : t1) && (rc = shard_sync(sh, entry)))
+            return rc;
     }
     return (int64_t)first;
 }

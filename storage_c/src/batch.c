@@ -98,7 +98,8 @@ static int batch_add(batch *b, const comet_stream *s, const uint8_t *p, uint64_t
     return 0;
 }
 
-static int64_t batch_commit(batch *b, comet_stream *s, uint32_t shard_id, int durability)
+static int64_t batch_commit(batch *b, comet_stream *s, uint32_t shard_id, int durability,
+                            int nowait)
 {
     if (b->count == 0)
         return set_error(COMET_E_INVALID, "empty batch: nothing to append");
@@ -109,7 +110,7 @@ static int64_t batch_commit(batch *b, comet_stream *s, uint32_t shard_id, int du
     int rc = shard_acquire(s, shard_id, &sh);
     if (rc)
         return rc;
-    int64_t r = shard_append(sh, b->refs, b->count, b->total, b->raw, durability);
+    int64_t r = shard_append(sh, b->refs, b->count, b->total, b->raw, durability, nowait);
     shard_leave(sh);
     return r;
 }
@@ -142,7 +143,7 @@ int64_t comet_append(comet_stream *s, uint32_t shard_id, const void *payload, ui
     rc = shard_acquire(s, shard_id, &sh);
     if (rc)
         return rc;
-    int64_t first = shard_append(sh, &r, 1, ENTRY_HEADER_BYTES + (uint64_t)len, raw, durability);
+    int64_t first = shard_append(sh, &r, 1, ENTRY_HEADER_BYTES + (uint64_t)len, raw, durability, 0);
     shard_leave(sh);
     return first;
 }
@@ -160,7 +161,7 @@ int comet_shard_open(comet_stream *s, uint32_t shard_id, comet_shard **out)
     return rc;
 }
 
-int64_t comet_append_to(comet_shard *sh, const char *payload, uint32_t len)
+static int64_t append_to(comet_shard *sh, const char *payload, uint32_t len, int nowait)
 {
     uint32_t max = sh->stream->db->cfg.max_entry_bytes;
     if (len > max)
@@ -173,9 +174,19 @@ int64_t comet_append_to(comet_shard *sh, const char *payload, uint32_t len)
         return rc;
     entry_ref r = {(const uint8_t *)payload, len, 0};
     int64_t first = shard_append(sh, &r, 1, ENTRY_HEADER_BYTES + (uint64_t)len, len,
-                                 COMET_DURABILITY_DEFAULT);
+                                 COMET_DURABILITY_DEFAULT, nowait);
     shard_leave(sh);
     return first;
+}
+
+int64_t comet_append_to(comet_shard *sh, const char *payload, uint32_t len)
+{
+    return append_to(sh, payload, len, 0);
+}
+
+int64_t comet_append_to_nowait(comet_shard *sh, const char *payload, uint32_t len)
+{
+    return append_to(sh, payload, len, 1);
 }
 
 int64_t comet_append_batch(comet_stream *s, uint32_t shard_id, const void *buf,
@@ -195,7 +206,7 @@ int64_t comet_append_batch(comet_stream *s, uint32_t shard_id, const void *buf,
         rc = batch_add(&b, s, p, lens[i], flags ? (flags[i] & COMET_ENTRY_COMPRESSED) : 0);
         p += lens[i];
     }
-    int64_t r = rc ? rc : batch_commit(&b, s, shard_id, durability);
+    int64_t r = rc ? rc : batch_commit(&b, s, shard_id, durability, 0);
     batch_free(&b);
     return r;
 }
@@ -229,15 +240,15 @@ int64_t comet_append_delimited(comet_stream *s, uint32_t shard_id, const void *b
         }
         p = stop + 1;
     }
-    int64_t r = rc ? rc : batch_commit(&b, s, shard_id, durability);
+    int64_t r = rc ? rc : batch_commit(&b, s, shard_id, durability, 0);
     if (count_out)
         *count_out = r >= 0 ? b.count : 0;
     batch_free(&b);
     return r;
 }
 
-int64_t comet_append_vector(comet_stream *s, uint32_t shard_id, const comet_payload *items,
-                            uint32_t count, uint32_t raw_limit, int durability)
+static int64_t append_vector(comet_stream *s, uint32_t shard_id, const comet_payload *items,
+                             uint32_t count, uint32_t raw_limit, int durability, int nowait)
 {
     int rc = check_target(s, shard_id, durability);
     if (rc)
@@ -257,9 +268,22 @@ int64_t comet_append_vector(comet_stream *s, uint32_t shard_id, const comet_payl
         else
             rc = batch_add(&b, s, items[i].data, n, 0);
     }
-    int64_t r = rc ? rc : batch_commit(&b, s, shard_id, durability);
+    int64_t r = rc ? rc : batch_commit(&b, s, shard_id, durability, nowait);
     batch_free(&b);
     return r;
+}
+
+int64_t comet_append_vector(comet_stream *s, uint32_t shard_id, const comet_payload *items,
+                            uint32_t count, uint32_t raw_limit, int durability)
+{
+    return append_vector(s, shard_id, items, count, raw_limit, durability, 0);
+}
+
+int64_t comet_append_vector_nowait(comet_stream *s, uint32_t shard_id,
+                                   const comet_payload *items, uint32_t count, uint32_t raw_limit,
+                                   int durability)
+{
+    return append_vector(s, shard_id, items, count, raw_limit, durability, 1);
 }
 
 /* ---- JSON ingest ------------------------------------------------------------ */
@@ -333,7 +357,7 @@ int64_t comet_ingest(comet_stream *s, uint32_t shard_id, const comet_ingest_requ
         r = rc == COMET_E_BAD_JSON || rc == COMET_E_ENTRY_TOO_LARGE || rc == COMET_E_NO_EVENTS
                 ? set_error(rc, "%s", j.reason) : rc;
     } else {
-        r = batch_commit(&c.b, s, shard_id, req->durability);
+        r = batch_commit(&c.b, s, shard_id, req->durability, 0);
     }
     ingest_result(res, &j, r, c.b.count);
     for (uint32_t i = 0; i < c.packed_count; i++)

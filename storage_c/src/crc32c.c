@@ -94,12 +94,6 @@ static inline uint32_t shift_block(uint32_t reg)
 
 #if defined(__x86_64__)
 #include <cpuid.h>
-#include <nmmintrin.h>
-#define HW_TARGET __attribute__((target("sse4.2")))
-#define HW_STEP64(r, w) ((uint32_t)_mm_crc32_u64((r), (w)))
-#define HW_STEP32(r, w) _mm_crc32_u32((r), (w))
-#define HW_STEP16(r, w) _mm_crc32_u16((r), (w))
-#define HW_STEP8(r, b) _mm_crc32_u8((r), (b))
 static int cpu_has_crc(void)
 {
     unsigned a, b, c, d;
@@ -108,39 +102,25 @@ static int cpu_has_crc(void)
     return (c & bit_SSE4_2) != 0;
 }
 #elif defined(__aarch64__)
-#include <arm_acle.h>
 #include <sys/auxv.h>
 #ifndef HWCAP_CRC32
 #define HWCAP_CRC32 (1 << 7)
 #endif
-#define HW_TARGET __attribute__((target("+crc")))
-#define HW_STEP64(r, w) __crc32cd((r), (w))
-#define HW_STEP32(r, w) __crc32cw((r), (w))
-#define HW_STEP16(r, w) __crc32ch((r), (w))
-#define HW_STEP8(r, b) __crc32cb((r), (b))
 static int cpu_has_crc(void)
 {
     return (getauxval(AT_HWCAP) & HWCAP_CRC32) != 0;
 }
 #endif
 
-static uint32_t crc32c_portable_copy(uint32_t reg, uint8_t *dst, const uint8_t *src, size_t n)
-{
-    if (n)
-        memcpy(dst, src, n);
-    return crc32c_portable(reg, src, n);
-}
-
-static void crc32c_portable_copy4(uint32_t reg[4], uint8_t *const dst[4],
-                                  const uint8_t *const src[4], size_t n)
+void crc32c_portable4(uint32_t reg[4], const uint8_t *const p[4], const size_t n[4])
 {
     for (int k = 0; k < 4; k++)
-        reg[k] = crc32c_portable_copy(reg[k], dst[k], src[k], n);
+        reg[k] = crc32c_portable(reg[k], p[k], n[k]);
 }
 
-#ifdef HW_TARGET
+#ifdef CRC32C_HW_TARGET
 /* Unaligned 8-byte loads are cheap on both architectures: no alignment loop. */
-HW_TARGET static uint32_t crc32c_hw(uint32_t reg, const uint8_t *p, size_t n)
+CRC32C_HW_TARGET static uint32_t crc32c_hw(uint32_t reg, const uint8_t *p, size_t n)
 {
     /* Three lanes of BLOCK bytes each, combined after every step. */
     while (n >= 3 * BLOCK) {
@@ -151,103 +131,16 @@ HW_TARGET static uint32_t crc32c_hw(uint32_t reg, const uint8_t *p, size_t n)
             memcpy(&w0, p, 8);
             memcpy(&w1, p + BLOCK, 8);
             memcpy(&w2, p + 2 * BLOCK, 8);
-            reg = HW_STEP64(reg, w0);
-            r1 = HW_STEP64(r1, w1);
-            r2 = HW_STEP64(r2, w2);
+            reg = CRC32C_STEP64(reg, w0);
+            r1 = CRC32C_STEP64(r1, w1);
+            r2 = CRC32C_STEP64(r2, w2);
             p += 8;
         }
         reg = shift_block(shift_block(reg) ^ r1) ^ r2;
         p += 2 * BLOCK;
         n -= 3 * BLOCK;
     }
-    while (n >= 8) {
-        uint64_t w;
-        memcpy(&w, p, 8);
-        reg = HW_STEP64(reg, w);
-        p += 8;
-        n -= 8;
-    }
-    if (n >= 4) {
-        uint32_t w;
-        memcpy(&w, p, 4);
-        reg = HW_STEP32(reg, w);
-        p += 4;
-        n -= 4;
-    }
-    if (n >= 2) {
-        uint16_t w;
-        memcpy(&w, p, 2);
-        reg = HW_STEP16(reg, w);
-        p += 2;
-        n -= 2;
-    }
-    if (n)
-        reg = HW_STEP8(reg, *p);
-    return reg;
-}
-
-/* Checksums n bytes of src while copying them to dst, 8 at a time: the bytes
- * are loaded once, for both, which is what an entry's payload needs (it is
- * checksummed and written into the segment in the same pass). */
-HW_TARGET static uint32_t crc32c_hw_copy(uint32_t reg, uint8_t *dst, const uint8_t *src,
-                                         size_t n)
-{
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        uint64_t w;
-        memcpy(&w, src + i, 8);
-        reg = HW_STEP64(reg, w);
-        memcpy(dst + i, &w, 8);
-    }
-    if (i + 4 <= n) {
-        uint32_t w;
-        memcpy(&w, src + i, 4);
-        reg = HW_STEP32(reg, w);
-        memcpy(dst + i, &w, 4);
-        i += 4;
-    }
-    if (i + 2 <= n) {
-        uint16_t w;
-        memcpy(&w, src + i, 2);
-        reg = HW_STEP16(reg, w);
-        memcpy(dst + i, &w, 2);
-        i += 2;
-    }
-    if (i < n) {
-        reg = HW_STEP8(reg, src[i]);
-        dst[i] = src[i];
-    }
-    return reg;
-}
-
-/* Four copies at once: the checksum instruction's latency is hidden by
- * running four independent chains side by side. */
-HW_TARGET static void crc32c_hw_copy4(uint32_t reg[4], uint8_t *const dst[4],
-                                      const uint8_t *const src[4], size_t n)
-{
-    uint32_t r0 = reg[0], r1 = reg[1], r2 = reg[2], r3 = reg[3];
-    const uint8_t *s0 = src[0], *s1 = src[1], *s2 = src[2], *s3 = src[3];
-    uint8_t *d0 = dst[0], *d1 = dst[1], *d2 = dst[2], *d3 = dst[3];
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        uint64_t w0, w1, w2, w3;
-        memcpy(&w0, s0 + i, 8);
-        memcpy(&w1, s1 + i, 8);
-        memcpy(&w2, s2 + i, 8);
-        memcpy(&w3, s3 + i, 8);
-        r0 = HW_STEP64(r0, w0);
-        r1 = HW_STEP64(r1, w1);
-        r2 = HW_STEP64(r2, w2);
-        r3 = HW_STEP64(r3, w3);
-        memcpy(d0 + i, &w0, 8);
-        memcpy(d1 + i, &w1, 8);
-        memcpy(d2 + i, &w2, 8);
-        memcpy(d3 + i, &w3, 8);
-    }
-    reg[0] = crc32c_hw_copy(r0, d0 + i, s0 + i, n - i);
-    reg[1] = crc32c_hw_copy(r1, d1 + i, s1 + i, n - i);
-    reg[2] = crc32c_hw_copy(r2, d2 + i, s2 + i, n - i);
-    reg[3] = crc32c_hw_copy(r3, d3 + i, s3 + i, n - i);
+    return crc32c_hw_short(reg, p, n);
 }
 
 crc32c_fn crc32c_hardware(void)
@@ -255,14 +148,9 @@ crc32c_fn crc32c_hardware(void)
     return cpu_has_crc() ? crc32c_hw : NULL;
 }
 
-static crc32c_copy_fn crc32c_hardware_copy(void)
+static crc32c4_fn crc32c_hardware4(void)
 {
-    return cpu_has_crc() ? crc32c_hw_copy : NULL;
-}
-
-static crc32c_copy4_fn crc32c_hardware_copy4(void)
-{
-    return cpu_has_crc() ? crc32c_hw_copy4 : NULL;
+    return cpu_has_crc() ? crc32c_hw_four : NULL;
 }
 #else
 crc32c_fn crc32c_hardware(void)
@@ -270,31 +158,25 @@ crc32c_fn crc32c_hardware(void)
     return NULL;
 }
 
-static crc32c_copy_fn crc32c_hardware_copy(void)
-{
-    return NULL;
-}
-
-static crc32c_copy4_fn crc32c_hardware_copy4(void)
+static crc32c4_fn crc32c_hardware4(void)
 {
     return NULL;
 }
 #endif
 
 crc32c_fn crc32c_extend = crc32c_portable;
-crc32c_copy_fn crc32c_copy = crc32c_portable_copy;
-crc32c_copy4_fn crc32c_copy4 = crc32c_portable_copy4;
+crc32c4_fn crc32c_extend4 = crc32c_portable4;
+int crc32c_hw_ok;
 
 __attribute__((constructor)) static void crc32c_init(void)
 {
     build_tables();
     build_shift_tables();
     crc32c_fn hw = crc32c_hardware();
-    crc32c_copy_fn hw_copy = crc32c_hardware_copy();
-    crc32c_copy4_fn hw_copy4 = crc32c_hardware_copy4();
+    crc32c4_fn hw4 = crc32c_hardware4();
     crc32c_extend = hw ? hw : crc32c_portable;
-    crc32c_copy = hw_copy ? hw_copy : crc32c_portable_copy;
-    crc32c_copy4 = hw_copy4 ? hw_copy4 : crc32c_portable_copy4;
+    crc32c_extend4 = hw4 ? hw4 : crc32c_portable4;
+    crc32c_hw_ok = hw != NULL;
 }
 
 uint32_t comet_crc32c(uint32_t crc, const void *data, size_t len, int impl)

@@ -205,8 +205,9 @@ int shard_lock_noting_wait(shard *sh, int *waited);
 int shard_trylock_clean(shard *sh);
 void shard_unlock(shard *sh);
 /* append.c: the append path (lock, room and budget, write, publish). */
+/* nowait: COMET_E_WOULD_BLOCK instead of waiting for anything (comet.h). */
 int64_t shard_append(shard *sh, const entry_ref *refs, uint32_t count, uint64_t total_bytes,
-                     uint64_t raw_bytes, int durability);
+                     uint64_t raw_bytes, int durability, int nowait);
 int shard_sync(shard *sh, uint64_t upto_entry);
 /* Segment containing entry (a new reference), or NULL with *next_base set to
  * the first base above entry when entry is in a gap. */

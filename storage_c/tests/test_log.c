@@ -272,6 +272,63 @@ static void test_lock_holder_dies(void)
     rm_tree(dir);
 }
 
+/* The *_nowait appends write only when nothing has to wait first, and
+ * otherwise return COMET_E_WOULD_BLOCK having written nothing. */
+static void test_nowait_appends_never_wait(void)
+{
+    char *dir = scratch_dir();
+    comet_db *db = open_db(dir, 64 << 10);
+    comet_stream *s = open_stream(db, "n", 1);
+    comet_shard *h;
+    CHECK_OK(comet_shard_open(s, 0, &h));
+    comet_shard_stats st;
+    /* no segment yet: creating one is I/O */
+    CHECK(comet_append_to_nowait(h, "a", 1) == COMET_E_WOULD_BLOCK);
+    CHECK_OK(comet_shard_stats_get(s, 0, &st));
+    CHECK(st.next_entry == 0 && st.appends == 0);
+    CHECK(comet_append_to(h, "a", 1) == 0);
+    CHECK(comet_append_to_nowait(h, "b", 1) == 1);
+    comet_payload items[2] = {{"c", 1}, {"dd", 2}};
+    CHECK(comet_append_vector_nowait(s, 0, items, 2, 0, COMET_DURABILITY_DEFAULT) == 2);
+    /* "always" waits for a sync; an entry above raw_limit is refused as before */
+    CHECK(comet_append_vector_nowait(s, 0, items, 2, 0, COMET_DURABILITY_ALWAYS) ==
+          COMET_E_WOULD_BLOCK);
+    CHECK(comet_append_vector_nowait(s, 0, items, 2, 1, COMET_DURABILITY_DEFAULT) ==
+          COMET_E_WANTS_COMPRESSION);
+    /* the append lock held elsewhere (here by this thread, through the state file) */
+    int fd = open(shard_file(dir, "n", 0, "state"), O_RDWR);
+    CHECK(fd >= 0);
+    uint8_t *map = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    CHECK(map != MAP_FAILED);
+    CHECK(pthread_mutex_lock((pthread_mutex_t *)(map + 64)) == 0);
+    CHECK(comet_append_to_nowait(h, "e", 1) == COMET_E_WOULD_BLOCK);
+    CHECK(comet_append_vector_nowait(s, 0, items, 2, 0, COMET_DURABILITY_DEFAULT) ==
+          COMET_E_WOULD_BLOCK);
+    CHECK(pthread_mutex_unlock((pthread_mutex_t *)(map + 64)) == 0);
+    munmap(map, 4096);
+    close(fd);
+    CHECK(comet_append_to_nowait(h, "e", 1) == 4);
+    /* the segment is full: a rotation is I/O */
+    char big[1000];
+    memset(big, 'z', sizeof big);
+    int64_t rc;
+    uint64_t next = 5;
+    while ((rc = comet_append_to_nowait(h, big, sizeof big)) >= 0)
+        CHECK((uint64_t)rc == next++);
+    CHECK(rc == COMET_E_WOULD_BLOCK);
+    CHECK_OK(comet_shard_stats_get(s, 0, &st));
+    CHECK(st.next_entry == next && st.rotations == 0);
+    CHECK((uint64_t)comet_append_to(h, big, sizeof big) == next);
+    CHECK_OK(comet_shard_stats_get(s, 0, &st));
+    CHECK(st.rotations == 1);
+    CHECK((uint64_t)comet_append_to_nowait(h, big, sizeof big) == next + 1);
+    /* what was written reads back */
+    CHECK_OK(read_some(s, 0, 0, 5, &rb, 0));
+    CHECK(rb.res.count == 5 && memcmp(rb.data, "abcdde", 6) == 0);
+    comet_close(db);
+    rm_tree(dir);
+}
+
 typedef struct racer {
     comet_stream *s;
     comet_shard *h;
@@ -470,6 +527,7 @@ int main(void)
     RUN(test_torn_tail_is_cut);
     RUN(test_missing_state_and_index_rebuilt);
     RUN(test_lock_holder_dies);
+    RUN(test_nowait_appends_never_wait);
     RUN(test_close_races_with_appends);
     RUN(test_background_thread_with_appends_and_reads);
     RUN(test_budget_across_processes);
