@@ -406,8 +406,11 @@ static int gather(PyObject *seq, Py_ssize_t n, comet_payload *items)
     return 1;
 }
 
-/* The blocking call, the GIL let go; every item held by a reference. */
-static int64_t vector_blocking(Appender *self, StreamBase *s, uint32_t shard, PyObject *seq,
+/* The blocking call, the GIL let go; every item held by a reference.  The
+ * stream's handle is read before: once the GIL is let go, another thread may
+ * drop the StreamBase (Log.close); the comet_stream itself stays valid
+ * (comet_close keeps the handles' small structs). */
+static int64_t vector_blocking(Appender *self, comet_stream *stream, uint32_t shard, PyObject *seq,
                                Py_ssize_t n, const comet_payload *items)
 {
     PyObject **src = PySequence_Fast_ITEMS(seq), *held_local[STACK_ITEMS], **held = held_local;
@@ -421,7 +424,7 @@ static int64_t vector_blocking(Appender *self, StreamBase *s, uint32_t shard, Py
     }
     int64_t rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = self->vector(s->stream, shard, items, (uint32_t)n, self->raw_limit, COMET_DURABILITY_DEFAULT);
+    rc = self->vector(stream, shard, items, (uint32_t)n, self->raw_limit, COMET_DURABILITY_DEFAULT);
     Py_END_ALLOW_THREADS
     for (Py_ssize_t i = 0; i < n; i++)
         Py_DECREF(held[i]);
@@ -454,7 +457,7 @@ static PyObject *appender_append_batch(Appender *self, PyObject *const *args, Py
             rc = self->vector_nowait(s->stream, shard, items, (uint32_t)n, self->raw_limit,
                                      COMET_DURABILITY_DEFAULT);
             if (rc == COMET_E_WOULD_BLOCK)
-                rc = vector_blocking(self, s, shard, seq, n, items);
+                rc = vector_blocking(self, s->stream, shard, seq, n, items);
         }
         if (items != local)
             PyMem_Free(items);

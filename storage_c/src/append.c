@@ -14,6 +14,14 @@
  *      with durability "always", join a group commit (durability.c).
  * Nothing but memory stores happens under the lock in the common case.
  *
+ * Steps 1 and 2 have two forms.  The blocking one (lock_with_room) waits for
+ * the lock, grows, rotates, frees budget and zero-fills as needed.  The one
+ * that never waits (lock_if_ready, the *_nowait entry points) takes the lock
+ * only if it is free and the segment this process has mapped already has
+ * room and zeroed pages, and refuses a batch that would have to sync: then
+ * COMET_E_WOULD_BLOCK, nothing changed.  Python calls that form holding the
+ * GIL, and the blocking one with the GIL let go.
+ *
  * Writes go through a shared mapping rather than pwrite: one pwrite costs
  * about 1 us here, a mapped single-entry append about 100 ns, and a mapped
  * 1000-entry batch (zero-filled ahead) beat a staged pwrite of the same bytes
