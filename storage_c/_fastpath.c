@@ -114,6 +114,16 @@ static PyObject *stream_set_handle(StreamBase *self, PyObject *const *args, Py_s
     Py_RETURN_NONE;
 }
 
+static PyObject *stream_has_handle(StreamBase *self, PyObject *arg)
+{
+    unsigned long shard = PyLong_AsUnsignedLong(arg);
+    if (shard == (unsigned long)-1 && PyErr_Occurred()) {
+        PyErr_Clear(); /* not a shard: it has none */
+        Py_RETURN_FALSE;
+    }
+    return PyBool_FromLong(shard < self->shards && self->handles[shard] != NULL);
+}
+
 static PyObject *stream_get_addr(StreamBase *self, void *closure)
 {
     (void)closure;
@@ -123,6 +133,8 @@ static PyObject *stream_get_addr(StreamBase *self, void *closure)
 static PyMethodDef stream_methods[] = {
     {"set_handle", (PyCFunction)(void (*)(void))stream_set_handle, METH_FASTCALL,
      "set_handle(shard, handle): the comet_shard * of a shard, for the fast appends"},
+    {"has_handle", (PyCFunction)stream_has_handle, METH_O,
+     "has_handle(shard): whether the shard's handle is set"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -295,27 +307,29 @@ static int keywords(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, 
     return 1;
 }
 
-/* The stream and shard of a fast append, or NULL (the general way): a known
- * stream, an int shard in range (or the next of the rotation), no key, default
- * durability.  *shard_obj: a new reference to the shard as an int. */
-static StreamBase *fast_target(Appender *self, PyObject *const *args, Py_ssize_t nargs,
-                               PyObject *kwnames, uint32_t *shard_out, PyObject **shard_obj)
+/* The stream and shard of a fast append: a known stream, an int shard in
+ * range (or the next of the rotation), no key, default durability.  *out is
+ * NULL when the general way is to be taken; *shard_obj a new reference to the
+ * shard as an int when it is not.  -1 with an exception set on an error. */
+static int fast_target(Appender *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
+                       StreamBase **out, uint32_t *shard_out, PyObject **shard_obj)
 {
     PyObject *shard, *key, *durability;
+    *out = NULL;
     *shard_obj = NULL;
     if (nargs != 2 || !self->streams || !keywords(args, nargs, kwnames, &shard, &key, &durability) ||
         key != Py_None || durability != Py_None || !PyUnicode_CheckExact(args[0]))
-        return NULL;
+        return 0;
     PyObject *found = PyDict_GetItemWithError(self->streams, args[0]); /* borrowed */
     if (!found || !PyObject_TypeCheck(found, self->stream_type))
-        return NULL;
+        return PyErr_Occurred() ? -1 : 0;
     StreamBase *s = (StreamBase *)found;
     if (shard == Py_None) {
         if (!s->rotation)
-            return NULL;
+            return 0;
         shard = PyIter_Next(s->rotation);
         if (!shard)
-            return NULL;
+            return PyErr_Occurred() ? -1 : 0;
     } else {
         Py_INCREF(shard);
     }
@@ -324,11 +338,12 @@ static StreamBase *fast_target(Appender *self, PyObject *const *args, Py_ssize_t
         PyErr_Clear(); /* negative or huge: the general way says so */
     if (n >= s->shards) {
         Py_DECREF(shard);
-        return NULL;
+        return 0;
     }
+    *out = s;
     *shard_out = (uint32_t)n;
     *shard_obj = shard;
-    return s;
+    return 0;
 }
 
 /* An error code from the core: Log._raise(stream, rc) raises it. */
@@ -345,16 +360,42 @@ static PyObject *raise_code(Appender *self, PyObject *stream, int64_t rc)
     return NULL;
 }
 
+/* What an append returns: (shard, entry) as a tuple, or (shard, first,
+ * count) as `type` (BatchResult, a tuple subtype) when count >= 0; or the
+ * error of a negative rc raised.  Takes shard_obj's reference. */
+static PyObject *finish(Appender *self, PyObject *stream, PyObject *shard_obj, int64_t rc,
+                        PyTypeObject *type, Py_ssize_t count)
+{
+    if (rc < 0) {
+        Py_DECREF(shard_obj);
+        return raise_code(self, stream, rc);
+    }
+    PyObject *first = PyLong_FromLongLong(rc);
+    PyObject *n = count >= 0 ? PyLong_FromSsize_t(count) : NULL;
+    PyObject *out = !first || (count >= 0 && !n) ? NULL
+                    : count >= 0                 ? type->tp_alloc(type, 3)
+                                                 : PyTuple_New(2);
+    if (!out) {
+        Py_DECREF(shard_obj);
+        Py_XDECREF(first);
+        Py_XDECREF(n);
+        return NULL;
+    }
+    PyTuple_SET_ITEM(out, 0, shard_obj);
+    PyTuple_SET_ITEM(out, 1, first);
+    if (n)
+        PyTuple_SET_ITEM(out, 2, n);
+    return out;
+}
+
 static PyObject *appender_append(Appender *self, PyObject *const *args, Py_ssize_t nargs,
                                  PyObject *kwnames)
 {
+    StreamBase *s;
     uint32_t shard;
     PyObject *shard_obj;
-    StreamBase *s = fast_target(self, args, nargs, kwnames, &shard, &shard_obj);
-    if (PyErr_Occurred()) {
-        Py_XDECREF(shard_obj);
+    if (fast_target(self, args, nargs, kwnames, &s, &shard, &shard_obj) < 0)
         return NULL;
-    }
     PyObject *payload = nargs == 2 ? args[1] : NULL;
     comet_shard *h = s ? s->handles[shard] : NULL;
     if (!h || !PyBytes_CheckExact(payload) || (uint64_t)PyBytes_GET_SIZE(payload) >= self->threshold ||
@@ -371,24 +412,7 @@ static PyObject *appender_append(Appender *self, PyObject *const *args, Py_ssize
         Py_END_ALLOW_THREADS
         Py_DECREF(payload);
     }
-    if (rc < 0) {
-        Py_DECREF(shard_obj);
-        return raise_code(self, args[0], rc);
-    }
-    PyObject *entry = PyLong_FromLongLong(rc);
-    if (!entry) {
-        Py_DECREF(shard_obj);
-        return NULL;
-    }
-    PyObject *out = PyTuple_New(2);
-    if (!out) {
-        Py_DECREF(shard_obj);
-        Py_DECREF(entry);
-        return NULL;
-    }
-    PyTuple_SET_ITEM(out, 0, shard_obj);
-    PyTuple_SET_ITEM(out, 1, entry);
-    return out;
+    return finish(self, args[0], shard_obj, rc, NULL, -1);
 }
 
 /* items[i] from a list or tuple of exact bytes (n items); 0 when one is not
@@ -436,13 +460,11 @@ static int64_t vector_blocking(Appender *self, comet_stream *stream, uint32_t sh
 static PyObject *appender_append_batch(Appender *self, PyObject *const *args, Py_ssize_t nargs,
                                        PyObject *kwnames)
 {
+    StreamBase *s;
     uint32_t shard;
     PyObject *shard_obj;
-    StreamBase *s = fast_target(self, args, nargs, kwnames, &shard, &shard_obj);
-    if (PyErr_Occurred()) {
-        Py_XDECREF(shard_obj);
+    if (fast_target(self, args, nargs, kwnames, &s, &shard, &shard_obj) < 0)
         return NULL;
-    }
     PyObject *seq = nargs == 2 ? args[1] : NULL;
     Py_ssize_t n = seq && (PyList_CheckExact(seq) || PyTuple_CheckExact(seq))
                        ? PySequence_Fast_GET_SIZE(seq) : -1;
@@ -468,22 +490,7 @@ static PyObject *appender_append_batch(Appender *self, PyObject *const *args, Py
     }
     if (rc == COMET_E_WANTS_COMPRESSION) /* or not the common case: the general way */
         return fallback(self, str_append_batch_general, args, nargs, kwnames, s, shard_obj);
-    if (rc < 0) {
-        Py_DECREF(shard_obj);
-        return raise_code(self, args[0], rc);
-    }
-    PyObject *first = PyLong_FromLongLong(rc), *count = PyLong_FromSsize_t(n);
-    PyObject *out = first && count ? self->batch_result->tp_alloc(self->batch_result, 3) : NULL;
-    if (!out) {
-        Py_DECREF(shard_obj);
-        Py_XDECREF(first);
-        Py_XDECREF(count);
-        return NULL;
-    }
-    PyTuple_SET_ITEM(out, 0, shard_obj);
-    PyTuple_SET_ITEM(out, 1, first);
-    PyTuple_SET_ITEM(out, 2, count);
-    return out;
+    return finish(self, args[0], shard_obj, rc, self->batch_result, n);
 }
 
 static PyMethodDef appender_methods[] = {

@@ -393,7 +393,7 @@ class Log(_fastpath.Appender):
         s = self._streams.get(stream) or self._open_stream(stream)
         if shard is None:
             shard = s.pick(key)
-        elif durability is None and key is None:
+        elif durability is None and key is None and not s.has_handle(shard):
             s.open_handle(shard)  # the fast way from now on
         rc = self._append_slow(s, shard, payload, durability)
         if rc < 0:

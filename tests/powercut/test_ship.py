@@ -147,20 +147,26 @@ def finish(proc: Writer, where: str, ended: bool) -> None:
         f"{proc.stderr_path.read_text()[-3000:]}")
 
 
+def durable_stream(powercut: PowerCutFS, data: Path, durability: str, env: dict[str, str]) -> None:
+    """A writer creates the stream and appends for a moment; everything is made
+    durable and the power goes: the stream and its shard directories exist
+    durably before the scenario's first cut (as in test_always.py: these
+    scenarios are about shipping)."""
+    setup = powercut.spawn("append", data, 0, 0, durability, 2, env=env)
+    read_state(setup)
+    drained = discard_output(setup)
+    time.sleep(0.05)
+    powercut.checkpoint()
+    powercut.cut("clean", 0)
+    drained.join()
+
+
 def run_ship(powercut: PowerCutFS, mode: str, cuts: int) -> None:
     data = make_synced_dir(powercut.mnt / "data")
     sink = make_synced_dir(powercut.mnt / "sink")
     rng = random.Random(f"ship-{mode}")
     env = {"POWERCUT_RATE": RATE, "POWERCUT_FSYNC_MS": FSYNC_MS}
-    # The stream and its shard directories exist durably before the first cut
-    # (as in test_always.py: this scenario is about shipping).
-    setup = powercut.spawn("append", data, 0, 0, "interval", 2, env=env)
-    read_state(setup)
-    drain_setup = discard_output(setup)
-    time.sleep(0.05)
-    powercut.checkpoint()
-    powercut.cut("clean", 0)
-    drain_setup.join()
+    durable_stream(powercut, data, "interval", env)
     started = time.monotonic()
     objects = shipped = rerun_cuts = 0
     for rnd in range(1, cuts + 2):
@@ -224,12 +230,7 @@ def one_cut_while_shipping(powercut: PowerCutFS, durability: str, fsync_ms: str,
     data = make_synced_dir(powercut.mnt / "data")
     sink = make_synced_dir(powercut.mnt / "sink")
     env = {"POWERCUT_RATE": "20", "POWERCUT_FSYNC_MS": fsync_ms}
-    setup = powercut.spawn("append", data, 0, 0, "always", 2, env=env)
-    read_state(setup)
-    drained = discard_output(setup)
-    powercut.checkpoint()  # the stream exists durably
-    powercut.cut("clean", 0)
-    drained.join()
+    durable_stream(powercut, data, "always", env)
     writer = powercut.spawn("append", data, 1, 1, durability, 2, env=env)
     read_state(writer)
     drained = discard_output(writer)

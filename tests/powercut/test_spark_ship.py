@@ -41,7 +41,7 @@ import pyarrow.parquet as pq
 from .checks import shard_entries
 from .conftest import drain, read_state
 from .harness import PowerCutFS, Writer, make_synced_dir
-from .test_ship import discard_output
+from .test_ship import discard_output, durable_stream
 
 SPARK_CUTS = int(os.environ.get("POWERCUT_SPARK_CUTS", "15"))
 POINTS = ["planned", "written", "publishing", "published", "manifested", "acking", "end"]
@@ -138,13 +138,7 @@ def test_spark_ship_to_a_local_lake_exactly_once_across_power_cuts(powercut: Pow
     data = make_synced_dir(powercut.mnt / "data")
     lake = make_synced_dir(powercut.mnt / "lake")
     rng = random.Random("spark-ship")
-    setup = powercut.spawn("append", data, 0, 0, "interval", 2, env=ENV)
-    read_state(setup)
-    drained = discard_output(setup)
-    time.sleep(0.05)
-    powercut.checkpoint()  # the stream exists durably (as in test_always.py)
-    powercut.cut("clean", 0)
-    drained.join()
+    durable_stream(powercut, data, "interval", ENV)
     started = time.monotonic()
     points = POINTS[:] + ["random"] * max(0, SPARK_CUTS - len(POINTS))
     rng.shuffle(points)
@@ -199,13 +193,7 @@ def one_run_then_cut(powercut: PowerCutFS, point: str) -> tuple[list[dict], dict
     over), the power goes.  Returns the lake's manifests and what survived."""
     data = make_synced_dir(powercut.mnt / "data")
     lake = make_synced_dir(powercut.mnt / "lake")
-    setup = powercut.spawn("append", data, 0, 0, "always", 2, env=ENV)
-    read_state(setup)
-    drained = discard_output(setup)
-    time.sleep(0.05)
-    powercut.checkpoint()
-    powercut.cut("clean", 0)
-    drained.join()
+    durable_stream(powercut, data, "always", ENV)
     writer = powercut.spawn("append", data, 1, 1, "interval", 2, env=ENV)
     read_state(writer)
     drained = discard_output(writer)
