@@ -400,6 +400,10 @@ class Log(_fastpath.Appender):
             self._raise(stream, rc)
         return shard, rc
 
+    # A wrong call reaches these through the C method: its TypeError names what
+    # the caller called, not the Python function behind it.
+    _append_general.__qualname__ = "Log.append"
+
     def _append_slow(self, s: _Stream, shard: int, payload: object,
                      durability: str | None) -> int:
         payload = _as_bytes(payload)
@@ -422,6 +426,8 @@ class Log(_fastpath.Appender):
         if type(payloads) is not list and type(payloads) is not tuple:
             payloads = list(payloads)
         return self._append_compressed(s, shard, payloads, durability)
+
+    _append_batch_general.__qualname__ = "Log.append_batch"
 
     def append_delimited(self, stream: str, buffer: Buffer, delimiter: bytes = b"\n", *,
                          shard: int | None = None, key: str | bytes | None = None,

@@ -169,3 +169,17 @@ def test_an_append_that_waits_lets_the_gil_go(data_dir: Path) -> None:
         del lock
         mapped.close()
         assert sorted(p for _, _, p in read_all(log, "s", 0)) == [b"first", b"w1", b"w2", b"waited"]
+
+
+def test_a_wrong_call_names_the_method_called(data_dir: Path) -> None:
+    """A call the fast way cannot take goes to the general way; its TypeError still
+    names Log.append / Log.append_batch, not the Python function behind them."""
+    with Log(str(data_dir), CONFIG) as log:
+        log.create_stream("s")
+        with pytest.raises(TypeError, match=r"^Log\.append\(\) got an unexpected keyword argument 'bogus'"):
+            log.append("s", b"x", bogus=1)  # type: ignore[call-arg]
+        with pytest.raises(TypeError, match=r"^Log\.append\(\) missing 1 required positional"):
+            log.append("s")  # type: ignore[call-arg]
+        with pytest.raises(TypeError, match=r"^Log\.append_batch\(\) got an unexpected keyword"):
+            log.append_batch("s", [b"x"], nope=2)  # type: ignore[call-arg]
+        assert log.stats("s").entries == 0

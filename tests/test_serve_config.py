@@ -6,6 +6,8 @@ serving instead of stopping on a typo)."""
 from __future__ import annotations
 
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -61,3 +63,31 @@ def test_a_bad_config_stops_serve_before_any_process_starts(tmp_path: Path) -> N
     server.stop()
     assert "max_body_bytes must be positive" in server.log_path.read_text()
     assert not (tmp_path / "data").exists()
+
+
+HEAP_PROBE = """
+import ctypes, sys
+from gateway.server import keep_freed_heap
+libc = ctypes.CDLL(None)
+libc.sbrk.restype = libc.malloc.restype = ctypes.c_void_p
+libc.sbrk.argtypes = [ctypes.c_ssize_t]
+if sys.argv[1] == "keep":
+    assert keep_freed_heap(64 << 20)
+blocks = [libc.malloc(100 << 10) for _ in range(40)]  # 4 MB of heap, below the mmap threshold
+top = libc.sbrk(0)
+for block in reversed(blocks):
+    libc.free(ctypes.c_void_p(block))
+print("kept" if libc.sbrk(0) == top else "trimmed")
+"""
+
+
+def test_a_worker_keeps_freed_heap_instead_of_trimming_it_per_request() -> None:
+    """post_worker_init raises glibc's trim threshold (keep_freed_heap): freeing the
+    bodies at the top of the heap no longer gives the memory back with brk, to fault
+    it in again with the next requests.  Without it the same frees trim the heap."""
+    def run(mode: str) -> str:
+        return subprocess.run([sys.executable, "-c", HEAP_PROBE, mode], capture_output=True,
+                              text=True, check=True, timeout=60).stdout.strip()
+
+    assert run("default") == "trimmed"
+    assert run("keep") == "kept"
