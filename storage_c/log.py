@@ -44,7 +44,8 @@ def _address(name: str) -> int:
 
 # the entry points Log.append and Log.append_batch call from C (_fastpath.c)
 _FAST_ENTRY_POINTS = (_address("comet_append_to"), _address("comet_append_to_nowait"),
-                      _address("comet_append_vector"), _address("comet_append_vector_nowait"))
+                      _address("comet_append_vector"), _address("comet_append_vector_nowait"),
+                      _address("comet_ingest"))
 _WANTS_COMPRESSION = lib.COMET_E_WANTS_COMPRESSION
 _BUFFER_TOO_SMALL = lib.COMET_E_BUFFER_TOO_SMALL
 _NO_STREAM = lib.COMET_E_NO_STREAM
@@ -154,11 +155,16 @@ def _body_format(name: str) -> int:
 
 def _body_error(rc: int, res: Any) -> CometError:
     """The exception for a failed ingest, with where the body went wrong."""
+    index = None if res.error_index == lib.COMET_NO_INDEX else int(res.error_index)
+    return _body_fault_error(rc, index, int(res.error_line), int(res.error_offset),
+                             ffi.string(res.error_reason).decode("utf-8", "replace"))
+
+
+def _body_fault_error(rc: int, index: int | None, line: int, offset: int,
+                      reason: str) -> CometError:
     if rc not in _BODY_ERRORS:
         return error_for(rc)
-    index = None if res.error_index == lib.COMET_NO_INDEX else int(res.error_index)
-    fault = BodyFault(index, int(res.error_line), int(res.error_offset),
-                      ffi.string(res.error_reason).decode("utf-8", "replace"))
+    fault = BodyFault(index, line, offset, reason)
     exc = error_for(rc)
     return type(exc)(str(fault), rc, fault)
 
@@ -234,7 +240,7 @@ class Log(_fastpath.Appender):
         self._threshold = self.config.compression_threshold or (1 << 62)
         self._raw_limit = self.config.compression_threshold - 1 if self.config.compression_threshold else 0
         self._fast_init(self._streams, _Stream, BatchResult, *_FAST_ENTRY_POINTS, self._threshold,
-                        self._raw_limit)
+                        self._raw_limit, self.config.compression_level)
         self._codec = _Codec(self.config.compression_level)
         self._ingest = _IngestCall(self._raw_limit, self.config.compression_level)
         self._scratch = _Scratch()
@@ -458,10 +464,15 @@ class Log(_fastpath.Appender):
             self._raise(stream, rc)
         return BatchResult(shard, rc, count[0])
 
-    def ingest(self, stream: str, body: Buffer, format: str = "json", *,
-               shard: int | None = None, key: str | bytes | None = None,
-               durability: str | None = None) -> BatchResult:
-        """Validates a request body and appends its events as one atomic batch.
+    # ingest is a C method too (storage_c/_fastpath.c), for a known stream,
+    # no key and default durability; it reports a refused body through
+    # _ingest_failed, and takes every other call to _ingest_general.
+
+    def _ingest_general(self, stream: str, body: Buffer, format: str = "json", *,
+                        shard: int | None = None, key: str | bytes | None = None,
+                        durability: str | None = None) -> BatchResult:
+        """Log.ingest when the fast way does not apply (see Appender.ingest):
+        validates a request body and appends its events as one atomic batch.
 
         ``format`` "json": an array gives one event per element, any other
         value one event; "ndjson": one event per line that is not blank.  The
@@ -492,6 +503,14 @@ class Log(_fastpath.Appender):
             self._forget_if_deleted(stream, rc)
             raise _body_error(rc, res)
         return BatchResult(shard, rc, res.count)
+
+    _ingest_general.__qualname__ = "Log.ingest"
+
+    def _ingest_failed(self, stream: str, rc: int, index: int | None, line: int, offset: int,
+                       reason: str) -> NoReturn:
+        """Raises the error of a fast ingest (the fields of comet_ingest_result)."""
+        self._forget_if_deleted(stream, rc)
+        raise _body_fault_error(rc, index, line, offset, reason)
 
     def _compress(self, payload: bytes) -> tuple[bytes, int]:
         packed = self._codec.compressor.compress(payload)

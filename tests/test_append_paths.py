@@ -183,3 +183,42 @@ def test_a_wrong_call_names_the_method_called(data_dir: Path) -> None:
         with pytest.raises(TypeError, match=r"^Log\.append_batch\(\) got an unexpected keyword"):
             log.append_batch("s", [b"x"], nope=2)  # type: ignore[call-arg]
         assert log.stats("s").entries == 0
+
+
+def test_ingest_fast_and_general_ways_agree(data_dir: Path) -> None:
+    """Log.ingest takes the C way for a known stream without key or durability and
+    Log._ingest_general otherwise: the same events stored, the same BatchResult, and
+    for a refused body the same error with the same fault (index, line, offset,
+    reason), nothing stored."""
+    from storage_c.errors import InvalidJSON, NoEvents
+
+    bodies: list[tuple[object, str]] = [
+        (b'{"a":1}', "json"), (bytearray(b"[1, 2 ,3]"), "json"), (memoryview(b'"s"\n\n4\n'), "ndjson"),
+    ]
+    with Log(str(data_dir), Config(shards=2, segment_bytes=1 << 20, max_entry_bytes=1000)) as log:
+        log.create_stream("s")
+        for body, fmt in bodies:
+            fast = log.ingest("s", body, fmt, shard=0)  # type: ignore[arg-type]
+            general = log._ingest_general("s", body, fmt, shard=1)  # type: ignore[arg-type]
+            assert fast[0] == 0 and general[0] == 1 and fast[1:] == general[1:]
+        stored = [[(e, p) for e, _, p in read_all(log, "s", shard)] for shard in (0, 1)]
+        assert stored[0] == stored[1] == list(enumerate([b'{"a":1}', b"1", b"2", b"3", b'"s"', b"4"]))
+        for bad, fmt, kind in [(b'[1,{"a" 2}]', "json", InvalidJSON), (b"1\n\n[2\n", "ndjson", InvalidJSON),
+                               (b" \n\t\n", "ndjson", NoEvents)]:
+            with pytest.raises(kind) as fast_error:
+                log.ingest("s", bad, fmt, shard=0)
+            with pytest.raises(kind) as general_error:
+                log._ingest_general("s", bad, fmt, shard=0)
+            assert fast_error.value.fault == general_error.value.fault
+            assert str(fast_error.value) == str(general_error.value)
+        with pytest.raises(EntryTooLarge) as too_large:
+            log.ingest("s", b'["' + b"x" * 2000 + b'"]', shard=0)
+        assert too_large.value.fault is not None and too_large.value.fault.index == 0
+        assert log.ingest("s", b"[7]", key="k").count == 1  # a key: the general way
+        with pytest.raises(ShardRangeError):
+            log.ingest("s", b"[8]", shard=2)
+        with pytest.raises(TypeError, match=r"^Log\.ingest\(\) got an unexpected keyword"):
+            log.ingest("s", b"[9]", nope=1)  # type: ignore[call-arg]
+        with pytest.raises(ValueError, match="'xml' is not 'json' or 'ndjson'"):
+            log.ingest("s", b"[9]", "xml")
+        assert log.stats("s").entries == 13
