@@ -283,26 +283,24 @@ static PyObject *general(Appender *self, PyObject *name, PyObject *const *args, 
     return r;
 }
 
-/* The general way for a stream and a shard already chosen (the rotation
- * moved): name(stream, payloads, shard=shard). */
-static PyObject *general_in_shard(Appender *self, PyObject *name, PyObject *stream,
-                                  PyObject *payloads, PyObject *shard)
-{
-    PyObject *stack[4] = {(PyObject *)self, stream, payloads, shard};
-    return PyObject_VectorcallMethod(name, stack, 3, kw_shard);
-}
-
 /* The general way for a call the fast way did not take: as it came, or,
  * when the stream was found (the rotation may have moved), with the shard
- * already chosen.  Takes shard_obj's reference. */
+ * already chosen: name(*args, shard=shard), the call's positional arguments
+ * (at most max_positional of them) and no other keyword.  Takes shard_obj's
+ * reference. */
 static PyObject *fallback(Appender *self, PyObject *name, PyObject *const *args, Py_ssize_t nargs,
-                          PyObject *kwnames, StreamBase *s, PyObject *shard_obj)
+                          PyObject *kwnames, StreamBase *s, PyObject *shard_obj,
+                          Py_ssize_t max_positional)
 {
-    if (!s || nargs != 2) { /* a wrong call: as it came, for its TypeError */
+    if (!s || nargs > max_positional) { /* a wrong call: as it came, for its TypeError */
         Py_XDECREF(shard_obj);
         return general(self, name, args, nargs, kwnames);
     }
-    PyObject *r = general_in_shard(self, name, args[0], args[1], shard_obj);
+    PyObject *stack[5] = {(PyObject *)self}; /* max_positional is 2 or 3 */
+    for (Py_ssize_t i = 0; i < nargs; i++)
+        stack[1 + i] = args[i];
+    stack[1 + nargs] = shard_obj;
+    PyObject *r = PyObject_VectorcallMethod(name, stack, (size_t)(nargs + 1), kw_shard);
     Py_DECREF(shard_obj);
     return r;
 }
@@ -420,7 +418,7 @@ static PyObject *appender_append(Appender *self, PyObject *const *args, Py_ssize
     comet_shard *h = s && payload ? s->handles[shard] : NULL;
     if (!h || !PyBytes_CheckExact(payload) || (uint64_t)PyBytes_GET_SIZE(payload) >= self->threshold ||
         (uint64_t)PyBytes_GET_SIZE(payload) > UINT32_MAX) {
-        return fallback(self, str_append_general, args, nargs, kwnames, s, shard_obj);
+        return fallback(self, str_append_general, args, nargs, kwnames, s, shard_obj, 2);
     }
     const char *data = PyBytes_AS_STRING(payload);
     uint32_t len = (uint32_t)PyBytes_GET_SIZE(payload);
@@ -509,7 +507,7 @@ static PyObject *appender_append_batch(Appender *self, PyObject *const *args, Py
         }
     }
     if (rc == COMET_E_WANTS_COMPRESSION) /* or not the common case: the general way */
-        return fallback(self, str_append_batch_general, args, nargs, kwnames, s, shard_obj);
+        return fallback(self, str_append_batch_general, args, nargs, kwnames, s, shard_obj, 2);
     return finish(self, args[0], shard_obj, rc, self->batch_result, n);
 }
 
@@ -569,16 +567,8 @@ static PyObject *appender_ingest(Appender *self, PyObject *const *args, Py_ssize
     uint32_t format = s ? body_format(args, nargs) : 0;
     Py_buffer view;
     if (!format || PyObject_GetBuffer(args[1], &view, PyBUF_SIMPLE) < 0) {
-        PyErr_Clear(); /* not a buffer: the general way says so */
-        if (!s || nargs > 3) {
-            Py_XDECREF(shard_obj);
-            return general(self, str_ingest_general, args, nargs, kwnames);
-        }
-        PyObject *stack[5] = {(PyObject *)self, args[0], args[1], nargs > 2 ? args[2] : str_json,
-                              shard_obj};
-        PyObject *r = PyObject_VectorcallMethod(str_ingest_general, stack, 4, kw_shard);
-        Py_DECREF(shard_obj);
-        return r;
+        PyErr_Clear(); /* a body that is no buffer: the general way says so */
+        return fallback(self, str_ingest_general, args, nargs, kwnames, s, shard_obj, 3);
     }
     comet_ingest_request req = {.body = view.buf, .len = (size_t)view.len, .format = format,
                                 .compress_above = self->raw_limit,

@@ -1,10 +1,10 @@
 """The Python API of the storage core: a thin, typed layer over the C library.
 
-Every append crosses into C once, whatever the batch size.  ``append`` and
-``append_batch`` are themselves C methods (``_fastpath.c``: a list of payloads
-is handed over item by item without a copy, and the GIL is let go only when
-the append has to wait); an NDJSON body goes as one buffer plus its
-delimiter.  Compression happens here, with ``zstandard`` (which releases the
+Every append crosses into C once, whatever the batch size.  ``append``,
+``append_batch`` and ``ingest`` are themselves C methods (``_fastpath.c``: a
+list of payloads is handed over item by item without a copy, and the GIL is
+let go only when the append has to wait); an NDJSON body goes as one buffer
+plus its delimiter.  Compression happens here, with ``zstandard`` (which releases the
 GIL), before C takes any lock; C decompresses on the read path.
 """
 
