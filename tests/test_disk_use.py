@@ -154,3 +154,86 @@ def test_the_budget_frees_the_oldest_data_of_the_whole_directory(data_dir: Path)
     used = sum(os.stat(os.path.join(r, f)).st_size for r, _, fs in os.walk(data_dir)
                for f in fs if f.endswith((".log", ".idx")))
     assert used <= 3 << 20
+
+
+SPARE = "spare.log.free"  # a deleted segment's file kept for reuse (storage_c/FORMAT.md)
+
+
+def data_files_bytes(path: Path) -> int:
+    """Bytes of segment, index and spare files below path: what the budget counts."""
+    return sum(os.stat(os.path.join(r, f)).st_size for r, _, fs in os.walk(path)
+               for f in fs if f.endswith((".log", ".idx", ".free")))
+
+
+def test_a_budget_of_two_segments_holds_one_shard_writing_on_forever(data_dir: Path) -> None:
+    """Growing the active segment under a tight budget must get its room by
+    deleting the oldest segment outright: kept as a spare, the file would
+    hold the room the growth needs, and appends failed with StorageFull at
+    ~75 % of the budget while nothing but the spare could go."""
+    budget = 2 * MiB
+    cfg = Config(shards=1, segment_bytes=1 * MiB, segment_chunk_bytes=256 << 10,
+                 retention_max_total_bytes=budget, retention_interval_ms=0)
+    count = 16_000  # ~16 MB through a 2 MiB budget
+    with Log(data_dir, cfg) as log:
+        for i in range(count):
+            log.append("s", b"%08d" % i + b"q" * 992, shard=0)
+            if i % 1000 == 999:
+                assert data_files_bytes(data_dir) <= budget
+        stats = log.shard_stats("s", 0)
+        assert stats.next_entry == count and stats.retention_deleted_segments >= 10
+        got = [p for _, _, p in read_all(log, "s", 0)]
+        assert got == [b"%08d" % i + b"q" * 992 for i in range(stats.first_entry, count)]
+        assert len(got) >= 500  # what is left is the newest data
+        assert log.verify().ok
+
+
+def small_segments(shard_limit: int = 0, budget: int = 0) -> Config:
+    """1 MiB segments, no background retention pass; the limits given."""
+    return Config(shards=1, segment_bytes=1 * MiB, segment_chunk_bytes=256 << 10,
+                  retention_interval_ms=0, retention_max_shard_bytes=shard_limit,
+                  retention_max_total_bytes=budget)
+
+
+def stream_with_a_spare(data_dir: Path) -> tuple[Path, tuple[int, int]]:
+    """Stream a, written past a 2 MiB shard limit and trimmed by a retention
+    pass, which keeps one deleted file as a's spare: the spare's path and a's
+    (first, next) entry."""
+    with Log(data_dir, small_segments()) as log:
+        for i in range(3_500):  # ~3.5 MB: four segments
+            log.append("a", b"%08d" % i + b"a" * 992, shard=0)
+    with Log(data_dir, small_segments(shard_limit=2 * MiB)) as log:
+        log.run_retention()
+        a = log.shard_stats("a", 0)
+    spare = data_dir / "a" / "shard-0000" / SPARE
+    assert spare.exists() and a.first_entry > 0
+    return spare, (a.first_entry, a.next_entry)
+
+
+def a_entries(log: Log) -> tuple[int, int]:
+    a = log.shard_stats("a", 0)
+    return a.first_entry, a.next_entry
+
+
+def test_spares_go_before_any_data_when_the_budget_is_short(data_dir: Path) -> None:
+    """A spare holds no data: when another stream needs room, the spare of
+    stream a is unlinked and a keeps every entry it had."""
+    spare, a_before = stream_with_a_spare(data_dir)
+    budget = data_files_bytes(data_dir) + 1 * MiB  # room for b's first chunks, not its second segment
+    with Log(data_dir, small_segments(budget=budget)) as log:
+        for i in range(1_500):  # ~1.5 MB for b: needs the spare's room
+            log.append("b", b"%08d" % i + b"b" * 992, shard=0)
+        assert not spare.exists() and a_entries(log) == a_before
+        assert [p for _, _, p in read_all(log, "b", 0)] == [
+            b"%08d" % i + b"b" * 992 for i in range(1_500)]
+        assert log.verify().ok
+    assert data_files_bytes(data_dir) <= budget
+
+
+def test_a_retention_pass_over_the_budget_unlinks_spares_before_data(data_dir: Path) -> None:
+    spare, a_before = stream_with_a_spare(data_dir)
+    budget = data_files_bytes(data_dir) - 512 * 1024  # over by less than the spare
+    with Log(data_dir, small_segments(budget=budget)) as log:
+        report = log.run_retention()
+        assert not spare.exists() and a_entries(log) == a_before
+        assert report.deleted_segments == 0
+    assert data_files_bytes(data_dir) <= budget

@@ -72,6 +72,9 @@ int recycle_keep(struct comet_shard *sh, uint64_t base);
 int64_t recycle_take(struct comet_shard *sh, uint64_t base, uint64_t need, uint64_t coverage,
                      uint32_t index_interval);
 uint64_t recycle_spare_bytes(const struct comet_shard *sh);
+/* Unlinks the spare (append lock held), whether recycling is on or not: the
+ * directory's budget needs the disk back.  Returns the bytes freed. */
+uint64_t recycle_drop(struct comet_shard *sh);
 /* Recovery: when the file named as segment base is a recycled one whose new
  * header was lost (it says an older base), gives it back (spare, or unlinked)
  * and returns 1; else 0. */
@@ -255,11 +258,13 @@ uint64_t retention_shard_bytes(shard *sh);
 uint64_t retention_total_bytes(comet_db *db);
 /* Deletes sealed segments anywhere in the data directory, whatever process
  * owns the shard, the oldest data first, until `need` bytes are freed or
- * nothing more may go.  Call with no shard lock held: it takes each shard's
- * lock in turn.  Returns the bytes freed.  The requester (the shard whose
- * rotation needs the room) may keep its own oldest file as its spare. */
-uint64_t retention_free_oldest(comet_db *db, const shard *requester, uint64_t need, int64_t now,
-                               uint64_t *protected_segments);
+ * nothing more may go.  Spares (recycle.c) go before any data: they hold
+ * none.  Call with no shard lock held: it takes each shard's lock in turn.
+ * Returns the bytes freed.  When the requester needs the room to rotate, it
+ * keeps its own deleted file as its spare, which the rotation then takes;
+ * room to grow its active segment is only had by unlinking. */
+uint64_t retention_free_oldest(comet_db *db, const shard *requester, int requester_rotates,
+                               uint64_t need, int64_t now, uint64_t *protected_segments);
 
 /* ---- recovery.c ---------------------------------------------------------- */
 

@@ -34,8 +34,9 @@
  * may leave the segment's name on the file with its old header, saying an
  * older base: nothing of the new segment was made durable then, and
  * recovery gives the file back to the spare slot (recycle_stale).
- * Deleting under a directory budget unlinks instead of keeping (retention.c):
- * a spare is disk the budget must be able to get back.
+ * A spare is disk the directory's budget must be able to get back: making
+ * room in it unlinks spares before any data, and unlinks what it deletes
+ * unless the shard that needs the room rotates (retention_free_oldest).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -140,6 +141,18 @@ int recycle_stale(shard *sh, uint64_t base)
         sys_rename(path, spare) == 0)
         return 1;
     return sys_unlink(path) == 0;
+}
+
+uint64_t recycle_drop(shard *sh)
+{
+    char path[COMET_PATH_MAX];
+    struct stat sb;
+    if (spare_path(sh, path) || stat(path, &sb))
+        return 0;
+    int locked = usage_begin_delete(sh->stream->db);
+    uint64_t freed = sys_unlink(path) == 0 ? (uint64_t)sb.st_size : 0;
+    usage_end_delete(sh->stream->db, locked, freed);
+    return freed;
 }
 
 int64_t recycle_take(shard *sh, uint64_t base, uint64_t need, uint64_t coverage,

@@ -117,7 +117,7 @@ static int64_t first_timestamp(shard *sh, uint64_t base)
 
 /* Deletes a sealed segment: its file becomes the shard's spare when it may be
  * kept (recycle.c), else it is unlinked.  Deleting to free the directory's
- * budget for another shard (may_keep 0) unlinks: a spare would free nothing. */
+ * budget (may_keep 0) unlinks: a spare would free nothing. */
 static void delete_segment(shard *sh, uint64_t base, uint64_t bytes, int may_keep)
 {
     char path[COMET_PATH_MAX];
@@ -253,6 +253,8 @@ int64_t comet_data_bytes(comet_db *db)
     return used;
 }
 
+static uint64_t free_spares(comet_db *db, uint64_t need);
+
 int comet_run_retention(comet_db *db, comet_retention_report *out)
 {
     return comet_run_retention_room(db, 0, out);
@@ -271,6 +273,10 @@ int comet_run_retention_room(comet_db *db, uint64_t room, comet_retention_report
     if (db->cfg.retention_max_total_bytes) {
         uint64_t used = usage_recount(db) + room;
         excess = used > db->cfg.retention_max_total_bytes ? used - db->cfg.retention_max_total_bytes : 0;
+    }
+    if (excess) {
+        uint64_t freed = free_spares(db, excess);
+        excess -= freed < excess ? freed : excess;
     }
     int64_t now = now_ns();
     DIR *d = sys_opendir(db->path);
@@ -302,7 +308,8 @@ int comet_run_retention_room(comet_db *db, uint64_t room, comet_retention_report
 
 typedef struct candidate {
     shard *sh;
-    int64_t newest; /* no entry of the shard's oldest sealed segment is newer */
+    int64_t newest; /* no entry of the shard's oldest sealed segment is newer; -1: none */
+    int spare;      /* the shard has a spare file (recycle.c) */
 } candidate;
 
 /* Room for one more candidate; 0, or COMET_E_NOMEM (c unchanged). */
@@ -325,8 +332,17 @@ static int by_age(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-/* The shards of every stream that have a sealed segment, entered (pair each
- * with shard_leave), oldest data first. */
+/* Whether the shard holds a spare file, recycling on or not (one left by an
+ * earlier open with recycling on is disk all the same). */
+static int has_spare(const shard *sh)
+{
+    char path[COMET_PATH_MAX];
+    struct stat sb;
+    return !path_format(path, "%s/%s", sh->dir, SPARE_NAME) && stat(path, &sb) == 0;
+}
+
+/* The shards of every stream that have a sealed segment or a spare, entered
+ * (pair each with shard_leave), oldest data first. */
 static size_t gather(comet_db *db, candidate **out)
 {
     size_t n = 0, cap = 0;
@@ -354,11 +370,12 @@ static size_t gather(comet_db *db, candidate **out)
                     newest = first_timestamp(sh, bases[1]);
                 free(bases);
             }
-            if (newest < 0 || grow_candidates(&c, n, &cap)) {
+            int spare = has_spare(sh);
+            if ((newest < 0 && !spare) || grow_candidates(&c, n, &cap)) {
                 shard_leave(sh); /* nothing to delete here, or no memory: skipped */
                 continue;
             }
-            c[n++] = (candidate){sh, newest};
+            c[n++] = (candidate){sh, newest, spare};
         }
     }
     if (d && errno) { /* a partial listing would not know which data is the oldest */
@@ -375,8 +392,35 @@ static size_t gather(comet_db *db, candidate **out)
     return n;
 }
 
-uint64_t retention_free_oldest(comet_db *db, const shard *requester, uint64_t need, int64_t now,
-                               uint64_t *protected_segments)
+/* Unlinks the spares of gathered shards until need bytes are freed, but
+ * skip's (a rotating requester's: its rotation takes it).  Spares go before
+ * any data: they hold warm pages for a rotation, no entry. */
+static uint64_t drop_spares(candidate *c, size_t n, const shard *skip, uint64_t need)
+{
+    uint64_t freed = 0;
+    for (size_t i = 0; i < n && freed < need; i++)
+        if (c[i].spare && c[i].sh != skip && shard_lock(c[i].sh) == 0) {
+            freed += recycle_drop(c[i].sh);
+            shard_unlock(c[i].sh);
+        }
+    return freed;
+}
+
+/* The spares of the whole directory, until need bytes are freed: a policy
+ * pass over the budget takes them before any data. */
+static uint64_t free_spares(comet_db *db, uint64_t need)
+{
+    candidate *c = NULL;
+    size_t n = gather(db, &c);
+    uint64_t freed = drop_spares(c, n, NULL, need);
+    for (size_t i = 0; i < n; i++)
+        shard_leave(c[i].sh);
+    free(c);
+    return freed;
+}
+
+uint64_t retention_free_oldest(comet_db *db, const shard *requester, int requester_rotates,
+                               uint64_t need, int64_t now, uint64_t *protected_segments)
 {
     *protected_segments = 0;
     /* The shortfall was measured on the estimate, which counts no deletion:
@@ -392,12 +436,14 @@ uint64_t retention_free_oldest(comet_db *db, const shard *requester, uint64_t ne
         candidate *c = NULL;
         size_t n = gather(db, &c);
         uint64_t before = freed;
+        freed += drop_spares(c, n, requester_rotates ? requester : NULL, need - freed);
         for (size_t i = 0; i < n; i++) {
-            if (freed < need && shard_lock(c[i].sh) == 0) {
+            if (freed < need && c[i].newest >= 0 && shard_lock(c[i].sh) == 0) {
                 comet_retention_report rep = {0};
-                /* its oldest segment, if it may go; the requester's may become
-                 * its spare: the rotation that needs the room then takes it */
-                retention_shard(c[i].sh, 1, c[i].sh == requester, now, &rep);
+                /* its oldest segment, if it may go; a rotating requester's
+                 * becomes its spare: the rotation then takes it */
+                int keep = c[i].sh == requester && requester_rotates;
+                retention_shard(c[i].sh, 1, keep, now, &rep);
                 shard_unlock(c[i].sh);
                 freed += rep.deleted_bytes;
                 *protected_segments += rep.protected_segments;
