@@ -12,6 +12,11 @@ whitespace is dropped), so a number or a string is never re-encoded.
 No request holds the event loop for long: a compressed body, a large body, or
 a durability=always append (an fdatasync) runs on a worker thread (the C call
 releases the GIL), so health checks and small requests keep being answered.
+Every other body is stored on the loop only if that needs no waiting
+(``wait=False``); when the append would first wait - for a rotation, whose
+file syncs took up to a second on a busy disk, for a due sync or for the
+shard's lock - the core says so (WouldBlock) before storing anything, and the
+call is made again on a thread.
 
 Storage errors map to statuses: storage full -> 507 with Retry-After, an
 entry above the limit -> 413, an unknown stream with auto-create off -> 404.
@@ -40,6 +45,7 @@ from storage_c import (
     StreamLimit,
     StreamNameError,
     StreamNotFound,
+    WouldBlock,
     check_stream_name,
 )
 
@@ -258,12 +264,12 @@ class Ingest:
             offload = (encoding != "identity" or len(body) > INLINE_BODY_BYTES
                        or config.storage.durability == "always")
             try:
-                res = await run_in_threadpool(work) if offload else work()
+                res = await store_off_loop(work, offload)
             except StreamGone:  # deleted since this worker opened it: open (or create) it anew
                 self.opened.discard(head.stream)
                 self.open_stream(head.stream)
                 try:
-                    res = await run_in_threadpool(work) if offload else work()
+                    res = await store_off_loop(work, offload)
                 except StreamGone:
                     raise HTTPError(503, "stream_deleted", f"stream {head.stream!r} is being "
                                     "deleted; retry", retry_after=config.retry_after_s) from None
@@ -276,11 +282,22 @@ class Ingest:
                              "last": res.last, "count": res.count}), {}
 
 
+async def store_off_loop(work: partial[BatchResult], offload: bool) -> BatchResult:
+    """work() on the loop when it needs no waiting, else on a thread."""
+    if not offload:
+        try:
+            return work(wait=False)
+        except WouldBlock:
+            pass  # nothing was stored: the same call, allowed to wait, on a thread
+    return await run_in_threadpool(work)
+
+
 def decode_and_store(runtime: Runtime, head: Head, kind: str, encoding: str,
-                     body: Body) -> BatchResult:
-    """Decompresses, checks and stores one body (on the loop or a thread)."""
+                     body: Body, wait: bool = True) -> BatchResult:
+    """Decompresses, checks and stores one body (on the loop or a thread);
+    ``wait=False``: WouldBlock, nothing stored, where the append would wait."""
     body = decompress(body, encoding, runtime.config.max_decompressed_bytes)
-    return store(runtime, head.stream, kind, body, head.key)
+    return store(runtime, head.stream, kind, body, head.key, wait)
 
 
 def bad_body(exc: CometError) -> HTTPError:
@@ -315,22 +332,23 @@ def one_event(body: Body) -> Body:
 
 
 def store(runtime: Runtime, stream: str, kind: str, body: Body,
-          key: str | None) -> BatchResult:
+          key: str | None, wait: bool = True) -> BatchResult:
     log = runtime.log
     assert log is not None
     try:
         if kind in BYTES_TYPES:
-            return log.append_batch(stream, [one_event(body)], key=key)
+            return log.append_batch(stream, [one_event(body)], key=key, wait=wait)
         validate = runtime.config.validates(stream)
         if kind in NDJSON_TYPES:
             if validate:
-                return log.ingest(stream, body, "ndjson", key=key)
+                return log.ingest(stream, body, "ndjson", key=key, wait=wait)
             if b"\r" in body:
                 body = body.replace(b"\r\n", b"\n")
-            return log.append_delimited(stream, one_event(body), key=key)  # no per-line work at all
+            # no per-line work at all
+            return log.append_delimited(stream, one_event(body), key=key, wait=wait)
         if validate or ARRAY_START.match(body):  # an array is split (and checked) in C
-            return log.ingest(stream, body, "json", key=key)
-        return log.append_batch(stream, [one_event(body)], key=key)
+            return log.ingest(stream, body, "json", key=key, wait=wait)
+        return log.append_batch(stream, [one_event(body)], key=key, wait=wait)
     except (InvalidJSON, NoEvents) as exc:
         raise bad_body(exc) from None
     except StorageFull as exc:
@@ -342,5 +360,7 @@ def store(runtime: Runtime, stream: str, kind: str, body: Body,
         raise HTTPError(413, "event_too_large", str(exc)) from None
     except StreamNotFound:
         raise StreamGone() from None
+    except WouldBlock:
+        raise
     except CometError as exc:
         raise HTTPError(500, "storage_error", str(exc)) from None

@@ -34,6 +34,7 @@ from .errors import (
     StorageIOError,
     StreamNameError,
     StreamLimit,
+    WouldBlock,
     StreamNotFound,
 )
 from .groups import Group, ResetResult, ResetTo, check_group_name, delete_group, reset_group
@@ -89,6 +90,7 @@ __all__ = [
     "StorageIOError",
     "StreamNameError",
     "StreamLimit",
+    "WouldBlock",
     "StreamNotFound",
     "StreamStats",
     "TooManyGroups",

@@ -29,13 +29,16 @@
  * let go for the blocking call, as cffi would: an append may wait for the
  * shard lock, a rotation or an fdatasync.  Payloads are kept alive by a
  * reference each while the GIL is let go (another thread may change the
- * list meanwhile); while it is held nothing can.
+ * list meanwhile); while it is held nothing can.  With wait=False there is
+ * no blocking call: the core's COMET_E_WOULD_BLOCK is raised (WouldBlock),
+ * nothing stored, for a caller on an event loop to make the call again on a
+ * thread; the general way honours wait=False the same way.
  *
  * comet_ingest always runs with the GIL let go: it validates the whole body
  * first, which for a large one takes long enough to matter.
  *
  * The core is linked once, in the cffi module: storage_c.log passes the
- * addresses of the five entry points (ffi.addressof) to Appender._fast_init,
+ * addresses of the six entry points (ffi.addressof) to Appender._fast_init,
  * and each stream's handles as integers.
  */
 #define PY_SSIZE_T_CLEAN
@@ -188,13 +191,13 @@ typedef struct {
     append_vector_fn vector, vector_nowait;
     uint64_t threshold;       /* payloads this long or longer go the general way (compression) */
     uint32_t raw_limit;       /* the same, for the core's check of a batch */
-    ingest_fn ingest;
+    ingest_fn ingest, ingest_nowait;
     int32_t compress_level;   /* zstd level of events ingested above raw_limit */
 } Appender;
 
 static PyObject *str_append_general, *str_append_batch_general, *str_raise;
 static PyObject *str_ingest_general, *str_ingest_failed, *str_json, *str_ndjson;
-static PyObject *str_shard, *str_key, *str_durability, *kw_shard;
+static PyObject *str_shard, *str_key, *str_durability, *str_wait, *kw_shard, *kw_shard_wait;
 
 static int appender_traverse(Appender *self, visitproc visit, void *arg)
 {
@@ -225,26 +228,28 @@ static void appender_dealloc(Appender *self)
 }
 
 /* _fast_init(streams, stream_type, batch_result, to, to_nowait, vector,
- *            vector_nowait, ingest, threshold, raw_limit, compress_level) */
+ *            vector_nowait, ingest, ingest_nowait, threshold, raw_limit,
+ *            compress_level) */
+#define ENTRY_POINTS 6
 static PyObject *appender_fast_init(Appender *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 11 || !PyDict_CheckExact(args[0]) || !PyType_Check(args[1]) ||
+    if (nargs != 3 + ENTRY_POINTS + 3 || !PyDict_CheckExact(args[0]) || !PyType_Check(args[1]) ||
         !PyType_Check(args[2])) {
         PyErr_SetString(PyExc_TypeError, "_fast_init(streams, stream_type, batch_result, to, "
-                                         "to_nowait, vector, vector_nowait, ingest, threshold, "
-                                         "raw_limit, compress_level)");
+                                         "to_nowait, vector, vector_nowait, ingest, ingest_nowait, "
+                                         "threshold, raw_limit, compress_level)");
         return NULL;
     }
-    void *fns[5];
-    for (int i = 0; i < 5; i++)
-        fns[i] = PyLong_AsVoidPtr(args[3 + i]);
-    unsigned long long threshold = PyLong_AsUnsignedLongLong(args[8]);
-    unsigned long raw_limit = PyLong_AsUnsignedLong(args[9]);
-    long level = PyLong_AsLong(args[10]);
+    void *fns[ENTRY_POINTS];
+    int missing = 0;
+    for (int i = 0; i < ENTRY_POINTS; i++)
+        missing |= !(fns[i] = PyLong_AsVoidPtr(args[3 + i]));
+    unsigned long long threshold = PyLong_AsUnsignedLongLong(args[3 + ENTRY_POINTS]);
+    unsigned long raw_limit = PyLong_AsUnsignedLong(args[4 + ENTRY_POINTS]);
+    long level = PyLong_AsLong(args[5 + ENTRY_POINTS]);
     if (PyErr_Occurred())
         return NULL;
-    if (!fns[0] || !fns[1] || !fns[2] || !fns[3] || !fns[4] || raw_limit > UINT32_MAX ||
-        level < INT32_MIN || level > INT32_MAX) {
+    if (missing || raw_limit > UINT32_MAX || level < INT32_MIN || level > INT32_MAX) {
         PyErr_SetString(PyExc_ValueError, "_fast_init: null entry point, or raw_limit or "
                                           "compress_level out of range");
         return NULL;
@@ -260,6 +265,7 @@ static PyObject *appender_fast_init(Appender *self, PyObject *const *args, Py_ss
     self->vector = (append_vector_fn)fns[2];
     self->vector_nowait = (append_vector_fn)fns[3];
     self->ingest = (ingest_fn)fns[4];
+    self->ingest_nowait = (ingest_fn)fns[5];
     self->threshold = threshold;
     self->raw_limit = (uint32_t)raw_limit;
     self->compress_level = (int32_t)level;
@@ -285,31 +291,35 @@ static PyObject *general(Appender *self, PyObject *name, PyObject *const *args, 
 
 /* The general way for a call the fast way did not take: as it came, or,
  * when the stream was found (the rotation may have moved), with the shard
- * already chosen: name(*args, shard=shard), the call's positional arguments
- * (at most max_positional of them) and no other keyword.  Takes shard_obj's
- * reference. */
+ * already chosen: name(*args, shard=shard[, wait=False]), the call's
+ * positional arguments (at most max_positional of them) and no other
+ * keyword.  Takes shard_obj's reference. */
 static PyObject *fallback(Appender *self, PyObject *name, PyObject *const *args, Py_ssize_t nargs,
                           PyObject *kwnames, StreamBase *s, PyObject *shard_obj,
-                          Py_ssize_t max_positional)
+                          Py_ssize_t max_positional, int nowait)
 {
     if (!s || nargs > max_positional) { /* a wrong call: as it came, for its TypeError */
         Py_XDECREF(shard_obj);
         return general(self, name, args, nargs, kwnames);
     }
-    PyObject *stack[5] = {(PyObject *)self}; /* max_positional is 2 or 3 */
+    PyObject *stack[6] = {(PyObject *)self}; /* max_positional is 2 or 3 */
     for (Py_ssize_t i = 0; i < nargs; i++)
         stack[1 + i] = args[i];
     stack[1 + nargs] = shard_obj;
-    PyObject *r = PyObject_VectorcallMethod(name, stack, (size_t)(nargs + 1), kw_shard);
+    stack[2 + nargs] = Py_False;
+    PyObject *r = PyObject_VectorcallMethod(name, stack, (size_t)(nargs + 1),
+                                            nowait ? kw_shard_wait : kw_shard);
     Py_DECREF(shard_obj);
     return r;
 }
 
-/* Reads shard=, key=, durability= (nothing else); 0 when a keyword is unknown. */
+/* Reads shard=, key=, durability=, wait= (nothing else); 0 when a keyword
+ * is unknown. */
 static int keywords(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, PyObject **shard,
-                    PyObject **key, PyObject **durability)
+                    PyObject **key, PyObject **durability, PyObject **wait)
 {
     *shard = *key = *durability = Py_None;
+    *wait = Py_True;
     Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
     for (Py_ssize_t i = 0; i < nkw; i++) {
         PyObject *k = PyTuple_GET_ITEM(kwnames, i), *v = args[nargs + i];
@@ -319,6 +329,8 @@ static int keywords(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, 
             *key = v;
         else if (k == str_durability)
             *durability = v;
+        else if (k == str_wait)
+            *wait = v;
         else
             return 0;
     }
@@ -330,14 +342,18 @@ static int keywords(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, 
  * NULL when the general way is to be taken; *shard_obj a new reference to the
  * shard as an int when it is not.  -1 with an exception set on an error. */
 static int fast_target(Appender *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
-                       StreamBase **out, uint32_t *shard_out, PyObject **shard_obj)
+                       StreamBase **out, uint32_t *shard_out, PyObject **shard_obj, int *nowait)
 {
-    PyObject *shard, *key, *durability;
+    PyObject *shard, *key, *durability, *wait;
     *out = NULL;
     *shard_obj = NULL;
-    if (nargs < 2 || !self->streams || !keywords(args, nargs, kwnames, &shard, &key, &durability) ||
-        key != Py_None || durability != Py_None || !PyUnicode_CheckExact(args[0]))
+    *nowait = 0;
+    if (nargs < 2 || !self->streams ||
+        !keywords(args, nargs, kwnames, &shard, &key, &durability, &wait) || key != Py_None ||
+        durability != Py_None || (wait != Py_True && wait != Py_False) ||
+        !PyUnicode_CheckExact(args[0]))
         return 0;
+    *nowait = wait == Py_False;
     PyObject *found = PyDict_GetItemWithError(self->streams, args[0]); /* borrowed */
     if (!found || !PyObject_TypeCheck(found, self->stream_type))
         return PyErr_Occurred() ? -1 : 0;
@@ -412,18 +428,19 @@ static PyObject *appender_append(Appender *self, PyObject *const *args, Py_ssize
     StreamBase *s;
     uint32_t shard;
     PyObject *shard_obj;
-    if (fast_target(self, args, nargs, kwnames, &s, &shard, &shard_obj) < 0)
+    int nowait;
+    if (fast_target(self, args, nargs, kwnames, &s, &shard, &shard_obj, &nowait) < 0)
         return NULL;
     PyObject *payload = nargs == 2 ? args[1] : NULL;
     comet_shard *h = s && payload ? s->handles[shard] : NULL;
     if (!h || !PyBytes_CheckExact(payload) || (uint64_t)PyBytes_GET_SIZE(payload) >= self->threshold ||
         (uint64_t)PyBytes_GET_SIZE(payload) > UINT32_MAX) {
-        return fallback(self, str_append_general, args, nargs, kwnames, s, shard_obj, 2);
+        return fallback(self, str_append_general, args, nargs, kwnames, s, shard_obj, 2, nowait);
     }
     const char *data = PyBytes_AS_STRING(payload);
     uint32_t len = (uint32_t)PyBytes_GET_SIZE(payload);
     int64_t rc = self->to_nowait(h, data, len);
-    if (rc == COMET_E_WOULD_BLOCK) {
+    if (rc == COMET_E_WOULD_BLOCK && !nowait) {
         Py_INCREF(payload);
         Py_BEGIN_ALLOW_THREADS
         rc = self->to(h, data, len);
@@ -481,7 +498,8 @@ static PyObject *appender_append_batch(Appender *self, PyObject *const *args, Py
     StreamBase *s;
     uint32_t shard;
     PyObject *shard_obj;
-    if (fast_target(self, args, nargs, kwnames, &s, &shard, &shard_obj) < 0)
+    int nowait;
+    if (fast_target(self, args, nargs, kwnames, &s, &shard, &shard_obj, &nowait) < 0)
         return NULL;
     PyObject *seq = nargs == 2 ? args[1] : NULL;
     Py_ssize_t n = seq && (PyList_CheckExact(seq) || PyTuple_CheckExact(seq))
@@ -496,7 +514,7 @@ static PyObject *appender_append_batch(Appender *self, PyObject *const *args, Py
         if (gather(seq, n, items)) {
             rc = self->vector_nowait(s->stream, shard, items, (uint32_t)n, self->raw_limit,
                                      COMET_DURABILITY_DEFAULT);
-            if (rc == COMET_E_WOULD_BLOCK)
+            if (rc == COMET_E_WOULD_BLOCK && !nowait)
                 rc = vector_blocking(self, s->stream, shard, seq, n, items);
         }
         if (items != local)
@@ -507,7 +525,7 @@ static PyObject *appender_append_batch(Appender *self, PyObject *const *args, Py
         }
     }
     if (rc == COMET_E_WANTS_COMPRESSION) /* or not the common case: the general way */
-        return fallback(self, str_append_batch_general, args, nargs, kwnames, s, shard_obj, 2);
+        return fallback(self, str_append_batch_general, args, nargs, kwnames, s, shard_obj, 2, nowait);
     return finish(self, args[0], shard_obj, rc, self->batch_result, n);
 }
 
@@ -562,13 +580,14 @@ static PyObject *appender_ingest(Appender *self, PyObject *const *args, Py_ssize
     StreamBase *s;
     uint32_t shard;
     PyObject *shard_obj;
-    if (fast_target(self, args, nargs, kwnames, &s, &shard, &shard_obj) < 0)
+    int nowait;
+    if (fast_target(self, args, nargs, kwnames, &s, &shard, &shard_obj, &nowait) < 0)
         return NULL;
     uint32_t format = s ? body_format(args, nargs) : 0;
     Py_buffer view;
     if (!format || PyObject_GetBuffer(args[1], &view, PyBUF_SIMPLE) < 0) {
         PyErr_Clear(); /* a body that is no buffer: the general way says so */
-        return fallback(self, str_ingest_general, args, nargs, kwnames, s, shard_obj, 3);
+        return fallback(self, str_ingest_general, args, nargs, kwnames, s, shard_obj, 3, nowait);
     }
     comet_ingest_request req = {.body = view.buf, .len = (size_t)view.len, .format = format,
                                 .compress_above = self->raw_limit,
@@ -578,7 +597,7 @@ static PyObject *appender_ingest(Appender *self, PyObject *const *args, Py_ssize
     comet_stream *stream = s->stream; /* read before the GIL goes (see vector_blocking) */
     int64_t rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = self->ingest(stream, shard, &req, &res);
+    rc = (nowait ? self->ingest_nowait : self->ingest)(stream, shard, &req, &res);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&view); /* the view held the body (a bytearray cannot resize meanwhile) */
     if (rc < 0) {
@@ -593,16 +612,19 @@ static PyMethodDef appender_methods[] = {
      "_fast_init(streams, stream_type, batch_result, to, to_nowait, vector, vector_nowait, "
      "ingest, threshold, raw_limit, compress_level)"},
     {"append", (PyCFunction)(void (*)(void))appender_append, METH_FASTCALL | METH_KEYWORDS,
-     "append(stream, payload, *, shard=None, key=None, durability=None) -> (shard, entry)\n\n"
+     "append(stream, payload, *, shard=None, key=None, durability=None, wait=True)"
+     " -> (shard, entry)\n\n"
      "Appends one entry; returns its id as (shard, entry).\n\n"
      "Without shard or key the entry goes to this process's own shards in turn;\n"
-     "with key to hash(key) % shards."},
+     "with key to hash(key) % shards.  wait=False: WouldBlock, nothing stored,\n"
+     "where the append would first have to wait (lock, rotation, sync)."},
     {"append_batch", (PyCFunction)(void (*)(void))appender_append_batch,
      METH_FASTCALL | METH_KEYWORDS,
-     "append_batch(stream, payloads, *, shard=None, key=None, durability=None) -> BatchResult\n\n"
+     "append_batch(stream, payloads, *, shard=None, key=None, durability=None, wait=True)"
+     " -> BatchResult\n\n"
      "Appends entries atomically, contiguous and in order, in one shard."},
     {"ingest", (PyCFunction)(void (*)(void))appender_ingest, METH_FASTCALL | METH_KEYWORDS,
-     "ingest(stream, body, format='json', *, shard=None, key=None, durability=None)"
+     "ingest(stream, body, format='json', *, shard=None, key=None, durability=None, wait=True)"
      " -> BatchResult\n\n"
      "Validates a request body (strict JSON, or NDJSON) and appends its events\n"
      "as one atomic batch, exactly as sent apart from insignificant whitespace;\n"
@@ -660,7 +682,9 @@ PyMODINIT_FUNC PyInit__fastpath(void)
         !(str_shard = PyUnicode_InternFromString("shard")) ||
         !(str_key = PyUnicode_InternFromString("key")) ||
         !(str_durability = PyUnicode_InternFromString("durability")) ||
+        !(str_wait = PyUnicode_InternFromString("wait")) ||
         !(kw_shard = PyTuple_Pack(1, str_shard)) ||
+        !(kw_shard_wait = PyTuple_Pack(2, str_shard, str_wait)) ||
         add_type(m, &stream_spec, "StreamBase") || add_type(m, &appender_spec, "Appender")) {
         Py_DECREF(m);
         return NULL;

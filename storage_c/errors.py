@@ -149,6 +149,14 @@ class NoEvents(CometError, ValueError):
     code = lib.COMET_E_NO_EVENTS
 
 
+class WouldBlock(CometError):
+    """An append called with ``wait=False`` would have had to wait (for the
+    shard's lock, a rotation, a sync): nothing was stored; make the call
+    again with ``wait=True``, off the event loop."""
+
+    code = lib.COMET_E_WOULD_BLOCK
+
+
 _BY_CODE: dict[int, type[CometError]] = {
     cls.code: cls
     for cls in (
@@ -175,6 +183,7 @@ _BY_CODE: dict[int, type[CometError]] = {
         InvalidJSON,
         NoEvents,
         StreamLimit,
+        WouldBlock,
     )
 }
 _BY_CODE[lib.COMET_E_NOMEM] = CometError

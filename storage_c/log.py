@@ -45,7 +45,7 @@ def _address(name: str) -> int:
 # the entry points Log.append and Log.append_batch call from C (_fastpath.c)
 _FAST_ENTRY_POINTS = (_address("comet_append_to"), _address("comet_append_to_nowait"),
                       _address("comet_append_vector"), _address("comet_append_vector_nowait"),
-                      _address("comet_ingest"))
+                      _address("comet_ingest"), _address("comet_ingest_nowait"))
 _WANTS_COMPRESSION = lib.COMET_E_WANTS_COMPRESSION
 _BUFFER_TOO_SMALL = lib.COMET_E_BUFFER_TOO_SMALL
 _NO_STREAM = lib.COMET_E_NO_STREAM
@@ -393,15 +393,15 @@ class Log(_fastpath.Appender):
     # default durability and no key, and call these two for everything else.
 
     def _append_general(self, stream: str, payload: Buffer, *, shard: int | None = None,
-                        key: str | bytes | None = None, durability: str | None = None
-                        ) -> tuple[int, int]:
+                        key: str | bytes | None = None, durability: str | None = None,
+                        wait: bool = True) -> tuple[int, int]:
         """Log.append when the fast way does not apply (see Appender.append)."""
         s = self._streams.get(stream) or self._open_stream(stream)
         if shard is None:
             shard = s.pick(key)
         elif durability is None and key is None and not s.has_handle(shard):
             s.open_handle(shard)  # the fast way from now on
-        rc = self._append_slow(s, shard, payload, durability)
+        rc = self._append_slow(s, shard, payload, durability, wait)
         if rc < 0:
             self._raise(stream, rc)
         return shard, rc
@@ -411,34 +411,36 @@ class Log(_fastpath.Appender):
     _append_general.__qualname__ = "Log.append"
 
     def _append_slow(self, s: _Stream, shard: int, payload: object,
-                     durability: str | None) -> int:
+                     durability: str | None, wait: bool) -> int:
         payload = _as_bytes(payload)
         flags = 0
         if self._threshold <= len(payload) <= self.config.max_entry_bytes:
             payload, flags = self._compress(payload)
         try:
-            return lib.comet_append(s.ptr, shard, payload, len(payload), flags,
-                                    DURABILITY_CODES[durability])
+            append = lib.comet_append if wait else lib.comet_append_nowait
+            return append(s.ptr, shard, payload, len(payload), flags, DURABILITY_CODES[durability])
         except OverflowError:
             raise s.out_of_range(shard) from None
 
     def _append_batch_general(self, stream: str, payloads: Iterable[Buffer], *,
                               shard: int | None = None, key: str | bytes | None = None,
-                              durability: str | None = None) -> BatchResult:
+                              durability: str | None = None, wait: bool = True) -> BatchResult:
         """Log.append_batch when the fast way does not apply (see Appender.append_batch)."""
         s = self._streams.get(stream) or self._open_stream(stream)
         if shard is None:
             shard = s.pick(key)
         if type(payloads) is not list and type(payloads) is not tuple:
             payloads = list(payloads)
-        return self._append_compressed(s, shard, payloads, durability)
+        return self._append_compressed(s, shard, payloads, durability, wait)
 
     _append_batch_general.__qualname__ = "Log.append_batch"
 
     def append_delimited(self, stream: str, buffer: Buffer, delimiter: bytes = b"\n", *,
                          shard: int | None = None, key: str | bytes | None = None,
-                         skip_empty: bool = True, durability: str | None = None) -> BatchResult:
-        """One entry per delimited record of ``buffer`` (NDJSON: one per line)."""
+                         skip_empty: bool = True, durability: str | None = None,
+                         wait: bool = True) -> BatchResult:
+        """One entry per delimited record of ``buffer`` (NDJSON: one per line).
+        ``wait=False``: WouldBlock, nothing stored, where the append would wait."""
         if len(delimiter) != 1:
             raise ValueError("the delimiter is a single byte")
         s = self._streams.get(stream) or self._open_stream(stream)
@@ -448,9 +450,9 @@ class Log(_fastpath.Appender):
             buffer = _as_bytes(buffer)
         count = ffi.new("uint32_t *")
         try:
-            rc = lib.comet_append_delimited(s.ptr, shard, buffer, len(buffer), delimiter[0],
-                                            1 if skip_empty else 0, self._raw_limit,
-                                            DURABILITY_CODES[durability], count)
+            append = lib.comet_append_delimited if wait else lib.comet_append_delimited_nowait
+            rc = append(s.ptr, shard, buffer, len(buffer), delimiter[0], 1 if skip_empty else 0,
+                        self._raw_limit, DURABILITY_CODES[durability], count)
         except OverflowError:
             raise s.out_of_range(shard) from None
         if rc == _WANTS_COMPRESSION:
@@ -459,7 +461,7 @@ class Log(_fastpath.Appender):
                 parts.pop()  # a trailing delimiter ends the last record
             if skip_empty:
                 parts = [p for p in parts if p]
-            return self._append_compressed(s, shard, parts, durability)
+            return self._append_compressed(s, shard, parts, durability, wait)
         if rc < 0:
             self._raise(stream, rc)
         return BatchResult(shard, rc, count[0])
@@ -470,7 +472,7 @@ class Log(_fastpath.Appender):
 
     def _ingest_general(self, stream: str, body: Buffer, format: str = "json", *,
                         shard: int | None = None, key: str | bytes | None = None,
-                        durability: str | None = None) -> BatchResult:
+                        durability: str | None = None, wait: bool = True) -> BatchResult:
         """Log.ingest when the fast way does not apply (see Appender.ingest):
         validates a request body and appends its events as one atomic batch.
 
@@ -481,7 +483,8 @@ class Log(_fastpath.Appender):
         max_entry_bytes at its size as sent.  On a bad body nothing is stored
         and InvalidJSON, EntryTooLarge or NoEvents is raised with ``fault``
         (event index, line, byte offset, reason).  One C call, which releases
-        the GIL: run it off an event loop for large bodies.
+        the GIL: run it off an event loop for large bodies.  ``wait=False``:
+        WouldBlock, nothing stored, where the append would have to wait.
         """
         s = self._streams.get(stream) or self._open_stream(stream)
         if shard is None:
@@ -494,7 +497,7 @@ class Log(_fastpath.Appender):
         req.format = _BODY_FORMATS.get(format) or _body_format(format)
         req.durability = DURABILITY_CODES[durability]
         try:
-            rc = lib.comet_ingest(s.ptr, shard, req, res)
+            rc = (lib.comet_ingest if wait else lib.comet_ingest_nowait)(s.ptr, shard, req, res)
         except OverflowError:
             raise s.out_of_range(shard) from None
         finally:
@@ -519,7 +522,7 @@ class Log(_fastpath.Appender):
         return payload, 0
 
     def _append_compressed(self, s: _Stream, shard: int, payloads: Sequence[Buffer],
-                           durability: str | None) -> BatchResult:
+                           durability: str | None, wait: bool) -> BatchResult:
         threshold = self._threshold
         items: list[bytes] = []
         flags = bytearray(len(payloads))
@@ -531,9 +534,9 @@ class Log(_fastpath.Appender):
         lens = array("I", map(len, items))
         data = b"".join(items)
         try:
-            rc = lib.comet_append_batch(s.ptr, shard, data, ffi.from_buffer("uint32_t[]", lens),
-                                        ffi.from_buffer("uint8_t[]", flags), len(items),
-                                        DURABILITY_CODES[durability])
+            append = lib.comet_append_batch if wait else lib.comet_append_batch_nowait
+            rc = append(s.ptr, shard, data, ffi.from_buffer("uint32_t[]", lens),
+                        ffi.from_buffer("uint8_t[]", flags), len(items), DURABILITY_CODES[durability])
         except OverflowError:
             raise s.out_of_range(shard) from None
         if rc < 0:

@@ -11,11 +11,13 @@ import mmap
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
 from storage_c import Config, Log
-from storage_c.errors import Closed, EntryTooLarge, ShardRangeError, StreamNameError, StreamNotFound
+from storage_c.errors import (Closed, EntryTooLarge, ShardRangeError, StreamNameError, StreamNotFound,
+                              WouldBlock)
 
 from .conftest import read_all
 
@@ -222,3 +224,47 @@ def test_ingest_fast_and_general_ways_agree(data_dir: Path) -> None:
         with pytest.raises(ValueError, match="'xml' is not 'json' or 'ndjson'"):
             log.ingest("s", b"[9]", "xml")
         assert log.stats("s").entries == 13
+
+
+def test_wait_false_stores_only_what_needs_no_waiting(data_dir: Path) -> None:
+    """wait=False, for a caller on an event loop: an append that would first wait (the
+    first segment to create, a chunk to grow, a rotation; durability "always") raises
+    WouldBlock and stores nothing; the same call with wait=True then stores it.  Every
+    way - fast and general, each append method - and the entries come out exact."""
+    cfg = Config(shards=1, segment_bytes=1 << 20, segment_chunk_bytes=256 << 10,
+                 compression_threshold=4096)
+    big = b"c" * 5000  # above the compression threshold: the general way
+    event = b'{"n":"' + b"p" * 490 + b'"}'
+    ways: dict[str, tuple[int, Callable[[Log, bool], object]]] = {  # entries per call, call
+        "append": (1, lambda log, wait: log.append("s", b"x" * 1000, shard=0, wait=wait)),
+        "append keyed": (1, lambda log, wait: log.append("s", b"k" * 1000, key="k", wait=wait)),
+        "append_batch": (3, lambda log, wait: log.append_batch("s", [b"y" * 340] * 3, shard=0,
+                                                               wait=wait)),
+        "append_batch general": (2, lambda log, wait: log.append_batch(
+            "s", [b"z" * 1000, big], shard=0, wait=wait)),
+        "append_delimited": (2, lambda log, wait: log.append_delimited(
+            "s", b"d" * 500 + b"\n" + b"e" * 500 + b"\n", shard=0, wait=wait)),
+        "ingest": (2, lambda log, wait: log.ingest("s", event + b"\n" + event + b"\n", "ndjson",
+                                                   shard=0, wait=wait)),
+        "ingest keyed": (2, lambda log, wait: log.ingest("s", b"[" + event + b"," + event + b"]",
+                                                         key="k", wait=wait)),
+    }
+    for name, (per_call, call) in ways.items():
+        with Log(data_dir.parent / ("wait-" + name.replace(" ", "-")), cfg) as log:
+            blocked = 0
+            calls = 3000  # ~3 MB: the first segment, chunks, then rotations
+            for _ in range(calls):
+                before = log.stats("s").entries if "s" in log.streams() else 0
+                try:
+                    call(log, False)
+                except WouldBlock:
+                    blocked += 1
+                    assert (log.stats("s").entries if "s" in log.streams() else 0) == before
+                    call(log, True)
+            stats = log.stats("s").shards[0]
+            assert stats.rotations >= 2, name
+            assert stats.rotations + 1 <= blocked < 50, name  # each of those waited, nothing else
+            with pytest.raises(WouldBlock):
+                log.append("s", b"always", shard=0, durability="always", wait=False)
+            assert log.stats("s").entries == calls * per_call, name
+            assert log.verify().ok

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import threading
 import zlib
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, AsyncIterator, Iterator
 
@@ -17,7 +19,8 @@ from starlette.testclient import TestClient
 
 from gateway.app import create_app
 from gateway.config import GatewayConfig, StreamPolicy
-from storage_c import Config, Log
+from gateway.ingest import store_off_loop
+from storage_c import BatchResult, Config, Log
 
 from .conftest import read_all
 
@@ -357,3 +360,30 @@ def test_metrics_parse_and_count(client: TestClient) -> None:
     assert accepted == 21
     hist = [s for s in families["comet_http_request_duration_seconds"].samples if s.name.endswith("_count")]
     assert hist[0].value == 8
+
+
+def test_a_store_that_would_wait_runs_off_the_event_loop(data_dir: Path) -> None:
+    """The loop stores a body only with wait=False; an append that would first wait (the
+    first segment, a chunk to grow, a rotation: file syncs that took up to a second on a
+    busy disk) is made again, allowed to wait, on a thread, and every event is stored
+    once."""
+    calls: list[tuple[int, bool]] = []
+    event = b'{"pad":"' + b"p" * 990 + b'"}\n'
+    with Log(data_dir, Config(shards=1, segment_bytes=1 << 20, segment_chunk_bytes=256 << 10)) as log:
+        def work(wait: bool = True) -> BatchResult:
+            calls.append((threading.get_ident(), wait))
+            return log.ingest("s", event * 10, "ndjson", shard=0, wait=wait)
+
+        async def post_all() -> int:
+            for _ in range(300):  # ~3 MB: chunks and rotations
+                await store_off_loop(partial(work), offload=False)
+            return threading.get_ident()
+
+        loop_thread = asyncio.run(post_all())
+        stats = log.stats("s")
+        assert stats.entries == 3000 and stats.shards[0].rotations >= 2
+        assert log.verify().ok
+    waited = [thread for thread, wait in calls if wait]
+    assert all(not wait for thread, wait in calls if thread == loop_thread)
+    assert loop_thread not in waited and len(waited) >= stats.shards[0].rotations + 1
+    assert len(calls) == 300 + len(waited)

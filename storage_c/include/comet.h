@@ -370,6 +370,20 @@ int64_t comet_append_to(comet_shard *sh, const char *payload, uint32_t len);
 int64_t comet_append_to_nowait(comet_shard *sh, const char *payload, uint32_t len);
 int64_t comet_append_vector_nowait(comet_stream *s, uint32_t shard, const comet_payload *items,
                                    uint32_t count, uint32_t raw_limit, int durability);
+/* The other appends' twins, for a caller that must not block (an event loop:
+ * a rotation syncs files, which can take a second on a busy disk).  The same
+ * rule: COMET_E_WOULD_BLOCK and nothing written, or the append done.
+ * comet_ingest_nowait validates the whole body first, every time. */
+int64_t comet_append_nowait(comet_stream *s, uint32_t shard, const void *payload, uint32_t len,
+                            uint32_t flags, int durability);
+int64_t comet_append_batch_nowait(comet_stream *s, uint32_t shard, const void *buf,
+                                  const uint32_t *lens, const uint8_t *flags, uint32_t count,
+                                  int durability);
+int64_t comet_append_delimited_nowait(comet_stream *s, uint32_t shard, const void *buf,
+                                      size_t len, uint8_t delimiter, int skip_empty,
+                                      uint32_t raw_limit, int durability, uint32_t *count_out);
+int64_t comet_ingest_nowait(comet_stream *s, uint32_t shard, const comet_ingest_request *req,
+                            comet_ingest_result *res);
 
 /* Reads (lock-free, any process). */
 int comet_read(comet_stream *s, uint32_t shard, const comet_read_request *req,

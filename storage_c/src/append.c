@@ -356,8 +356,11 @@ int64_t shard_append(shard *sh, const entry_ref *refs, uint32_t count, uint64_t 
          * sync is judged at t0 below too: last_sync_ns only grows, so an
          * append let in here never syncs. */
         if (mode == COMET_DURABILITY_ALWAYS || interval_sync_due(sh, mode, t0))
-            return COMET_E_WOULD_BLOCK;
-        rc = lock_if_ready(sh, total_bytes);
+            rc = COMET_E_WOULD_BLOCK;
+        else
+            rc = lock_if_ready(sh, total_bytes);
+        if (rc == COMET_E_WOULD_BLOCK)
+            clear_error(); /* no detail but comet_strerror's: nothing went wrong */
     } else {
         rc = lock_with_room(sh, total_bytes, &slow);
     }

@@ -127,8 +127,8 @@ static int check_target(const comet_stream *s, uint32_t shard_id, int durability
     return 0;
 }
 
-int64_t comet_append(comet_stream *s, uint32_t shard_id, const void *payload, uint32_t len,
-                     uint32_t flags, int durability)
+static int64_t append_one(comet_stream *s, uint32_t shard_id, const void *payload, uint32_t len,
+                          uint32_t flags, int durability, int nowait)
 {
     int rc = check_target(s, shard_id, durability);
     if (rc)
@@ -143,9 +143,22 @@ int64_t comet_append(comet_stream *s, uint32_t shard_id, const void *payload, ui
     rc = shard_acquire(s, shard_id, &sh);
     if (rc)
         return rc;
-    int64_t first = shard_append(sh, &r, 1, ENTRY_HEADER_BYTES + (uint64_t)len, raw, durability, 0);
+    int64_t first = shard_append(sh, &r, 1, ENTRY_HEADER_BYTES + (uint64_t)len, raw, durability,
+                                 nowait);
     shard_leave(sh);
     return first;
+}
+
+int64_t comet_append(comet_stream *s, uint32_t shard_id, const void *payload, uint32_t len,
+                     uint32_t flags, int durability)
+{
+    return append_one(s, shard_id, payload, len, flags, durability, 0);
+}
+
+int64_t comet_append_nowait(comet_stream *s, uint32_t shard_id, const void *payload,
+                            uint32_t len, uint32_t flags, int durability)
+{
+    return append_one(s, shard_id, payload, len, flags, durability, 1);
 }
 
 int comet_shard_open(comet_stream *s, uint32_t shard_id, comet_shard **out)
@@ -189,9 +202,9 @@ int64_t comet_append_to_nowait(comet_shard *sh, const char *payload, uint32_t le
     return append_to(sh, payload, len, 1);
 }
 
-int64_t comet_append_batch(comet_stream *s, uint32_t shard_id, const void *buf,
-                           const uint32_t *lens, const uint8_t *flags, uint32_t count,
-                           int durability)
+static int64_t append_batch(comet_stream *s, uint32_t shard_id, const void *buf,
+                            const uint32_t *lens, const uint8_t *flags, uint32_t count,
+                            int durability, int nowait)
 {
     int rc = check_target(s, shard_id, durability);
     if (rc)
@@ -206,14 +219,28 @@ int64_t comet_append_batch(comet_stream *s, uint32_t shard_id, const void *buf,
         rc = batch_add(&b, s, p, lens[i], flags ? (flags[i] & COMET_ENTRY_COMPRESSED) : 0);
         p += lens[i];
     }
-    int64_t r = rc ? rc : batch_commit(&b, s, shard_id, durability, 0);
+    int64_t r = rc ? rc : batch_commit(&b, s, shard_id, durability, nowait);
     batch_free(&b);
     return r;
 }
 
-int64_t comet_append_delimited(comet_stream *s, uint32_t shard_id, const void *buf, size_t len,
-                               uint8_t delimiter, int skip_empty, uint32_t raw_limit,
-                               int durability, uint32_t *count_out)
+int64_t comet_append_batch(comet_stream *s, uint32_t shard_id, const void *buf,
+                           const uint32_t *lens, const uint8_t *flags, uint32_t count,
+                           int durability)
+{
+    return append_batch(s, shard_id, buf, lens, flags, count, durability, 0);
+}
+
+int64_t comet_append_batch_nowait(comet_stream *s, uint32_t shard_id, const void *buf,
+                                  const uint32_t *lens, const uint8_t *flags, uint32_t count,
+                                  int durability)
+{
+    return append_batch(s, shard_id, buf, lens, flags, count, durability, 1);
+}
+
+static int64_t append_delimited(comet_stream *s, uint32_t shard_id, const void *buf, size_t len,
+                                uint8_t delimiter, int skip_empty, uint32_t raw_limit,
+                                int durability, uint32_t *count_out, int nowait)
 {
     int rc = check_target(s, shard_id, durability);
     if (rc)
@@ -240,11 +267,27 @@ int64_t comet_append_delimited(comet_stream *s, uint32_t shard_id, const void *b
         }
         p = stop + 1;
     }
-    int64_t r = rc ? rc : batch_commit(&b, s, shard_id, durability, 0);
+    int64_t r = rc ? rc : batch_commit(&b, s, shard_id, durability, nowait);
     if (count_out)
         *count_out = r >= 0 ? b.count : 0;
     batch_free(&b);
     return r;
+}
+
+int64_t comet_append_delimited(comet_stream *s, uint32_t shard_id, const void *buf, size_t len,
+                               uint8_t delimiter, int skip_empty, uint32_t raw_limit,
+                               int durability, uint32_t *count_out)
+{
+    return append_delimited(s, shard_id, buf, len, delimiter, skip_empty, raw_limit, durability,
+                            count_out, 0);
+}
+
+int64_t comet_append_delimited_nowait(comet_stream *s, uint32_t shard_id, const void *buf,
+                                      size_t len, uint8_t delimiter, int skip_empty,
+                                      uint32_t raw_limit, int durability, uint32_t *count_out)
+{
+    return append_delimited(s, shard_id, buf, len, delimiter, skip_empty, raw_limit, durability,
+                            count_out, 1);
 }
 
 static int64_t append_vector(comet_stream *s, uint32_t shard_id, const comet_payload *items,
@@ -335,8 +378,8 @@ static void ingest_result(comet_ingest_result *res, const json_splitter *j, int6
     json_report(j, res);
 }
 
-int64_t comet_ingest(comet_stream *s, uint32_t shard_id, const comet_ingest_request *req,
-                     comet_ingest_result *res)
+static int64_t ingest(comet_stream *s, uint32_t shard_id, const comet_ingest_request *req,
+                      comet_ingest_result *res, int nowait)
 {
     json_splitter j;
     memset(&j, 0, sizeof j);
@@ -357,7 +400,7 @@ int64_t comet_ingest(comet_stream *s, uint32_t shard_id, const comet_ingest_requ
         r = rc == COMET_E_BAD_JSON || rc == COMET_E_ENTRY_TOO_LARGE || rc == COMET_E_NO_EVENTS
                 ? set_error(rc, "%s", j.reason) : rc;
     } else {
-        r = batch_commit(&c.b, s, shard_id, req->durability, 0);
+        r = batch_commit(&c.b, s, shard_id, req->durability, nowait);
     }
     ingest_result(res, &j, r, c.b.count);
     for (uint32_t i = 0; i < c.packed_count; i++)
@@ -366,6 +409,18 @@ int64_t comet_ingest(comet_stream *s, uint32_t shard_id, const comet_ingest_requ
     batch_free(&c.b);
     json_split_free(&j);
     return r;
+}
+
+int64_t comet_ingest(comet_stream *s, uint32_t shard_id, const comet_ingest_request *req,
+                     comet_ingest_result *res)
+{
+    return ingest(s, shard_id, req, res, 0);
+}
+
+int64_t comet_ingest_nowait(comet_stream *s, uint32_t shard_id, const comet_ingest_request *req,
+                            comet_ingest_result *res)
+{
+    return ingest(s, shard_id, req, res, 1);
 }
 
 typedef struct split_ctx {
