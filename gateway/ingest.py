@@ -287,17 +287,17 @@ async def store_off_loop(work: partial[BatchResult], offload: bool) -> BatchResu
     if not offload:
         try:
             return work(wait=False)
-        except WouldBlock:
-            pass  # nothing was stored: the same call, allowed to wait, on a thread
+        except WouldBlock as exc:  # nothing was stored: the same call, to the shard it
+            work = partial(work, shard=exc.shard)  # chose, allowed to wait, on a thread
     return await run_in_threadpool(work)
 
 
 def decode_and_store(runtime: Runtime, head: Head, kind: str, encoding: str,
-                     body: Body, wait: bool = True) -> BatchResult:
+                     body: Body, wait: bool = True, shard: int | None = None) -> BatchResult:
     """Decompresses, checks and stores one body (on the loop or a thread);
     ``wait=False``: WouldBlock, nothing stored, where the append would wait."""
     body = decompress(body, encoding, runtime.config.max_decompressed_bytes)
-    return store(runtime, head.stream, kind, body, head.key, wait)
+    return store(runtime, head.stream, kind, body, head.key, wait, shard)
 
 
 def bad_body(exc: CometError) -> HTTPError:
@@ -331,24 +331,25 @@ def one_event(body: Body) -> Body:
     return body
 
 
-def store(runtime: Runtime, stream: str, kind: str, body: Body,
-          key: str | None, wait: bool = True) -> BatchResult:
+def store(runtime: Runtime, stream: str, kind: str, body: Body, key: str | None,
+          wait: bool = True, shard: int | None = None) -> BatchResult:
+    """One body into the log; ``shard`` None: the key's, or the next in turn."""
     log = runtime.log
     assert log is not None
     try:
         if kind in BYTES_TYPES:
-            return log.append_batch(stream, [one_event(body)], key=key, wait=wait)
+            return log.append_batch(stream, [one_event(body)], key=key, shard=shard, wait=wait)
         validate = runtime.config.validates(stream)
         if kind in NDJSON_TYPES:
             if validate:
-                return log.ingest(stream, body, "ndjson", key=key, wait=wait)
+                return log.ingest(stream, body, "ndjson", key=key, shard=shard, wait=wait)
             if b"\r" in body:
                 body = body.replace(b"\r\n", b"\n")
             # no per-line work at all
-            return log.append_delimited(stream, one_event(body), key=key, wait=wait)
+            return log.append_delimited(stream, one_event(body), key=key, shard=shard, wait=wait)
         if validate or ARRAY_START.match(body):  # an array is split (and checked) in C
-            return log.ingest(stream, body, "json", key=key, wait=wait)
-        return log.append_batch(stream, [one_event(body)], key=key, wait=wait)
+            return log.ingest(stream, body, "json", key=key, shard=shard, wait=wait)
+        return log.append_batch(stream, [one_event(body)], key=key, shard=shard, wait=wait)
     except (InvalidJSON, NoEvents) as exc:
         raise bad_body(exc) from None
     except StorageFull as exc:

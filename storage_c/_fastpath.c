@@ -380,13 +380,15 @@ static int fast_target(Appender *self, PyObject *const *args, Py_ssize_t nargs, 
     return 0;
 }
 
-/* An error code from the core: Log._raise(stream, rc) raises it. */
-static PyObject *raise_code(Appender *self, PyObject *stream, int64_t rc)
+/* An error code from the core: Log._raise(stream, rc, shard) raises it (the
+ * shard goes with WouldBlock, for the retry). */
+static PyObject *raise_code(Appender *self, PyObject *stream, int64_t rc, PyObject *shard_obj)
 {
     PyObject *code = PyLong_FromLongLong(rc);
     if (!code)
         return NULL;
-    PyObject *r = PyObject_CallMethodObjArgs((PyObject *)self, str_raise, stream, code, NULL);
+    PyObject *r = PyObject_CallMethodObjArgs((PyObject *)self, str_raise, stream, code, shard_obj,
+                                             NULL);
     Py_DECREF(code);
     Py_XDECREF(r);
     if (!PyErr_Occurred())
@@ -401,8 +403,9 @@ static PyObject *finish(Appender *self, PyObject *stream, PyObject *shard_obj, i
                         PyTypeObject *type, Py_ssize_t count)
 {
     if (rc < 0) {
+        PyObject *r = raise_code(self, stream, rc, shard_obj);
         Py_DECREF(shard_obj);
-        return raise_code(self, stream, rc);
+        return r;
     }
     PyObject *first = PyLong_FromLongLong(rc);
     PyObject *n = count >= 0 ? PyLong_FromSsize_t(count) : NULL;
@@ -600,6 +603,8 @@ static PyObject *appender_ingest(Appender *self, PyObject *const *args, Py_ssize
     rc = (nowait ? self->ingest_nowait : self->ingest)(stream, shard, &req, &res);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&view); /* the view held the body (a bytearray cannot resize meanwhile) */
+    if (rc == COMET_E_WOULD_BLOCK)
+        return finish(self, args[0], shard_obj, rc, NULL, -1); /* raises WouldBlock */
     if (rc < 0) {
         Py_DECREF(shard_obj);
         return ingest_failed(self, args[0], rc, &res);

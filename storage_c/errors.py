@@ -152,9 +152,12 @@ class NoEvents(CometError, ValueError):
 class WouldBlock(CometError):
     """An append called with ``wait=False`` would have had to wait (for the
     shard's lock, a rotation, a sync): nothing was stored; make the call
-    again with ``wait=True``, off the event loop."""
+    again with ``wait=True``, off the event loop, and ``shard=`` this
+    ``shard`` (the shard the call had chosen, so that the retry of a call
+    without one does not take the next shard in turn)."""
 
     code = lib.COMET_E_WOULD_BLOCK
+    shard: int | None = None
 
 
 _BY_CODE: dict[int, type[CometError]] = {

@@ -22,7 +22,8 @@ import zstandard
 from . import _fastpath
 from ._comet import ffi, lib
 from .config import DURABILITY_CODES, Config
-from .errors import BodyFault, Closed, CometError, ShardRangeError, error_for, raise_for
+from .errors import (BodyFault, Closed, CometError, ShardRangeError, WouldBlock, error_for,
+                     raise_for)
 from .groups import Group
 from .records import (
     BatchResult,
@@ -47,6 +48,7 @@ _FAST_ENTRY_POINTS = (_address("comet_append_to"), _address("comet_append_to_now
                       _address("comet_append_vector"), _address("comet_append_vector_nowait"),
                       _address("comet_ingest"), _address("comet_ingest_nowait"))
 _WANTS_COMPRESSION = lib.COMET_E_WANTS_COMPRESSION
+_WOULD_BLOCK = lib.COMET_E_WOULD_BLOCK
 _BUFFER_TOO_SMALL = lib.COMET_E_BUFFER_TOO_SMALL
 _NO_STREAM = lib.COMET_E_NO_STREAM
 _COMPRESSED = lib.COMET_ENTRY_COMPRESSED
@@ -339,9 +341,12 @@ class Log(_fastpath.Appender):
             with self._lock:
                 self._streams.pop(name, None)
 
-    def _raise(self, name: str, rc: int) -> NoReturn:
+    def _raise(self, name: str, rc: int, shard: int | None = None) -> NoReturn:
         self._forget_if_deleted(name, rc)
-        raise_for(rc)
+        exc = error_for(rc)
+        if isinstance(exc, WouldBlock):
+            exc.shard = shard
+        raise exc
 
     def stream_created_ns(self, name: str) -> int:
         """When the stream was created (unix ns): a stream deleted and created
@@ -403,7 +408,7 @@ class Log(_fastpath.Appender):
             s.open_handle(shard)  # the fast way from now on
         rc = self._append_slow(s, shard, payload, durability, wait)
         if rc < 0:
-            self._raise(stream, rc)
+            self._raise(stream, rc, shard)
         return shard, rc
 
     # A wrong call reaches these through the C method: its TypeError names what
@@ -463,7 +468,7 @@ class Log(_fastpath.Appender):
                 parts = [p for p in parts if p]
             return self._append_compressed(s, shard, parts, durability, wait)
         if rc < 0:
-            self._raise(stream, rc)
+            self._raise(stream, rc, shard)
         return BatchResult(shard, rc, count[0])
 
     # ingest is a C method too (storage_c/_fastpath.c), for a known stream,
@@ -502,6 +507,8 @@ class Log(_fastpath.Appender):
             raise s.out_of_range(shard) from None
         finally:
             req.body = ffi.NULL
+        if rc == _WOULD_BLOCK:
+            self._raise(stream, rc, shard)
         if rc < 0:
             self._forget_if_deleted(stream, rc)
             raise _body_error(rc, res)
@@ -540,7 +547,7 @@ class Log(_fastpath.Appender):
         except OverflowError:
             raise s.out_of_range(shard) from None
         if rc < 0:
-            self._raise(s.name, rc)
+            self._raise(s.name, rc, shard)
         return BatchResult(shard, rc, len(items))
 
     # ---- reads ---------------------------------------------------------------------

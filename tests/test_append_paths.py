@@ -268,3 +268,20 @@ def test_wait_false_stores_only_what_needs_no_waiting(data_dir: Path) -> None:
                 log.append("s", b"always", shard=0, durability="always", wait=False)
             assert log.stats("s").entries == calls * per_call, name
             assert log.verify().ok
+
+
+def test_a_refused_call_names_the_shard_it_chose(data_dir: Path) -> None:
+    """Without shard= the shards take turns: WouldBlock says which shard the refused
+    call had chosen, so that its retry goes there (not to the next in turn, which left
+    a shard behind that never got ready)."""
+    with Log(data_dir, Config(shards=2, segment_bytes=1 << 20)) as log:
+        body = b'{"a":"' + b"x" * 190 + b'"}\n'
+        refused: list[int | None] = []
+        for _ in range(400):
+            try:
+                log.ingest("s", body * 20, "ndjson", wait=False)
+            except WouldBlock as exc:
+                refused.append(exc.shard)
+                log.ingest("s", body * 20, "ndjson", shard=exc.shard)
+        assert set(refused) == {0, 1} and len(refused) < 20
+        assert [s.next_entry for s in log.stats("s").shards] == [4000, 4000]

@@ -365,25 +365,27 @@ def test_metrics_parse_and_count(client: TestClient) -> None:
 def test_a_store_that_would_wait_runs_off_the_event_loop(data_dir: Path) -> None:
     """The loop stores a body only with wait=False; an append that would first wait (the
     first segment, a chunk to grow, a rotation: file syncs that took up to a second on a
-    busy disk) is made again, allowed to wait, on a thread, and every event is stored
-    once."""
-    calls: list[tuple[int, bool]] = []
+    busy disk) is made again, allowed to wait, on a thread, to the shard the refused call
+    had chosen; every event is stored once, and the shards still take turns."""
+    calls: list[tuple[int, bool, int | None]] = []
     event = b'{"pad":"' + b"p" * 990 + b'"}\n'
-    with Log(data_dir, Config(shards=1, segment_bytes=1 << 20, segment_chunk_bytes=256 << 10)) as log:
-        def work(wait: bool = True) -> BatchResult:
-            calls.append((threading.get_ident(), wait))
-            return log.ingest("s", event * 10, "ndjson", shard=0, wait=wait)
+    with Log(data_dir, Config(shards=2, segment_bytes=1 << 20, segment_chunk_bytes=256 << 10)) as log:
+        def work(wait: bool = True, shard: int | None = None) -> BatchResult:
+            calls.append((threading.get_ident(), wait, shard))
+            return log.ingest("s", event * 10, "ndjson", shard=shard, wait=wait)
 
         async def post_all() -> int:
-            for _ in range(300):  # ~3 MB: chunks and rotations
+            for _ in range(600):  # ~6 MB over two shards: chunks and rotations
                 await store_off_loop(partial(work), offload=False)
             return threading.get_ident()
 
         loop_thread = asyncio.run(post_all())
         stats = log.stats("s")
-        assert stats.entries == 3000 and stats.shards[0].rotations >= 2
+        assert stats.entries == 6000 and all(s.rotations >= 2 for s in stats.shards)
+        assert [s.next_entry for s in stats.shards] == [3000, 3000]
         assert log.verify().ok
-    waited = [thread for thread, wait in calls if wait]
-    assert all(not wait for thread, wait in calls if thread == loop_thread)
-    assert loop_thread not in waited and len(waited) >= stats.shards[0].rotations + 1
-    assert len(calls) == 300 + len(waited)
+    waited = [(thread, shard) for thread, wait, shard in calls if wait]
+    assert all(not wait and shard is None for thread, wait, shard in calls if thread == loop_thread)
+    assert all(thread != loop_thread and shard in (0, 1) for thread, shard in waited)
+    assert sum(s.rotations + 1 for s in stats.shards) <= len(waited) < 60
+    assert len(calls) == 600 + len(waited)
