@@ -30,9 +30,10 @@
  * shard lock, a rotation or an fdatasync.  Payloads are kept alive by a
  * reference each while the GIL is let go (another thread may change the
  * list meanwhile); while it is held nothing can.  With wait=False there is
- * no blocking call: the core's COMET_E_WOULD_BLOCK is raised (WouldBlock),
- * nothing stored, for a caller on an event loop to make the call again on a
- * thread; the general way honours wait=False the same way.
+ * no blocking call: the general way makes the call with wait=False (the
+ * core's no-sleep twins, which do short I/O themselves), and raises the
+ * core's COMET_E_WOULD_BLOCK as WouldBlock, nothing stored, for a caller on
+ * an event loop to make the call again on a thread.
  *
  * comet_ingest always runs with the GIL let go: it validates the whole body
  * first, which for a large one takes long enough to matter.
@@ -443,7 +444,9 @@ static PyObject *appender_append(Appender *self, PyObject *const *args, Py_ssize
     const char *data = PyBytes_AS_STRING(payload);
     uint32_t len = (uint32_t)PyBytes_GET_SIZE(payload);
     int64_t rc = self->to_nowait(h, data, len);
-    if (rc == COMET_E_WOULD_BLOCK && !nowait) {
+    if (rc == COMET_E_WOULD_BLOCK && nowait) /* the general way does the short I/O */
+        return fallback(self, str_append_general, args, nargs, kwnames, s, shard_obj, 2, nowait);
+    if (rc == COMET_E_WOULD_BLOCK) {
         Py_INCREF(payload);
         Py_BEGIN_ALLOW_THREADS
         rc = self->to(h, data, len);
@@ -517,7 +520,9 @@ static PyObject *appender_append_batch(Appender *self, PyObject *const *args, Py
         if (gather(seq, n, items)) {
             rc = self->vector_nowait(s->stream, shard, items, (uint32_t)n, self->raw_limit,
                                      COMET_DURABILITY_DEFAULT);
-            if (rc == COMET_E_WOULD_BLOCK && !nowait)
+            if (rc == COMET_E_WOULD_BLOCK && nowait)
+                rc = COMET_E_WANTS_COMPRESSION; /* the general way does the short I/O */
+            else if (rc == COMET_E_WOULD_BLOCK)
                 rc = vector_blocking(self, s->stream, shard, seq, n, items);
         }
         if (items != local)

@@ -370,10 +370,14 @@ int64_t comet_append_to(comet_shard *sh, const char *payload, uint32_t len);
 int64_t comet_append_to_nowait(comet_shard *sh, const char *payload, uint32_t len);
 int64_t comet_append_vector_nowait(comet_stream *s, uint32_t shard, const comet_payload *items,
                                    uint32_t count, uint32_t raw_limit, int durability);
-/* The other appends' twins, for a caller that must not block (an event loop:
- * a rotation syncs files, which can take a second on a busy disk).  The same
- * rule: COMET_E_WOULD_BLOCK and nothing written, or the append done.
- * comet_ingest_nowait validates the whole body first, every time. */
+/* The other appends' twins, for a caller that must not sleep (an event loop:
+ * a rotation syncs files, which took up to a second on a busy disk).  They
+ * return COMET_E_WOULD_BLOCK, nothing written, when the append would wait for
+ * the shard's lock, rotate to a new segment, free the directory's budget or
+ * sync (durability "always", or a due "interval" sync); short I/O on the
+ * active segment - mapping it, growing it by a chunk, zero-filling ahead, at
+ * most about a millisecond - they do themselves.  comet_ingest_nowait
+ * validates the whole body first, every time. */
 int64_t comet_append_nowait(comet_stream *s, uint32_t shard, const void *payload, uint32_t len,
                             uint32_t flags, int durability);
 int64_t comet_append_batch_nowait(comet_stream *s, uint32_t shard, const void *buf,

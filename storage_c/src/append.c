@@ -14,13 +14,19 @@
  *      with durability "always", join a group commit (durability.c).
  * Nothing but memory stores happens under the lock in the common case.
  *
- * Steps 1 and 2 have two forms.  The blocking one (lock_with_room) waits for
- * the lock, grows, rotates, frees budget and zero-fills as needed.  The one
- * that never waits (lock_if_ready, the *_nowait entry points) takes the lock
- * only if it is free and the segment this process has mapped already has
- * room and zeroed pages, and refuses a batch that would have to sync: then
- * COMET_E_WOULD_BLOCK, nothing changed.  Python calls that form holding the
- * GIL, and the blocking one with the GIL let go.
+ * Steps 1 and 2 have three forms.  The blocking one (lock_with_room) waits
+ * for the lock, grows, rotates, frees budget and zero-fills as needed.  The
+ * one that never waits (lock_if_ready: comet_append_to_nowait and
+ * comet_append_vector_nowait) takes the lock only if it is free and the
+ * segment this process has mapped already has room and zeroed pages, and
+ * refuses a batch that would have to sync: then COMET_E_WOULD_BLOCK, nothing
+ * changed.  Python calls that form holding the GIL, and the blocking one with
+ * the GIL let go.  Between them, the one that never sleeps (lock_with_near_room:
+ * the other *_nowait entry points, for an event loop) also maps, grows and
+ * zero-fills the active segment - short I/O, about a millisecond at most - and
+ * refuses only the lock held elsewhere, a rotation, freeing the directory's
+ * budget and a due sync: a rotation's file syncs took up to a second on a busy
+ * disk, which an event loop must not wait for.
  *
  * Writes go through a shared mapping rather than pwrite: one pwrite costs
  * about 1 us here, a mapped single-entry append about 100 ns, and a mapped
@@ -344,6 +350,53 @@ static int lock_if_ready(shard *sh, uint64_t total)
     return 0;
 }
 
+/* Whether room for `total` more bytes means a new segment (files created and
+ * synced) rather than the active one mapped, grown or zero-filled: the same
+ * choice as make_room's, under the append lock. */
+static int needs_rotation(shard *sh, uint64_t total)
+{
+    state_file *st = sh->st;
+    if (writer_segment(sh) || !sh->active)
+        return 1; /* no segment yet, or sealed by recovery; an error: the blocking way says */
+    uint64_t end = atomic_load_explicit(&st->active_end, memory_order_relaxed) + total;
+    uint64_t next = atomic_load_explicit(&st->next_entry, memory_order_relaxed);
+    return end > sh->active->capacity && end > shard_config(sh)->segment_bytes &&
+           next != sh->active->base;
+}
+
+/* The way in that never sleeps: the lock if it is free; room made on the
+ * active segment (map, grow, zero fill); a rotation, or room only freeing
+ * the directory's budget would give, refused: COMET_E_WOULD_BLOCK, nothing
+ * changed. */
+static int lock_with_near_room(shard *sh, uint64_t total, int *slow)
+{
+    state_file *st = sh->st;
+    if (shard_trylock_clean(sh))
+        return COMET_E_WOULD_BLOCK;
+    int rc = shard_check_deleted(sh);
+    uint64_t gen_before = atomic_load_explicit(&st->active_gen, memory_order_relaxed);
+    if (!rc && needs_rotation(sh, total))
+        rc = COMET_E_WOULD_BLOCK;
+    if (!rc) {
+        budget_short = 0;
+        rc = make_room(sh, total);
+        if (rc == COMET_E_STORAGE_FULL && budget_short)
+            rc = COMET_E_WOULD_BLOCK; /* the blocking way frees the oldest data */
+        budget_short = budget_protected = 0;
+    }
+    if (rc) {
+        shard_unlock(sh);
+        return rc;
+    }
+    uint64_t end = atomic_load_explicit(&st->active_end, memory_order_relaxed) + total;
+    if (end > atomic_load_explicit(&st->zeroed_end, memory_order_relaxed)) {
+        zero_ahead(sh, end - total, end);
+        *slow = 1;
+    }
+    *slow |= gen_before != atomic_load_explicit(&st->active_gen, memory_order_relaxed);
+    return 0;
+}
+
 int64_t shard_append(shard *sh, const entry_ref *refs, uint32_t count, uint64_t total_bytes,
                      uint64_t raw_bytes, int durability, int nowait)
 {
@@ -357,6 +410,8 @@ int64_t shard_append(shard *sh, const entry_ref *refs, uint32_t count, uint64_t 
          * append let in here never syncs. */
         if (mode == COMET_DURABILITY_ALWAYS || interval_sync_due(sh, mode, t0))
             rc = COMET_E_WOULD_BLOCK;
+        else if (nowait == APPEND_NO_SLEEP)
+            rc = lock_with_near_room(sh, total_bytes, &slow);
         else
             rc = lock_if_ready(sh, total_bytes);
         if (rc == COMET_E_WOULD_BLOCK)

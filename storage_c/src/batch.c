@@ -158,7 +158,7 @@ int64_t comet_append(comet_stream *s, uint32_t shard_id, const void *payload, ui
 int64_t comet_append_nowait(comet_stream *s, uint32_t shard_id, const void *payload,
                             uint32_t len, uint32_t flags, int durability)
 {
-    return append_one(s, shard_id, payload, len, flags, durability, 1);
+    return append_one(s, shard_id, payload, len, flags, durability, APPEND_NO_SLEEP);
 }
 
 int comet_shard_open(comet_stream *s, uint32_t shard_id, comet_shard **out)
@@ -199,7 +199,7 @@ int64_t comet_append_to(comet_shard *sh, const char *payload, uint32_t len)
 
 int64_t comet_append_to_nowait(comet_shard *sh, const char *payload, uint32_t len)
 {
-    return append_to(sh, payload, len, 1);
+    return append_to(sh, payload, len, APPEND_MEMORY_ONLY);
 }
 
 static int64_t append_batch(comet_stream *s, uint32_t shard_id, const void *buf,
@@ -235,7 +235,7 @@ int64_t comet_append_batch_nowait(comet_stream *s, uint32_t shard_id, const void
                                   const uint32_t *lens, const uint8_t *flags, uint32_t count,
                                   int durability)
 {
-    return append_batch(s, shard_id, buf, lens, flags, count, durability, 1);
+    return append_batch(s, shard_id, buf, lens, flags, count, durability, APPEND_NO_SLEEP);
 }
 
 static int64_t append_delimited(comet_stream *s, uint32_t shard_id, const void *buf, size_t len,
@@ -287,7 +287,7 @@ int64_t comet_append_delimited_nowait(comet_stream *s, uint32_t shard_id, const 
                                       uint32_t raw_limit, int durability, uint32_t *count_out)
 {
     return append_delimited(s, shard_id, buf, len, delimiter, skip_empty, raw_limit, durability,
-                            count_out, 1);
+                            count_out, APPEND_NO_SLEEP);
 }
 
 static int64_t append_vector(comet_stream *s, uint32_t shard_id, const comet_payload *items,
@@ -326,7 +326,7 @@ int64_t comet_append_vector_nowait(comet_stream *s, uint32_t shard_id,
                                    const comet_payload *items, uint32_t count, uint32_t raw_limit,
                                    int durability)
 {
-    return append_vector(s, shard_id, items, count, raw_limit, durability, 1);
+    return append_vector(s, shard_id, items, count, raw_limit, durability, APPEND_MEMORY_ONLY);
 }
 
 /* ---- JSON ingest ------------------------------------------------------------ */
@@ -420,7 +420,7 @@ int64_t comet_ingest(comet_stream *s, uint32_t shard_id, const comet_ingest_requ
 int64_t comet_ingest_nowait(comet_stream *s, uint32_t shard_id, const comet_ingest_request *req,
                             comet_ingest_result *res)
 {
-    return ingest(s, shard_id, req, res, 1);
+    return ingest(s, shard_id, req, res, APPEND_NO_SLEEP);
 }
 
 typedef struct split_ctx {

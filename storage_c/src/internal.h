@@ -208,7 +208,14 @@ int shard_lock_noting_wait(shard *sh, int *waited);
 int shard_trylock_clean(shard *sh);
 void shard_unlock(shard *sh);
 /* append.c: the append path (lock, room and budget, write, publish). */
-/* nowait: COMET_E_WOULD_BLOCK instead of waiting for anything (comet.h). */
+/* nowait: APPEND_WAIT, or COMET_E_WOULD_BLOCK (nothing written) instead of
+ * what the mode does not allow (comet.h):
+ *   APPEND_MEMORY_ONLY  anything but memory stores: a caller holding the GIL;
+ *   APPEND_NO_SLEEP     the lock held elsewhere, a rotation (files created and
+ *                       synced), freeing the directory's budget, a sync; short
+ *                       I/O on the active segment (map, grow, zero fill) is
+ *                       done: a caller on an event loop. */
+enum { APPEND_WAIT = 0, APPEND_MEMORY_ONLY = 1, APPEND_NO_SLEEP = 2 };
 int64_t shard_append(shard *sh, const entry_ref *refs, uint32_t count, uint64_t total_bytes,
                      uint64_t raw_bytes, int durability, int nowait);
 int shard_sync(shard *sh, uint64_t upto_entry);
