@@ -96,11 +96,9 @@ static void start_segment(state_file *st, uint64_t base, uint64_t zeroed_end)
     atomic_fetch_add_explicit(&st->active_gen, 1, memory_order_release);
 }
 
-/* Bytes the last failed budget check of this thread was short by, whether
- * the room was for a rotation (else for growing the active segment), and the
+/* Bytes the last failed budget check of this thread was short by, and the
  * segments consumer groups kept when the directory-wide pass tried to free them. */
 static _Thread_local uint64_t budget_short, budget_protected;
-static _Thread_local int budget_rotating;
 
 /* The per-shard size limit, applied before the shard takes new_bytes more of
  * segment space: its oldest segments go first (policy: it never fails for
@@ -118,7 +116,7 @@ static int enforce_shard_limit(shard *sh, uint64_t new_bytes)
  * new file space must fit in the shared estimate (usage.c), which reserves
  * them; *reserved then tells the caller to call usage_allocated once the file
  * is created or grown. */
-static int reserve_budget(shard *sh, uint64_t new_bytes, int rotating, int *reserved)
+static int reserve_budget(shard *sh, uint64_t new_bytes, int *reserved)
 {
     *reserved = 0;
     uint64_t budget = shard_config(sh)->retention_max_total_bytes;
@@ -133,7 +131,6 @@ static int reserve_budget(shard *sh, uint64_t new_bytes, int rotating, int *rese
     /* Over budget: the oldest data of the whole directory goes first, this
      * shard's included, in shard_append, outside this lock. */
     budget_short = used + new_bytes - budget;
-    budget_rotating = rotating;
     return set_error(COMET_E_STORAGE_FULL,
                      "the data directory uses %" PRIu64 " of its %" PRIu64 " byte budget "
                      "(retention_max_total_bytes) and the active segment of %s needs %" PRIu64
@@ -188,7 +185,7 @@ static int make_room(shard *sh, uint64_t total)
         uint64_t capacity = grown_capacity(cfg, have, end + total, limit);
         int reserved;
         if ((rc = enforce_shard_limit(sh, capacity - have)) ||
-            (rc = reserve_budget(sh, capacity - have, 0, &reserved)))
+            (rc = reserve_budget(sh, capacity - have, &reserved)))
             return rc;
         int remap;
         rc = segment_grow(sh->active, sh->dir, capacity, next == sh->active->base, &remap);
@@ -211,7 +208,7 @@ static int make_room(shard *sh, uint64_t total)
         spare = recycle_spare_bytes(sh);
         int reserved;
         uint64_t new_bytes = (spare >= need ? 0 : capacity) + index_bytes;
-        if ((rc = reserve_budget(sh, new_bytes, 1, &reserved)))
+        if ((rc = reserve_budget(sh, new_bytes, &reserved)))
             return rc;
         int64_t taken = spare >= need ? recycle_take(sh, next, need, coverage,
                                                      cfg->index_interval_bytes) : 0;
@@ -297,14 +294,16 @@ static int lock_with_room(shard *sh, uint64_t total, int *slow)
          * may take the room freed first: then again, while deleting frees
          * something. */
         shard_unlock(sh);
-        uint64_t freed = retention_free_oldest(sh->stream->db, sh, budget_rotating, budget_short,
-                                               now_ns(), &budget_protected);
+        uint64_t freed = retention_free_oldest(sh->stream->db, sh, budget_short, now_ns(),
+                                               &budget_protected);
         if ((rc = shard_lock_noting_wait(sh, slow)))
             return rc;
         if ((rc = shard_check_deleted(sh))) {
             shard_unlock(sh);
             return rc;
         }
+        if (!freed) /* nothing else may go: this shard's own spare is the last resort */
+            freed = recycle_drop(sh);
         *slow = 1;
         int last = attempt > 0 && !freed;
         budget_short = 0;

@@ -265,13 +265,13 @@ uint64_t retention_shard_bytes(shard *sh);
 uint64_t retention_total_bytes(comet_db *db);
 /* Deletes sealed segments anywhere in the data directory, whatever process
  * owns the shard, the oldest data first, until `need` bytes are freed or
- * nothing more may go.  Spares (recycle.c) go before any data: they hold
- * none.  Call with no shard lock held: it takes each shard's lock in turn.
- * Returns the bytes freed.  When the requester needs the room to rotate, it
- * keeps its own deleted file as its spare, which the rotation then takes;
- * room to grow its active segment is only had by unlinking. */
-uint64_t retention_free_oldest(comet_db *db, const shard *requester, int requester_rotates,
-                               uint64_t need, int64_t now, uint64_t *protected_segments);
+ * nothing more may go.  Other shards' spares (recycle.c) go before any data:
+ * they hold none.  Call with no shard lock held: it takes each shard's lock
+ * in turn.  Returns the bytes freed.  The requester may keep its own oldest
+ * file as its spare (its next rotation takes it); when nothing else may go,
+ * the caller drops that spare as the last resort. */
+uint64_t retention_free_oldest(comet_db *db, const shard *requester, uint64_t need, int64_t now,
+                               uint64_t *protected_segments);
 
 /* ---- recovery.c ---------------------------------------------------------- */
 

@@ -35,8 +35,9 @@
  * older base: nothing of the new segment was made durable then, and
  * recovery gives the file back to the spare slot (recycle_stale).
  * A spare is disk the directory's budget must be able to get back: making
- * room in it unlinks spares before any data, and unlinks what it deletes
- * unless the shard that needs the room rotates (retention_free_oldest).
+ * room in it unlinks other shards' spares before any data, and the shard that
+ * needs the room gives up its own when nothing else may go
+ * (retention_free_oldest, lock_with_room).
  */
 #include <errno.h>
 #include <fcntl.h>

@@ -393,8 +393,9 @@ static size_t gather(comet_db *db, candidate **out)
 }
 
 /* Unlinks the spares of gathered shards until need bytes are freed, but
- * skip's (a rotating requester's: its rotation takes it).  Spares go before
- * any data: they hold warm pages for a rotation, no entry. */
+ * skip's (the requester's: its next rotation takes it; its caller drops it
+ * when nothing else may go).  Spares go before any data: they hold warm pages
+ * for a rotation, no entry. */
 static uint64_t drop_spares(candidate *c, size_t n, const shard *skip, uint64_t need)
 {
     uint64_t freed = 0;
@@ -419,8 +420,8 @@ static uint64_t free_spares(comet_db *db, uint64_t need)
     return freed;
 }
 
-uint64_t retention_free_oldest(comet_db *db, const shard *requester, int requester_rotates,
-                               uint64_t need, int64_t now, uint64_t *protected_segments)
+uint64_t retention_free_oldest(comet_db *db, const shard *requester, uint64_t need, int64_t now,
+                               uint64_t *protected_segments)
 {
     *protected_segments = 0;
     /* The shortfall was measured on the estimate, which counts no deletion:
@@ -436,14 +437,13 @@ uint64_t retention_free_oldest(comet_db *db, const shard *requester, int request
         candidate *c = NULL;
         size_t n = gather(db, &c);
         uint64_t before = freed;
-        freed += drop_spares(c, n, requester_rotates ? requester : NULL, need - freed);
+        freed += drop_spares(c, n, requester, need - freed);
         for (size_t i = 0; i < n; i++) {
             if (freed < need && c[i].newest >= 0 && shard_lock(c[i].sh) == 0) {
                 comet_retention_report rep = {0};
-                /* its oldest segment, if it may go; a rotating requester's
-                 * becomes its spare: the rotation then takes it */
-                int keep = c[i].sh == requester && requester_rotates;
-                retention_shard(c[i].sh, 1, keep, now, &rep);
+                /* its oldest segment, if it may go; the requester's may become
+                 * its spare: its next rotation takes it */
+                retention_shard(c[i].sh, 1, c[i].sh == requester, now, &rep);
                 shard_unlock(c[i].sh);
                 freed += rep.deleted_bytes;
                 *protected_segments += rep.protected_segments;
