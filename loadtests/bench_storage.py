@@ -11,11 +11,14 @@ file write of the same bytes, all in the same run (rounds interleaved, medians r
 from __future__ import annotations
 
 import gc
+import json
 import math
 import mmap
 import re
 import shutil
+import subprocess
 import sys
+import tempfile
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -219,13 +222,26 @@ def run_rounds(ctx: benchlib.Context, batches: dict[int, Batch], volume: int, ro
         mm.close()
 
 
+def core_writer() -> dict[str, dict[str, Any]]:
+    """loadtests/c/bench_entries.c's 1000-entry cases: the core's entry writer (header, copy
+    and CRC32C of every entry) into a warm mapping, next to one memcpy of the joined bytes, in C:
+    the CPU work of an append that no choice about pages removes."""
+    with tempfile.TemporaryDirectory() as tmp:
+        binary = benchlib.build_c(LOADTESTS / "c" / "bench_entries.c", Path(tmp) / "bench_entries")
+        out = subprocess.run([str(binary), "3", "512"], check=True, capture_output=True,
+                             text=True, timeout=600).stdout
+    cases = (json.loads(line) for line in out.splitlines() if line.startswith("{"))
+    return {c["case"]: c for c in cases if c["entries"] == 1000}
+
+
 def per_entry(s: benchlib.Series, n: int) -> str:
     return f"{s.median:,.0f} ns/call = {s.median / n:,.1f} ns/entry"
 
 
-def build_rows(series: dict[str, benchlib.Series]) -> list[dict[str, Any]]:
+def build_rows(series: dict[str, benchlib.Series],
+               writer: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     """A row per Comet case (against Go Comet, its target PASS or MISS), Comet ÷ floor at 1000
-    entries, then the anchors of the same run."""
+    entries, the core's writer alone (bench_entries.c), then the anchors of the same run."""
     rows = []
     for key, n, retention in COMET_CASES:
         s, go, target = series[key], GO_NS_PER_CALL[n], TARGET_NS_PER_CALL[n]
@@ -250,6 +266,15 @@ def build_rows(series: dict[str, benchlib.Series]) -> list[dict[str, Any]]:
         target_text=f"≤ {FLOOR_TARGET:.0f}×", passed=ratio <= FLOOR_TARGET,
         verdict="PASS" if ratio <= FLOOR_TARGET else "MISS",
         runs_text=", ".join(f"{a / b:.2f}" for a, b in zip(ours.runs, floor.runs)) + " ×"))
+    entries, c_floor = writer["entries"], writer["floor"]
+    rows.append(benchlib.row(
+        "Reference: the core's entry writer alone (C, warm mapping, no page cache), 1000 per call",
+        "core_writer_1000", entries["ns_per_call"], "ns/call", role="anchor",
+        anchor=benchlib.anchor_ref(None, "one memcpy of the joined bytes (C)", c_floor["ns_per_call"],
+                                   "ns/call"),
+        ratio=1 / entries["ratio_to_floor"], ratio_text=f"{entries['ratio_to_floor']:.2f}× the C floor's time",
+        reference="loadtests/c/bench_entries.c, median of 3 rounds",
+        runs_text=f"{entries['min']:,.0f}-{entries['max']:,.0f} ns/call"))
     for prefix, name in (("floor", "warm-page floor (memcpy into a pre-faulted mapping)"),
                          ("file", "buffered file write of the same bytes")):
         rows += [benchlib.row(f"Anchor: {name}, {n} per call", f"{prefix}_{n}", s.median, "ns/call",
@@ -314,6 +339,8 @@ def main(argv: list[str] | None = None) -> int:
         batches = make_batches(volume, header)
         ctx.progress(f"{volume / GiB:.2f} GiB per case, {args.rounds} rounds")
         series = run_rounds(ctx, batches, volume, args.rounds, probes, counters)
+        ctx.progress("the core's entry writer alone (loadtests/c/bench_entries.c) ...")
+        writer = core_writer()
     finally:
         shutil.rmtree(SCRATCH, ignore_errors=True)
     if any(info["deleted_segments"] == 0 for runs in counters.values() for info in runs):
@@ -352,9 +379,15 @@ def main(argv: list[str] | None = None) -> int:
         "filesystem, close() inside the timing.",
         "- Recycling / prefaulting switches in storage_c.Config: "
         + ("; ".join(switches) + ", left at the default" if switches else "none") + ".",
+        "- The core's entry writer alone: loadtests/c/bench_entries.c, the same 1000 payloads "
+        "written by entry_write_group (header, copy and CRC32C per entry, as an append does "
+        "under the shard lock) into a pre-faulted 64 MiB mapping, against one memcpy of the "
+        "joined bytes into it: the CPU work no choice about pages removes (there, "
+        + ", ".join(f"{k} {v['ns_per_call']:,.0f}" for k, v in writer.items()) + " ns/call).",
         benchlib.cpu_note(probes),
     ]
-    ctx.write(args, "storage", "Storage benchmark at sustained volume", build_rows(series), notes,
+    ctx.write(args, "storage", "Storage benchmark at sustained volume", build_rows(series, writer),
+              notes,
               {"mode": mode, "scale": {"rounds": args.rounds, "bytes_per_case": volume,
                                        "calls": {str(n): b.calls for n, b in batches.items()}},
                "dirty_limit_bytes": dirty, "dirty_limit_source": dirty_text,
@@ -362,7 +395,8 @@ def main(argv: list[str] | None = None) -> int:
                "retention": {k: f(volume) for k, (_, f) in RETENTION.items()},
                "go_reference_ns_per_call": GO_NS_PER_CALL, "targets_ns_per_call": TARGET_NS_PER_CALL,
                "series": {k: v.to_json() for k, v in series.items()}, "comet_counters": counters,
-               "other_cpu_by_case": probes, "batch_sweep": batch_sweep(series)},
+               "other_cpu_by_case": probes, "batch_sweep": batch_sweep(series),
+               "core_writer_1000": writer},
               extra_md="ns per entry by batch size, same run:\n\n" + entry_table(series))
     return 0
 

@@ -272,7 +272,11 @@ def test_storage_sweep_and_rows() -> None:
                **{f"floor_{n}": 20.0 * n for n in (1, 10, 100, 1000)},
                **{f"file_{n}": 50.0 * n for n in (1, 10, 100, 1000)}}
     series = {k: benchlib.Series(k, "ns/call", [v, v * 1.1, v * 0.9]) for k, v in figures.items()}
-    rows = {r["key"]: r for r in bench.build_rows(series)}
+    writer = {"floor": {"ns_per_call": 7_000.0, "ratio_to_floor": 1.0, "min": 6e3, "max": 8e3},
+              "entries": {"ns_per_call": 21_000.0, "ratio_to_floor": 3.0, "min": 2e4, "max": 2.2e4}}
+    rows = {r["key"]: r for r in bench.build_rows(series, writer)}
+    core = rows["core_writer_1000"]  # bench_entries.c's figure: a reference, no verdict
+    assert core["role"] == "anchor" and core["pass"] is None and "3.00×" in core["ratio_text"]
     assert rows["comet_1"]["pass"] is True and rows["comet_1"]["ratio"] == pytest.approx(1.8)  # 720/400
     assert rows["comet_10"]["pass"] is False and rows["comet_10"]["verdict"] == "MISS"  # > 1,130
     assert rows["comet_1000_budget"]["pass"] is False                               # > 112,000
