@@ -329,6 +329,83 @@ static void test_nowait_appends_never_wait(void)
     rm_tree(dir);
 }
 
+/* The no-sleep twins (for an event loop) grow and zero-fill the active
+ * segment themselves, and refuse - nothing written - only what sleeps: no
+ * segment yet, a rotation, the lock held elsewhere, a sync. */
+static void test_no_sleep_appends_do_short_io_only(void)
+{
+    char *dir = scratch_dir();
+    comet_config cfg;
+    comet_config_default(&cfg);
+    cfg.segment_bytes = 1 << 20;
+    cfg.segment_chunk_bytes = 128 << 10;
+    cfg.flags |= COMET_OPEN_NO_FLUSHER;
+    comet_db *db = NULL;
+    CHECK_OK(comet_open(dir, &cfg, &db));
+    comet_stream *s = open_stream(db, "q", 1);
+    static char body[10 * 1001];
+    for (int i = 0; i < 10; i++) {
+        memset(body + i * 1001, 'x', 1000);
+        memcpy(body + i * 1001, "\"", 1);
+        memcpy(body + i * 1001 + 999, "\"\n", 2);
+    }
+    comet_ingest_request req = {.body = body, .len = sizeof body, .format = COMET_BODY_NDJSON,
+                                .durability = COMET_DURABILITY_DEFAULT};
+    comet_ingest_result res;
+    comet_shard_stats st;
+    uint32_t len = 3, count;
+    /* no segment yet: creating one sleeps (file and directory syncs) */
+    CHECK(comet_ingest_nowait(s, 0, &req, &res) == COMET_E_WOULD_BLOCK && res.count == 0);
+    CHECK(comet_append_nowait(s, 0, "abc", 3, 0, COMET_DURABILITY_DEFAULT) == COMET_E_WOULD_BLOCK);
+    CHECK(comet_append_batch_nowait(s, 0, "abc", &len, NULL, 1, COMET_DURABILITY_DEFAULT) ==
+          COMET_E_WOULD_BLOCK);
+    CHECK(comet_append_delimited_nowait(s, 0, "abc\n", 4, '\n', 1, 0, COMET_DURABILITY_DEFAULT,
+                                        &count) == COMET_E_WOULD_BLOCK);
+    CHECK_OK(comet_shard_stats_get(s, 0, &st));
+    CHECK(st.next_entry == 0);
+    CHECK(comet_append(s, 0, "abc", 3, 0, COMET_DURABILITY_DEFAULT) == 0);
+    /* chunks grown and pages zero-filled on the way: never refused */
+    uint64_t next = 1;
+    int64_t rc;
+    while ((rc = comet_ingest_nowait(s, 0, &req, &res)) >= 0) {
+        CHECK((uint64_t)rc == next && res.count == 10);
+        next += 10;
+    }
+    CHECK(rc == COMET_E_WOULD_BLOCK && res.count == 0);
+    CHECK_OK(comet_shard_stats_get(s, 0, &st));
+    CHECK(st.next_entry == next && st.rotations == 0 && st.active_bytes > (900u << 10));
+    /* the rotation, allowed to sleep; then no-sleep appends again */
+    CHECK((uint64_t)comet_ingest(s, 0, &req, &res) == next);
+    next += 10;
+    CHECK((uint64_t)comet_append_nowait(s, 0, "abc", 3, 0, COMET_DURABILITY_DEFAULT) == next++);
+    CHECK((uint64_t)comet_append_batch_nowait(s, 0, "abc", &len, NULL, 1,
+                                              COMET_DURABILITY_DEFAULT) == next++);
+    CHECK((uint64_t)comet_append_delimited_nowait(s, 0, "d\ne\n", 4, '\n', 1, 0,
+                                                  COMET_DURABILITY_DEFAULT, &count) == next);
+    CHECK(count == 2);
+    next += 2;
+    /* a sync ("always") sleeps */
+    CHECK(comet_ingest_nowait(s, 0, &(comet_ingest_request){.body = "1", .len = 1,
+                                                             .format = COMET_BODY_JSON,
+                                                             .durability = COMET_DURABILITY_ALWAYS},
+                              &res) == COMET_E_WOULD_BLOCK);
+    /* the append lock held elsewhere (here by this thread, through the state file) */
+    int fd = open(shard_file(dir, "q", 0, "state"), O_RDWR);
+    CHECK(fd >= 0);
+    uint8_t *map = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    CHECK(map != MAP_FAILED);
+    CHECK(pthread_mutex_lock((pthread_mutex_t *)(map + 64)) == 0);
+    CHECK(comet_ingest_nowait(s, 0, &req, &res) == COMET_E_WOULD_BLOCK);
+    CHECK(comet_append_nowait(s, 0, "abc", 3, 0, COMET_DURABILITY_DEFAULT) == COMET_E_WOULD_BLOCK);
+    CHECK(pthread_mutex_unlock((pthread_mutex_t *)(map + 64)) == 0);
+    munmap(map, 4096);
+    close(fd);
+    CHECK_OK(comet_shard_stats_get(s, 0, &st));
+    CHECK(st.next_entry == next && st.rotations == 1);
+    comet_close(db);
+    rm_tree(dir);
+}
+
 typedef struct racer {
     comet_stream *s;
     comet_shard *h;
@@ -528,6 +605,7 @@ int main(void)
     RUN(test_missing_state_and_index_rebuilt);
     RUN(test_lock_holder_dies);
     RUN(test_nowait_appends_never_wait);
+    RUN(test_no_sleep_appends_do_short_io_only);
     RUN(test_close_races_with_appends);
     RUN(test_background_thread_with_appends_and_reads);
     RUN(test_budget_across_processes);
