@@ -290,27 +290,36 @@ static PyObject *general(Appender *self, PyObject *name, PyObject *const *args, 
     return r;
 }
 
+/* What fast_target found for a call: the stream (NULL: the general way), the
+ * shard, a new reference to the shard as an int (when the stream is set),
+ * and whether the call said wait=False. */
+typedef struct {
+    StreamBase *s;
+    uint32_t shard;
+    PyObject *shard_obj;
+    int nowait;
+} fast_call;
+
 /* The general way for a call the fast way did not take: as it came, or,
  * when the stream was found (the rotation may have moved), with the shard
  * already chosen: name(*args, shard=shard[, wait=False]), the call's
  * positional arguments (at most max_positional of them) and no other
- * keyword.  Takes shard_obj's reference. */
+ * keyword.  Takes c->shard_obj's reference. */
 static PyObject *fallback(Appender *self, PyObject *name, PyObject *const *args, Py_ssize_t nargs,
-                          PyObject *kwnames, StreamBase *s, PyObject *shard_obj,
-                          Py_ssize_t max_positional, int nowait)
+                          PyObject *kwnames, fast_call *c, Py_ssize_t max_positional)
 {
-    if (!s || nargs > max_positional) { /* a wrong call: as it came, for its TypeError */
-        Py_XDECREF(shard_obj);
+    if (!c->s || nargs > max_positional) { /* a wrong call: as it came, for its TypeError */
+        Py_XDECREF(c->shard_obj);
         return general(self, name, args, nargs, kwnames);
     }
     PyObject *stack[6] = {(PyObject *)self}; /* max_positional is 2 or 3 */
     for (Py_ssize_t i = 0; i < nargs; i++)
         stack[1 + i] = args[i];
-    stack[1 + nargs] = shard_obj;
+    stack[1 + nargs] = c->shard_obj;
     stack[2 + nargs] = Py_False;
     PyObject *r = PyObject_VectorcallMethod(name, stack, (size_t)(nargs + 1),
-                                            nowait ? kw_shard_wait : kw_shard);
-    Py_DECREF(shard_obj);
+                                            c->nowait ? kw_shard_wait : kw_shard);
+    Py_DECREF(c->shard_obj);
     return r;
 }
 
@@ -339,22 +348,20 @@ static int keywords(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, 
 }
 
 /* The stream and shard of a fast append: a known stream, an int shard in
- * range (or the next of the rotation), no key, default durability.  *out is
- * NULL when the general way is to be taken; *shard_obj a new reference to the
- * shard as an int when it is not.  -1 with an exception set on an error. */
+ * range (or the next of the rotation), no key, default durability.  c->s is
+ * NULL when the general way is to be taken.  -1 with an exception set on an
+ * error. */
 static int fast_target(Appender *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
-                       StreamBase **out, uint32_t *shard_out, PyObject **shard_obj, int *nowait)
+                       fast_call *c)
 {
     PyObject *shard, *key, *durability, *wait;
-    *out = NULL;
-    *shard_obj = NULL;
-    *nowait = 0;
+    *c = (fast_call){0};
     if (nargs < 2 || !self->streams ||
         !keywords(args, nargs, kwnames, &shard, &key, &durability, &wait) || key != Py_None ||
         durability != Py_None || (wait != Py_True && wait != Py_False) ||
         !PyUnicode_CheckExact(args[0]))
         return 0;
-    *nowait = wait == Py_False;
+    c->nowait = wait == Py_False;
     PyObject *found = PyDict_GetItemWithError(self->streams, args[0]); /* borrowed */
     if (!found || !PyObject_TypeCheck(found, self->stream_type))
         return PyErr_Occurred() ? -1 : 0;
@@ -375,9 +382,9 @@ static int fast_target(Appender *self, PyObject *const *args, Py_ssize_t nargs, 
         Py_DECREF(shard);
         return 0;
     }
-    *out = s;
-    *shard_out = (uint32_t)n;
-    *shard_obj = shard;
+    c->s = s;
+    c->shard = (uint32_t)n;
+    c->shard_obj = shard;
     return 0;
 }
 
@@ -429,23 +436,20 @@ static PyObject *finish(Appender *self, PyObject *stream, PyObject *shard_obj, i
 static PyObject *appender_append(Appender *self, PyObject *const *args, Py_ssize_t nargs,
                                  PyObject *kwnames)
 {
-    StreamBase *s;
-    uint32_t shard;
-    PyObject *shard_obj;
-    int nowait;
-    if (fast_target(self, args, nargs, kwnames, &s, &shard, &shard_obj, &nowait) < 0)
+    fast_call c;
+    if (fast_target(self, args, nargs, kwnames, &c) < 0)
         return NULL;
     PyObject *payload = nargs == 2 ? args[1] : NULL;
-    comet_shard *h = s && payload ? s->handles[shard] : NULL;
+    comet_shard *h = c.s && payload ? c.s->handles[c.shard] : NULL;
     if (!h || !PyBytes_CheckExact(payload) || (uint64_t)PyBytes_GET_SIZE(payload) >= self->threshold ||
         (uint64_t)PyBytes_GET_SIZE(payload) > UINT32_MAX) {
-        return fallback(self, str_append_general, args, nargs, kwnames, s, shard_obj, 2, nowait);
+        return fallback(self, str_append_general, args, nargs, kwnames, &c, 2);
     }
     const char *data = PyBytes_AS_STRING(payload);
     uint32_t len = (uint32_t)PyBytes_GET_SIZE(payload);
     int64_t rc = self->to_nowait(h, data, len);
-    if (rc == COMET_E_WOULD_BLOCK && nowait) /* the general way does the short I/O */
-        return fallback(self, str_append_general, args, nargs, kwnames, s, shard_obj, 2, nowait);
+    if (rc == COMET_E_WOULD_BLOCK && c.nowait) /* the general way does the short I/O */
+        return fallback(self, str_append_general, args, nargs, kwnames, &c, 2);
     if (rc == COMET_E_WOULD_BLOCK) {
         Py_INCREF(payload);
         Py_BEGIN_ALLOW_THREADS
@@ -453,7 +457,7 @@ static PyObject *appender_append(Appender *self, PyObject *const *args, Py_ssize
         Py_END_ALLOW_THREADS
         Py_DECREF(payload);
     }
-    return finish(self, args[0], shard_obj, rc, NULL, -1);
+    return finish(self, args[0], c.shard_obj, rc, NULL, -1);
 }
 
 /* items[i] from a list or tuple of exact bytes (n items); 0 when one is not
@@ -501,40 +505,37 @@ static int64_t vector_blocking(Appender *self, comet_stream *stream, uint32_t sh
 static PyObject *appender_append_batch(Appender *self, PyObject *const *args, Py_ssize_t nargs,
                                        PyObject *kwnames)
 {
-    StreamBase *s;
-    uint32_t shard;
-    PyObject *shard_obj;
-    int nowait;
-    if (fast_target(self, args, nargs, kwnames, &s, &shard, &shard_obj, &nowait) < 0)
+    fast_call c;
+    if (fast_target(self, args, nargs, kwnames, &c) < 0)
         return NULL;
     PyObject *seq = nargs == 2 ? args[1] : NULL;
     Py_ssize_t n = seq && (PyList_CheckExact(seq) || PyTuple_CheckExact(seq))
                        ? PySequence_Fast_GET_SIZE(seq) : -1;
     comet_payload local[STACK_ITEMS], *items = local;
     int64_t rc = COMET_E_WANTS_COMPRESSION;
-    if (s && nargs == 2 && n > 0 && (uint64_t)n <= UINT32_MAX / 2) {
+    if (c.s && nargs == 2 && n > 0 && (uint64_t)n <= UINT32_MAX / 2) {
         if (n > STACK_ITEMS && !(items = PyMem_Malloc((size_t)n * sizeof *items))) {
-            Py_DECREF(shard_obj);
+            Py_DECREF(c.shard_obj);
             return PyErr_NoMemory();
         }
         if (gather(seq, n, items)) {
-            rc = self->vector_nowait(s->stream, shard, items, (uint32_t)n, self->raw_limit,
+            rc = self->vector_nowait(c.s->stream, c.shard, items, (uint32_t)n, self->raw_limit,
                                      COMET_DURABILITY_DEFAULT);
-            if (rc == COMET_E_WOULD_BLOCK && nowait)
+            if (rc == COMET_E_WOULD_BLOCK && c.nowait)
                 rc = COMET_E_WANTS_COMPRESSION; /* the general way does the short I/O */
             else if (rc == COMET_E_WOULD_BLOCK)
-                rc = vector_blocking(self, s->stream, shard, seq, n, items);
+                rc = vector_blocking(self, c.s->stream, c.shard, seq, n, items);
         }
         if (items != local)
             PyMem_Free(items);
         if (PyErr_Occurred()) {
-            Py_DECREF(shard_obj);
+            Py_DECREF(c.shard_obj);
             return NULL;
         }
     }
     if (rc == COMET_E_WANTS_COMPRESSION) /* or not the common case: the general way */
-        return fallback(self, str_append_batch_general, args, nargs, kwnames, s, shard_obj, 2, nowait);
-    return finish(self, args[0], shard_obj, rc, self->batch_result, n);
+        return fallback(self, str_append_batch_general, args, nargs, kwnames, &c, 2);
+    return finish(self, args[0], c.shard_obj, rc, self->batch_result, n);
 }
 
 /* COMET_BODY_* of a format argument, or 0 when it is not exactly "json" or
@@ -585,36 +586,33 @@ static PyObject *ingest_failed(Appender *self, PyObject *stream, int64_t rc,
 static PyObject *appender_ingest(Appender *self, PyObject *const *args, Py_ssize_t nargs,
                                  PyObject *kwnames)
 {
-    StreamBase *s;
-    uint32_t shard;
-    PyObject *shard_obj;
-    int nowait;
-    if (fast_target(self, args, nargs, kwnames, &s, &shard, &shard_obj, &nowait) < 0)
+    fast_call c;
+    if (fast_target(self, args, nargs, kwnames, &c) < 0)
         return NULL;
-    uint32_t format = s ? body_format(args, nargs) : 0;
+    uint32_t format = c.s ? body_format(args, nargs) : 0;
     Py_buffer view;
     if (!format || PyObject_GetBuffer(args[1], &view, PyBUF_SIMPLE) < 0) {
         PyErr_Clear(); /* a body that is no buffer: the general way says so */
-        return fallback(self, str_ingest_general, args, nargs, kwnames, s, shard_obj, 3, nowait);
+        return fallback(self, str_ingest_general, args, nargs, kwnames, &c, 3);
     }
     comet_ingest_request req = {.body = view.buf, .len = (size_t)view.len, .format = format,
                                 .compress_above = self->raw_limit,
                                 .compress_level = self->compress_level,
                                 .durability = COMET_DURABILITY_DEFAULT};
     comet_ingest_result res;
-    comet_stream *stream = s->stream; /* read before the GIL goes (see vector_blocking) */
+    comet_stream *stream = c.s->stream; /* read before the GIL goes (see vector_blocking) */
     int64_t rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = (nowait ? self->ingest_nowait : self->ingest)(stream, shard, &req, &res);
+    rc = (c.nowait ? self->ingest_nowait : self->ingest)(stream, c.shard, &req, &res);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&view); /* the view held the body (a bytearray cannot resize meanwhile) */
     if (rc == COMET_E_WOULD_BLOCK)
-        return finish(self, args[0], shard_obj, rc, NULL, -1); /* raises WouldBlock */
+        return finish(self, args[0], c.shard_obj, rc, NULL, -1); /* raises WouldBlock */
     if (rc < 0) {
-        Py_DECREF(shard_obj);
+        Py_DECREF(c.shard_obj);
         return ingest_failed(self, args[0], rc, &res);
     }
-    return finish(self, args[0], shard_obj, rc, self->batch_result, (Py_ssize_t)res.count);
+    return finish(self, args[0], c.shard_obj, rc, self->batch_result, (Py_ssize_t)res.count);
 }
 
 static PyMethodDef appender_methods[] = {

@@ -165,8 +165,10 @@ static uint64_t index_bytes_for(const comet_config *cfg, uint64_t capacity)
 
 /* Makes room for `total` more bytes in the active segment (under the append
  * lock): grows its file by the next chunk while it is below segment_bytes (or
- * is empty and one batch needs more), else rotates to a new segment. */
-static int make_room(shard *sh, uint64_t total)
+ * is empty and one batch needs more), else rotates to a new segment - or,
+ * unless may_rotate, returns COMET_E_WOULD_BLOCK having changed nothing (a
+ * rotation creates and syncs files). */
+static int make_room(shard *sh, uint64_t total, int may_rotate)
 {
     state_file *st = sh->st;
     const comet_config *cfg = shard_config(sh);
@@ -196,6 +198,8 @@ static int make_room(shard *sh, uint64_t total)
         if (remap)
             atomic_fetch_add_explicit(&st->active_gen, 1, memory_order_release);
     } else {
+        if (!may_rotate)
+            return COMET_E_WOULD_BLOCK;
         uint64_t need = SEGMENT_DATA_OFFSET + total;
         uint64_t capacity = grown_capacity(cfg, 0, need, limit);
         uint64_t coverage = limit > need ? limit : need;
@@ -269,6 +273,19 @@ static int interval_sync_due(const shard *sh, int mode, int64_t now)
     return last && now - last > 2 * (int64_t)shard_config(sh)->fsync_interval_ms * 1000000;
 }
 
+/* Zero-fills ahead when `total` more bytes pass the zeroed pages; *slow is
+ * set when that or a new mapping (active_gen moved since gen_before) happened. */
+static void zero_fill_for(shard *sh, uint64_t total, uint64_t gen_before, int *slow)
+{
+    state_file *st = sh->st;
+    uint64_t end = atomic_load_explicit(&st->active_end, memory_order_relaxed) + total;
+    if (end > atomic_load_explicit(&st->zeroed_end, memory_order_relaxed)) {
+        zero_ahead(sh, end - total, end);
+        *slow = 1;
+    }
+    *slow |= gen_before != atomic_load_explicit(&st->active_gen, memory_order_relaxed);
+}
+
 /* The blocking way in: the lock (waiting for it), then room for `total` more
  * bytes, freeing the oldest data of the directory when over its budget.
  * *slow is set when anything but memory stores happened. */
@@ -284,7 +301,7 @@ static int lock_with_room(shard *sh, uint64_t total, int *slow)
     }
     uint64_t gen_before = atomic_load_explicit(&st->active_gen, memory_order_relaxed);
     budget_short = 0;
-    rc = make_room(sh, total);
+    rc = make_room(sh, total, 1);
     for (int attempt = 0; rc == COMET_E_STORAGE_FULL && budget_short && attempt < 8; attempt++) {
         /* Over the directory's budget and this shard has nothing more to
          * delete: free the oldest data of the whole directory, whatever
@@ -307,7 +324,7 @@ static int lock_with_room(shard *sh, uint64_t total, int *slow)
         *slow = 1;
         int last = attempt > 0 && !freed;
         budget_short = 0;
-        rc = make_room(sh, total);
+        rc = make_room(sh, total, 1);
         if (last)
             break;
     }
@@ -318,12 +335,7 @@ static int lock_with_room(shard *sh, uint64_t total, int *slow)
             sc_add(st, SC_STORAGE_FULL_ERRORS, 1);
         return rc;
     }
-    uint64_t end = atomic_load_explicit(&st->active_end, memory_order_relaxed) + total;
-    if (end > atomic_load_explicit(&st->zeroed_end, memory_order_relaxed)) {
-        zero_ahead(sh, end - total, end);
-        *slow = 1;
-    }
-    *slow |= gen_before != atomic_load_explicit(&st->active_gen, memory_order_relaxed);
+    zero_fill_for(sh, total, gen_before, slow);
     return 0;
 }
 
@@ -349,20 +361,6 @@ static int lock_if_ready(shard *sh, uint64_t total)
     return 0;
 }
 
-/* Whether room for `total` more bytes means a new segment (files created and
- * synced) rather than the active one mapped, grown or zero-filled: the same
- * choice as make_room's, under the append lock. */
-static int needs_rotation(shard *sh, uint64_t total)
-{
-    state_file *st = sh->st;
-    if (writer_segment(sh) || !sh->active)
-        return 1; /* no segment yet, or sealed by recovery; an error: the blocking way says */
-    uint64_t end = atomic_load_explicit(&st->active_end, memory_order_relaxed) + total;
-    uint64_t next = atomic_load_explicit(&st->next_entry, memory_order_relaxed);
-    return end > sh->active->capacity && end > shard_config(sh)->segment_bytes &&
-           next != sh->active->base;
-}
-
 /* The way in that never sleeps: the lock if it is free; room made on the
  * active segment (map, grow, zero fill); a rotation, or room only freeing
  * the directory's budget would give, refused: COMET_E_WOULD_BLOCK, nothing
@@ -374,11 +372,9 @@ static int lock_with_near_room(shard *sh, uint64_t total, int *slow)
         return COMET_E_WOULD_BLOCK;
     int rc = shard_check_deleted(sh);
     uint64_t gen_before = atomic_load_explicit(&st->active_gen, memory_order_relaxed);
-    if (!rc && needs_rotation(sh, total))
-        rc = COMET_E_WOULD_BLOCK;
     if (!rc) {
         budget_short = 0;
-        rc = make_room(sh, total);
+        rc = make_room(sh, total, 0);
         if (rc == COMET_E_STORAGE_FULL && budget_short)
             rc = COMET_E_WOULD_BLOCK; /* the blocking way frees the oldest data */
         budget_short = budget_protected = 0;
@@ -387,12 +383,7 @@ static int lock_with_near_room(shard *sh, uint64_t total, int *slow)
         shard_unlock(sh);
         return rc;
     }
-    uint64_t end = atomic_load_explicit(&st->active_end, memory_order_relaxed) + total;
-    if (end > atomic_load_explicit(&st->zeroed_end, memory_order_relaxed)) {
-        zero_ahead(sh, end - total, end);
-        *slow = 1;
-    }
-    *slow |= gen_before != atomic_load_explicit(&st->active_gen, memory_order_relaxed);
+    zero_fill_for(sh, total, gen_before, slow);
     return 0;
 }
 

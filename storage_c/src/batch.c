@@ -152,7 +152,7 @@ static int64_t append_one(comet_stream *s, uint32_t shard_id, const void *payloa
 int64_t comet_append(comet_stream *s, uint32_t shard_id, const void *payload, uint32_t len,
                      uint32_t flags, int durability)
 {
-    return append_one(s, shard_id, payload, len, flags, durability, 0);
+    return append_one(s, shard_id, payload, len, flags, durability, APPEND_WAIT);
 }
 
 int64_t comet_append_nowait(comet_stream *s, uint32_t shard_id, const void *payload,
@@ -194,7 +194,7 @@ static int64_t append_to(comet_shard *sh, const char *payload, uint32_t len, int
 
 int64_t comet_append_to(comet_shard *sh, const char *payload, uint32_t len)
 {
-    return append_to(sh, payload, len, 0);
+    return append_to(sh, payload, len, APPEND_WAIT);
 }
 
 int64_t comet_append_to_nowait(comet_shard *sh, const char *payload, uint32_t len)
@@ -228,7 +228,7 @@ int64_t comet_append_batch(comet_stream *s, uint32_t shard_id, const void *buf,
                            const uint32_t *lens, const uint8_t *flags, uint32_t count,
                            int durability)
 {
-    return append_batch(s, shard_id, buf, lens, flags, count, durability, 0);
+    return append_batch(s, shard_id, buf, lens, flags, count, durability, APPEND_WAIT);
 }
 
 int64_t comet_append_batch_nowait(comet_stream *s, uint32_t shard_id, const void *buf,
@@ -279,7 +279,7 @@ int64_t comet_append_delimited(comet_stream *s, uint32_t shard_id, const void *b
                                int durability, uint32_t *count_out)
 {
     return append_delimited(s, shard_id, buf, len, delimiter, skip_empty, raw_limit, durability,
-                            count_out, 0);
+                            count_out, APPEND_WAIT);
 }
 
 int64_t comet_append_delimited_nowait(comet_stream *s, uint32_t shard_id, const void *buf,
@@ -319,7 +319,7 @@ static int64_t append_vector(comet_stream *s, uint32_t shard_id, const comet_pay
 int64_t comet_append_vector(comet_stream *s, uint32_t shard_id, const comet_payload *items,
                             uint32_t count, uint32_t raw_limit, int durability)
 {
-    return append_vector(s, shard_id, items, count, raw_limit, durability, 0);
+    return append_vector(s, shard_id, items, count, raw_limit, durability, APPEND_WAIT);
 }
 
 int64_t comet_append_vector_nowait(comet_stream *s, uint32_t shard_id,
@@ -414,7 +414,7 @@ static int64_t ingest(comet_stream *s, uint32_t shard_id, const comet_ingest_req
 int64_t comet_ingest(comet_stream *s, uint32_t shard_id, const comet_ingest_request *req,
                      comet_ingest_result *res)
 {
-    return ingest(s, shard_id, req, res, 0);
+    return ingest(s, shard_id, req, res, APPEND_WAIT);
 }
 
 int64_t comet_ingest_nowait(comet_stream *s, uint32_t shard_id, const comet_ingest_request *req,
