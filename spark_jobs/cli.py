@@ -68,6 +68,7 @@ def spark_ship(data_dir: str, stream: str, lake: str, group: str, schema: str | 
             raise click.UsageError(f"--conf {item!r}: use key=value")
         conf.append((key, value))
     check_data_dir(data_dir)
+    spark = None
     try:
         target = Lake(lake, endpoint_url=endpoint_url)
         opts = ShipOptions(os.path.abspath(data_dir), stream, target, group, schema, sample,
@@ -76,6 +77,12 @@ def spark_ship(data_dir: str, stream: str, lake: str, group: str, schema: str | 
         report = ship(spark, opts)
     except (CometError, LakeError, ValueError, FileNotFoundError) as exc:
         raise click.ClickException(str(exc)) from None
+    finally:
+        # An orderly stop: left to the interpreter's exit, the JVM went down
+        # under pyspark's worker daemon, which could print a BrokenPipeError
+        # traceback after the one-line error.
+        if spark is not None:
+            spark.stop()
     click.echo(json.dumps(report.to_dict()))
 
 
