@@ -423,7 +423,8 @@ typedef struct json_splitter {
     json_emit_fn emit;
     void *ctx;
     uint64_t count;           /* events emitted */
-    /* string scanning: stop bytes of the 64-byte block at offset `block` */
+    /* string scanning: stop bytes of the 64-byte block at offset `block`
+     * (none yet: -64); bits past the body's end are set */
     size_t block;
     uint64_t mask;
     /* compaction: events with whitespace inside are copied without it */

@@ -23,7 +23,10 @@
  *     minifier does not validate; what we need - validate, find event bounds,
  *     drop whitespace - is one small pass.  Strings, where most bytes are, are
  *     scanned 16 bytes at a time with SSE2 for '"', '\\', control bytes and
- *     non-ASCII bytes; everything else is byte by byte with small tables.
+ *     non-ASCII bytes; digits eight at a time in a 64-bit word; the rest byte
+ *     by byte.  Each place in the grammar first checks for the byte it
+ *     expects and looks for whitespace only when that is not there, so
+ *     compact JSON pays for no whitespace checks.
  *   - Nesting is tracked on an explicit stack (no recursion), limited to
  *     COMET_JSON_MAX_DEPTH levels per event.
  *   - An event without whitespace inside is referenced in place (no copy).
@@ -107,6 +110,9 @@ static __attribute__((cold, noinline)) const uint8_t *unexpected(json_splitter *
 
 /* ---- whitespace and compaction -------------------------------------------- */
 
+/* Scratch bytes past the body's size: room for drop_gap's fixed-size copy. */
+#define SCRATCH_SLACK 16
+
 /* Copies the event's bytes from j->run up to from into scratch and resumes the
  * run at to: the whitespace [from, to) is left out of the stored event.  0, or
  * COMET_E_NOMEM (also kept in j->code). */
@@ -114,7 +120,7 @@ static int drop_gap(json_splitter *j, const uint8_t *from, const uint8_t *to)
 {
     if (!j->copying) {
         if (!j->scratch) {
-            j->scratch = sys_malloc(j->end - j->body);
+            j->scratch = sys_malloc((size_t)(j->end - j->body) + SCRATCH_SLACK);
             if (!j->scratch) {
                 j->code = set_error(COMET_E_NOMEM, "out of memory for a %zu-byte body",
                                     (size_t)(j->end - j->body));
@@ -125,30 +131,31 @@ static int drop_gap(json_splitter *j, const uint8_t *from, const uint8_t *to)
         j->event_out = j->scratch_len;
     }
     size_t n = (size_t)(from - j->run);
-    memcpy(j->scratch + j->scratch_len, j->run, n);
+    uint8_t *out = j->scratch + j->scratch_len;
+    /* Runs between gaps are short (a key, a value): one fixed 16-byte copy,
+     * inlined, instead of a call; it may write past the run into the slack
+     * and read past it inside the body, never past either end. */
+    if (n <= 16 && j->end - j->run >= 16)
+        memcpy(out, j->run, 16);
+    else
+        memcpy(out, j->run, n);
     j->scratch_len += n;
     j->run = to;
     return 0;
 }
 
-/* Skips whitespace inside an event (dropping it); NULL only on NOMEM.  end
- * and ws are the splitter's, passed so that they stay in registers. */
-static __attribute__((noinline)) const uint8_t *skip_gap(json_splitter *j, const uint8_t *p)
+/* Skips whitespace inside an event (dropping it); NULL only on NOMEM.  p is
+ * a byte <= ' ': whitespace, or a byte the grammar will refuse. */
+static inline __attribute__((always_inline)) const uint8_t *skip_gap(json_splitter *j, const uint8_t *p)
 {
+    if (!j->ws[*p])
+        return p;
     const uint8_t *q = p + 1;
     while (q < j->end && j->ws[*q])
         q++;
     if (drop_gap(j, p, q))
         return NULL;
     return q;
-}
-
-static inline __attribute__((always_inline)) const uint8_t *
-skip_inner(json_splitter *j, const uint8_t *p, const uint8_t *end, const uint8_t *ws)
-{
-    if (p < end && ws[*p])
-        return skip_gap(j, p);
-    return p;
 }
 
 /* Skips whitespace between events (nothing to drop: it is outside them). */
@@ -168,21 +175,39 @@ static inline uint64_t stop_mask_64(const uint8_t *block)
 #if defined(__SSE2__)
     const __m128i quote = _mm_set1_epi8('"'), bslash = _mm_set1_epi8('\\');
     const __m128i space = _mm_set1_epi8(0x20);
-    uint64_t mask = 0;
-    for (int i = 0; i < 4; i++) {
-        __m128i v = _mm_loadu_si128((const __m128i *)(block + 16 * i));
-        /* signed v < 0x20 holds for controls and for every byte >= 0x80 */
-        __m128i hit = _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(v, quote), _mm_cmpeq_epi8(v, bslash)),
-                                   _mm_cmplt_epi8(v, space));
-        mask |= (uint64_t)(uint16_t)_mm_movemask_epi8(hit) << (16 * i);
-    }
-    return mask;
+    /* signed v < 0x20 holds for controls and for every byte >= 0x80 */
+#define STOPS(v) _mm_movemask_epi8(_mm_or_si128(                                   \
+        _mm_or_si128(_mm_cmpeq_epi8(v, quote), _mm_cmpeq_epi8(v, bslash)), _mm_cmplt_epi8(v, space)))
+    __m128i a = _mm_loadu_si128((const __m128i *)block);
+    __m128i b = _mm_loadu_si128((const __m128i *)(block + 16));
+    __m128i c = _mm_loadu_si128((const __m128i *)(block + 32));
+    __m128i d = _mm_loadu_si128((const __m128i *)(block + 48));
+    uint64_t lo = (uint32_t)STOPS(a) | (uint32_t)STOPS(b) << 16;
+    uint64_t hi = (uint32_t)STOPS(c) | (uint32_t)STOPS(d) << 16;
+#undef STOPS
+    return lo | hi << 32;
 #else
     uint64_t mask = 0;
     for (int i = 0; i < 64; i++)
         mask |= (uint64_t)STRING_STOP[block[i]] << i;
     return mask;
 #endif
+}
+
+/* Computes the stop mask of the 64-byte block (counted from the body's
+ * start) holding offset off; the last, partial block's bytes past the end
+ * stop the scan.  off is below the body's length. */
+static __attribute__((noinline)) void load_stop_mask(json_splitter *j, size_t off)
+{
+    size_t block = off & ~(size_t)63, left = (size_t)(j->end - j->body) - block;
+    if (left >= 64) {
+        j->mask = stop_mask_64(j->body + block);
+    } else {
+        j->mask = ~(uint64_t)0 << left;
+        for (size_t i = 0; i < left; i++)
+            j->mask |= (uint64_t)STRING_STOP[j->body[block + i]] << i;
+    }
+    j->block = block;
 }
 
 /* The first byte at or after p that ends the fast scan of a string (or end).
@@ -192,28 +217,19 @@ static inline uint64_t stop_mask_64(const uint8_t *block)
 static inline __attribute__((always_inline)) const uint8_t *find_string_stop(json_splitter *j,
                                                                               const uint8_t *p)
 {
+    size_t off = (size_t)(p - j->body);
     for (;;) {
-        size_t off = (size_t)(p - j->body);
-        size_t block = off & ~(size_t)63;
-        if (block != j->block) {
-            size_t left = (size_t)(j->end - j->body) - block;
-            if (left >= 64) {
-                j->mask = stop_mask_64(j->body + block);
-            } else { /* the last, partial block: bytes past the end stop the scan */
-                j->mask = left ? ~(uint64_t)0 << left : ~(uint64_t)0;
-                for (size_t i = 0; i < left; i++)
-                    j->mask |= (uint64_t)STRING_STOP[j->body[block + i]] << i;
-            }
-            j->block = block;
+        size_t rel = off - j->block;
+        if (rel < 64) {
+            uint64_t m = j->mask >> rel;
+            if (m) /* a bit past the end stops at the end itself */
+                return p + __builtin_ctzll(m);
+            off = j->block + 64;
+            p = j->body + off;
         }
-        uint64_t m = j->mask >> (off & 63);
-        if (m) {
-            const uint8_t *q = p + __builtin_ctzll(m);
-            return q < j->end ? q : j->end;
-        }
-        p = j->body + block + 64;
         if (p >= j->end)
             return j->end;
+        load_stop_mask(j, off);
     }
 }
 
@@ -302,6 +318,29 @@ static inline __attribute__((always_inline)) const uint8_t *scan_string(json_spl
     return scan_string_rest(j, p, q);
 }
 
+/* The first byte at or after p that is not a digit (or end).  Eight bytes
+ * at a time where eight are left: a byte b is a digit when its high nibble
+ * and that of b + 6 are both 3; a carry out of a non-digit byte can only
+ * disturb the bytes after it, which no longer count. */
+static inline const uint8_t *skip_digits(const uint8_t *p, const uint8_t *end)
+{
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    while (end - p >= 8) {
+        uint64_t x;
+        memcpy(&x, p, 8);
+        const uint64_t high = 0xF0F0F0F0F0F0F0F0u;
+        uint64_t not_digit = ((x & high) | (((x + 0x0606060606060606u) & high) >> 4))
+                             ^ 0x3333333333333333u;
+        if (not_digit)
+            return p + __builtin_ctzll(not_digit) / 8; /* little-endian: the first byte is lowest */
+        p += 8;
+    }
+#endif
+    while (p < end && is_digit(*p))
+        p++;
+    return p;
+}
+
 static const uint8_t *scan_number(json_splitter *j, const uint8_t *p)
 {
     const uint8_t *end = j->end;
@@ -314,15 +353,13 @@ static const uint8_t *scan_number(json_splitter *j, const uint8_t *p)
         if (p < end && is_digit(*p))
             return fail(j, p, "a number cannot have a leading zero");
     } else {
-        while (p < end && is_digit(*p))
-            p++;
+        p = skip_digits(p + 1, end);
     }
     if (p < end && *p == '.') {
         p++;
         if (p == end || !is_digit(*p))
             return unexpected(j, p, "a digit after the decimal point");
-        while (p < end && is_digit(*p))
-            p++;
+        p = skip_digits(p + 1, end);
     }
     if (p < end && (*p | 0x20) == 'e') {
         p++;
@@ -330,8 +367,7 @@ static const uint8_t *scan_number(json_splitter *j, const uint8_t *p)
             p++;
         if (p == end || !is_digit(*p))
             return unexpected(j, p, "a digit in the exponent");
-        while (p < end && is_digit(*p))
-            p++;
+        p = skip_digits(p + 1, end);
     }
     return p;
 }
@@ -346,20 +382,28 @@ static const uint8_t *scan_literal(json_splitter *j, const uint8_t *p, const cha
 /* One JSON value starting at p (not whitespace); returns the byte after it. */
 static const uint8_t *scan_value(json_splitter *j, const uint8_t *p)
 {
-    const uint8_t *const end = j->end, *const ws = j->ws;
+    const uint8_t *const end = j->end;
     uint8_t closer[COMET_JSON_MAX_DEPTH];
     int depth = 0;
+    const uint8_t *q;
 
+    /* Each place expects a byte (a value, ',' or a closer, a key, ':') and
+     * looks for whitespace only when that byte is not there: compact JSON,
+     * the common case, pays for no whitespace checks at all. */
 value:
     if (p >= end)
         return unexpected(j, p, "a value");
     switch (*p) {
+    case '"':
+        p = scan_string(j, p);
+        break;
     case '{':
     case '[':
         if (depth == COMET_JSON_MAX_DEPTH)
             return fail(j, p, "nesting is deeper than %d levels", COMET_JSON_MAX_DEPTH);
         closer[depth++] = *p == '{' ? '}' : ']';
-        if (!(p = skip_inner(j, p + 1, end, ws)))
+        p++;
+        if (p < end && *p <= ' ' && !(p = skip_gap(j, p)))
             return NULL;
         if (p < end && *p == closer[depth - 1]) {
             depth--;
@@ -369,9 +413,6 @@ value:
         if (closer[depth - 1] == '}')
             goto key;
         goto value;
-    case '"':
-        p = scan_string(j, p);
-        break;
     case 't':
         p = scan_literal(j, p, "true", 4);
         break;
@@ -386,6 +427,14 @@ value:
         p = scan_number(j, p);
         break;
     default:
+        if (*p <= ' ') {
+            if (!(q = skip_gap(j, p)))
+                return NULL;
+            if (q != p) {
+                p = q;
+                goto value;
+            }
+        }
         return unexpected(j, p, "a value");
     }
     if (!p)
@@ -393,33 +442,41 @@ value:
 after:
     if (depth == 0)
         return p;
-    if (!(p = skip_inner(j, p, end, ws)))
-        return NULL;
-    if (p < end && *p == ',') {
-        if (!(p = skip_inner(j, p + 1, end, ws)))
-            return NULL;
-        if (closer[depth - 1] == '}')
-            goto key;
-        goto value;
-    }
-    if (p < end && *p == closer[depth - 1]) {
-        depth--;
-        p++;
-        goto after;
+    if (p < end) {
+        if (*p == ',') {
+            p++;
+            if (closer[depth - 1] == '}')
+                goto key;
+            goto value;
+        }
+        if (*p == closer[depth - 1]) {
+            depth--;
+            p++;
+            goto after;
+        }
+        if (*p <= ' ') {
+            if (!(q = skip_gap(j, p)))
+                return NULL;
+            if (q != p) {
+                p = q;
+                goto after;
+            }
+        }
     }
     return unexpected(j, p, closer[depth - 1] == '}' ? "',' or '}' after an object member"
                                                      : "',' or ']' after an array element");
 key:
+    if (p < end && *p <= ' ' && !(p = skip_gap(j, p)))
+        return NULL;
     if (p >= end || *p != '"')
         return unexpected(j, p, "a string (an object key)");
     if (!(p = scan_string(j, p)))
         return NULL;
-    if (!(p = skip_inner(j, p, end, ws)))
+    if (p < end && *p <= ' ' && !(p = skip_gap(j, p)))
         return NULL;
     if (p >= end || *p != ':')
         return unexpected(j, p, "':' after an object key");
-    if (!(p = skip_inner(j, p + 1, end, ws)))
-        return NULL;
+    p++;
     goto value;
 }
 
@@ -559,7 +616,7 @@ int json_split(json_splitter *j, const uint8_t *body, size_t len, uint32_t forma
     j->emit = emit;
     j->ctx = ctx;
     j->index = COMET_NO_INDEX;
-    j->block = SIZE_MAX; /* no stop mask computed yet */
+    j->block = (size_t)0 - 64; /* no stop mask yet: off - block is off + 64, never below 64 */
     if (format != COMET_BODY_JSON && format != COMET_BODY_NDJSON)
         return j->code = set_error(COMET_E_INVALID, "body format %u is not COMET_BODY_JSON (1) "
                                    "or COMET_BODY_NDJSON (2)", format);

@@ -640,11 +640,59 @@ static void test_split_api(void)
     CHECK(comet_json_split(&req, 0, out, sizeof out, lens, 2, &res) == COMET_E_INVALID);
 }
 
+/* ---- numbers: every length against every byte after the digits ---------------- */
+
+/* Numbers are scanned eight digits at a time while eight bytes are left:
+ * runs of 1..40 digits (in the integer part, the fraction and the exponent),
+ * each followed by every byte value, at the end of the body and inside it.
+ * An NDJSON line "<prefix><digits><byte>" is one valid event exactly when
+ * the byte is a digit or a whitespace byte that may end a line (' ', '\t',
+ * '\r', '\n'); any other byte is refused where it stands, or, for '.', 'e'
+ * and 'E', just after it, where a digit is missing. */
+static void test_digit_runs(void)
+{
+    static const char *prefixes[] = {"", "-", "0.", "1e", "-9.5E+"};
+    char body[96];
+    split_t s;
+    for (size_t f = 0; f < sizeof prefixes / sizeof prefixes[0]; f++) {
+        size_t plen = strlen(prefixes[f]);
+        for (size_t n = 1; n <= 40; n++) {
+            memcpy(body, prefixes[f], plen);
+            body[plen] = (char)('1' + n % 9); /* no leading zero */
+            for (size_t i = 1; i < n; i++)
+                body[plen + i] = (char)('0' + (i * 7) % 10);
+            size_t len = plen + n;
+            CHECK(split(&s, body, len, N, 0) == 1 && s.lens[0] == len &&
+                  memcmp(s.out, body, len) == 0);
+            split_free(&s);
+            for (int c = 0; c < 256; c++) {
+                body[len] = (char)c;
+                int valid = (c >= '0' && c <= '9') || c == ' ' || c == '\t' || c == '\r' ||
+                            c == '\n';
+                size_t keep = (c >= '0' && c <= '9') ? len + 1 : len;
+                int64_t rc = split(&s, body, len + 1, N, 0);
+                if (valid)
+                    CHECK(rc == 1 && s.lens[0] == keep && memcmp(s.out, body, keep) == 0);
+                else /* '.', 'e' and 'E' may start a part that then has no digit */
+                    CHECK(rc == BAD && (s.res.error_offset == len ||
+                                        (s.res.error_offset == len + 1 && strchr(".eE", c))));
+                split_free(&s);
+                /* the same inside a body that goes on after it */
+                memcpy(body + len + 1, "\n2\n", 3);
+                rc = split(&s, body, len + 4, N, 0);
+                CHECK(valid ? rc == 2 : rc == BAD);
+                split_free(&s);
+            }
+        }
+    }
+}
+
 int main(void)
 {
     RUN(test_tables);
     RUN(test_fault_location);
     RUN(test_depth_limit);
+    RUN(test_digit_runs);
     RUN(test_truncations);
     RUN(test_random_mutations);
     RUN(test_random_alphabet);
