@@ -52,13 +52,20 @@ $(STAMP): pyproject.toml setup.py storage_c/_build.py storage_c/_fastpath.c $(CS
 	$(PY) -m pip install -q --no-build-isolation -e '.[dev]'
 	@touch $(STAMP)
 
-# C tests of the core, under AddressSanitizer and UndefinedBehaviorSanitizer.
+# C tests of the core, under AddressSanitizer and UndefinedBehaviorSanitizer.  Each
+# build flavour compiles the core once (build/obj/FLAVOUR/) and links every test to it.
+TEST_HDR := storage_c/tests/check.h storage_c/tests/util.h
+objects = $(patsubst storage_c/src/%.c,build/obj/$(1)/%.o,$(CSRC))
 ctest: $(CTESTS)
 	@set -e; for t in $(CTESTS); do echo "$$t"; ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 $$t; done
 
-$(BUILD)/%: storage_c/tests/%.c $(CSRC) $(CHDR) storage_c/tests/check.h storage_c/tests/util.h
+build/obj/asan/%.o: storage_c/src/%.c $(CHDR)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS_COMMON) $(SAN) -c $< -o $@
+
+$(BUILD)/%: storage_c/tests/%.c $(call objects,asan) $(TEST_HDR)
 	@mkdir -p $(BUILD)
-	$(CC) $(CFLAGS_COMMON) $(SAN) $(CSRC) $< -o $@ -lzstd -lpthread
+	$(CC) $(CFLAGS_COMMON) $(SAN) $(call objects,asan) $< -o $@ -lzstd -lpthread
 
 # The same C tests under ThreadSanitizer (the races: appenders, readers, the
 # background flusher and retention, close).
@@ -68,19 +75,27 @@ TSAN_TESTS := $(patsubst storage_c/tests/%.c,$(TSAN_BUILD)/%,$(wildcard storage_
 tsan: $(TSAN_TESTS)
 	@set -e; for t in $(TSAN_TESTS); do echo "$$t"; TSAN_OPTIONS=halt_on_error=1 $$t >/dev/null; done
 
-$(TSAN_BUILD)/%: storage_c/tests/%.c $(CSRC) $(CHDR) storage_c/tests/check.h storage_c/tests/util.h
+TSAN := -O1 -g -fsanitize=thread
+build/obj/tsan/%.o: storage_c/src/%.c $(CHDR)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS_COMMON) $(TSAN) -c $< -o $@
+
+$(TSAN_BUILD)/%: storage_c/tests/%.c $(call objects,tsan) $(TEST_HDR)
 	@mkdir -p $(TSAN_BUILD)
-	$(CC) $(CFLAGS_COMMON) -O1 -g -fsanitize=thread $(CSRC) $< -o $@ -lzstd -lpthread
+	$(CC) $(CFLAGS_COMMON) $(TSAN) $(call objects,tsan) $< -o $@ -lzstd -lpthread
 
 # Line coverage of storage_c/src by the C tests (gcov), printed as one figure per
-# file and a total; the report is build/coverage/summary.txt.
+# file and a total; the report is build/coverage/summary.txt.  The core is compiled
+# once (build/coverage/core/); every test's run adds its counts to the same .gcda files.
 COV_BUILD := build/coverage
 coverage:
-	@rm -rf $(COV_BUILD) && mkdir -p $(COV_BUILD)
+	@rm -rf $(COV_BUILD) && mkdir -p $(COV_BUILD)/core $(COV_BUILD)/tests
+	@set -e; for c in $(CSRC); do \
+	  $(CC) $(CFLAGS_COMMON) -O0 --coverage -c $$c -o $(COV_BUILD)/core/$$(basename $$c .c).o; done
 	@set -e; for t in storage_c/tests/test_*.c; do n=$$(basename $$t .c); \
-	  mkdir -p $(COV_BUILD)/$$n && \
-	  $(CC) $(CFLAGS_COMMON) -O0 --coverage $(CSRC) $$t -o $(COV_BUILD)/$$n/run -lzstd -lpthread && \
-	  (cd $(COV_BUILD)/$$n && ./run >/dev/null 2>&1); done
+	  $(CC) $(CFLAGS_COMMON) -O0 --coverage $(COV_BUILD)/core/*.o $$t -o $(COV_BUILD)/tests/$$n \
+	    -lzstd -lpthread && \
+	  (cd $(COV_BUILD)/tests && ./$$n >/dev/null 2>&1); done
 	@$(PYTHON) scripts/coverage-summary.py $(COV_BUILD) storage_c/src | tee $(COV_BUILD)/summary.txt
 
 # The type checker over the Python packages and their tests ([tool.mypy] in pyproject.toml).

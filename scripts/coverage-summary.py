@@ -1,7 +1,8 @@
-"""Line coverage of the C core by its tests: `make coverage` builds each C test
-with --coverage in a directory of its own under BUILD and runs it; this sums
-gcov's per-line counts over all of them (a line is covered when any test ran
-it) and prints one row per source file of SRC plus the total.
+"""Line coverage of the C core by its tests: `make coverage` compiles the core
+once with --coverage (BUILD/core), links every C test to it (BUILD/tests) and
+runs them, each adding its counts to the same .gcda files; this sums gcov's
+per-line counts over the directories under BUILD (a line is covered when any
+test ran it) and prints one row per source file of SRC plus the total.
 
     python3 scripts/coverage-summary.py build/coverage storage_c/src
 """
