@@ -1,5 +1,7 @@
 """The JSON ingest validator (``c/bench_json.c``): GB/s against a memchr split of the
-same bodies (anchor); target ≥ 1 GB/s on 20 KB NDJSON.
+same bodies (anchor); target ≥ 1 GB/s on the gateway benchmark's 20 KB bodies
+(NDJSON and the array).  The spaced NDJSON row (every event compacted) is a
+reference without a target.
 
     .venv/bin/python loadtests/bench_json.py [--quick] [--runs N] [--mib M]
 """
@@ -15,6 +17,7 @@ import benchlib
 
 LOADTESTS = Path(__file__).resolve().parent
 TARGET_GB_S = 1.0
+TARGETED = {"validate_ndjson", "validate_array"}
 TITLES = {
     "memchr_split_ndjson": "Anchor: memchr split into lines, nothing checked",
     "validate_ndjson": "Validate + split, 100-event NDJSON (20 KB)",
@@ -44,9 +47,9 @@ def main() -> None:
                          f"{r['gb_per_s']:.2f} GB/s", role="anchor" if r is anchor else "case",
                          anchor=None if r is anchor else ref,
                          ratio=None if r is anchor else r["gb_per_s"] / anchor["gb_per_s"],
-                         target=None if r is anchor else {"op": ">=", "value": TARGET_GB_S,
-                                                          "unit": "GB/s"},
-                         target_text="—" if r is anchor else f"≥ {TARGET_GB_S:.1f} GB/s",
+                         target={"op": ">=", "value": TARGET_GB_S, "unit": "GB/s"}
+                         if r["name"] in TARGETED else None,
+                         target_text=f"≥ {TARGET_GB_S:.1f} GB/s" if r["name"] in TARGETED else "—",
                          runs_text=", ".join(f"{x:.2f}" for x in r["runs_gb_per_s"]) + " GB/s")
             for r in raw]
     ctx.write(args, "json", "JSON validator", rows, [f"- Median of {runs} run(s) of {mib} MiB each."],
