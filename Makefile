@@ -56,6 +56,7 @@ $(STAMP): pyproject.toml setup.py storage_c/_build.py storage_c/_fastpath.c $(CS
 # build flavour compiles the core once (build/obj/FLAVOUR/) and links every test to it.
 TEST_HDR := storage_c/tests/check.h storage_c/tests/util.h
 objects = $(patsubst storage_c/src/%.c,build/obj/$(1)/%.o,$(CSRC))
+.SECONDARY: $(call objects,asan) $(call objects,tsan)   # kept for the next build
 ctest: $(CTESTS)
 	@set -e; for t in $(CTESTS); do echo "$$t"; ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 $$t; done
 
