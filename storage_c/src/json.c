@@ -24,9 +24,8 @@
  *     drop whitespace - is one small pass.  Strings, where most bytes are, are
  *     scanned 16 bytes at a time with SSE2 for '"', '\\', control bytes and
  *     non-ASCII bytes; digits eight at a time in a 64-bit word; the rest byte
- *     by byte.  Each place in the grammar first checks for the byte it
- *     expects and looks for whitespace only when that is not there, so
- *     compact JSON pays for no whitespace checks.
+ *     by byte.  Whitespace costs compact JSON at most one compare where it
+ *     may stand (a value's or a separator's own byte is checked first).
  *   - Nesting is tracked on an explicit stack (no recursion), limited to
  *     COMET_JSON_MAX_DEPTH levels per event.
  *   - An event without whitespace inside is referenced in place (no copy).
@@ -387,9 +386,10 @@ static const uint8_t *scan_value(json_splitter *j, const uint8_t *p)
     int depth = 0;
     const uint8_t *q;
 
-    /* Each place expects a byte (a value, ',' or a closer, a key, ':') and
-     * looks for whitespace only when that byte is not there: compact JSON,
-     * the common case, pays for no whitespace checks at all. */
+    /* After a value the next byte is looked for as ',' or a closer, and a
+     * value as its first byte, before any whitespace check; before and after
+     * a key (and after an opener) one compare (*p <= ' ') says there is
+     * none.  Compact JSON, the common case, takes no whitespace path. */
 value:
     if (p >= end)
         return unexpected(j, p, "a value");
