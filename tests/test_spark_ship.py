@@ -309,6 +309,46 @@ def test_a_run_removes_what_killed_runs_left(spark: SparkSession, data_dir: Path
     assert sum(m.rows for m in manifests(lake, "ev")) == 2400
 
 
+def without_worker_shutdown_noise(stderr: str) -> str:
+    """stderr without pyspark's own worker-shutdown tracebacks.  When a session
+    stops, Spark closes the sockets of its idle Python workers (here the one
+    that looked up Python data sources when ours was registered); a worker
+    that reads the EOF reports it to the JVM, that write finds the socket
+    closed, and pyspark's daemon prints the BrokenPipeError as it lets the
+    worker die (spark.python.daemon.killWorkerOnFlushFailure).  A race of
+    Spark's shutdown (2 of 7 CI runs); every frame is pyspark's.  Any other
+    traceback stays in."""
+    out: list[str] = []
+    lines = stderr.splitlines()
+    i = 0
+    while i < len(lines):
+        if lines[i].startswith("Traceback (most recent call last):"):
+            j = i + 1
+            while j < len(lines) and lines[j].startswith(" "):
+                j += 1
+            frames = [line for line in lines[i + 1:j] if line.lstrip().startswith("File ")]
+            if (j < len(lines) and lines[j].startswith("BrokenPipeError") and frames
+                    and all("pyspark/daemon.py" in f for f in frames)):
+                i = j + 1
+                continue
+        out.append(lines[i])
+        i += 1
+    return "\n".join(out)
+
+
+def test_worker_shutdown_noise_is_told_apart_from_other_tracebacks() -> None:
+    daemon = ('Traceback (most recent call last):\n'
+              '  File "/x/spark-home/python/lib/pyspark.zip/pyspark/daemon.py", line 264, in manager\n'
+              '  File "/x/spark-home/python/lib/pyspark.zip/pyspark/daemon.py", line 95, in worker\n'
+              'BrokenPipeError: [Errno 32] Broken pipe\n')
+    ours = ('Traceback (most recent call last):\n'
+            '  File "/repo/spark_jobs/cli.py", line 75, in spark_ship\n'
+            'BrokenPipeError: [Errno 32] Broken pipe\n')
+    assert without_worker_shutdown_noise("a\n" + daemon + "Error: x") == "a\nError: x"
+    assert "Traceback" in without_worker_shutdown_noise(daemon + ours)
+    assert "Traceback" in without_worker_shutdown_noise(daemon.replace("BrokenPipeError", "ValueError"))
+
+
 def test_the_command_with_relative_paths_and_a_bad_schema(data_dir: Path, tmp_path: Path) -> None:
     """The real command from another working directory, with relative data and
     lake paths, on Spark's local-cluster master: a master and a worker in the
@@ -339,7 +379,8 @@ def test_the_command_with_relative_paths_and_a_bad_schema(data_dir: Path, tmp_pa
     assert len(errors) == 1 and errors[0].startswith(
         "Error: value schema 'id lon g,,' is not valid Spark DDL: [PARSE_SYNTAX_ERROR] "
         "Syntax error at or near 'g'"), bad.stderr
-    assert "Traceback" not in bad.stderr and "at org.apache" not in bad.stderr, bad.stderr
+    rest = without_worker_shutdown_noise(bad.stderr)
+    assert "Traceback" not in rest and "at org.apache" not in rest, bad.stderr
     assert not (work / "lake").exists()  # refused before anything was written
     good = subprocess.run(command + ["--master", "local-cluster[1,1,1024]"], cwd=work, env=env,
                           capture_output=True, text=True, timeout=300)
