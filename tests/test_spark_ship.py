@@ -310,13 +310,12 @@ def test_a_run_removes_what_killed_runs_left(spark: SparkSession, data_dir: Path
 
 
 def without_worker_shutdown_noise(stderr: str) -> str:
-    """stderr without pyspark's own worker-shutdown tracebacks.  When a session
-    stops, Spark closes the sockets of its idle Python workers (here the one
-    that looked up Python data sources when ours was registered); a worker
-    that reads the EOF reports it to the JVM, that write finds the socket
-    closed, and pyspark's daemon prints the BrokenPipeError as it lets the
-    worker die (spark.python.daemon.killWorkerOnFlushFailure).  A race of
-    Spark's shutdown (2 of 7 CI runs); every frame is pyspark's.  Any other
+    """stderr without pyspark's own worker-shutdown tracebacks: a Python
+    worker's last write to the JVM (its final flush in pyspark/daemon.py)
+    found the JVM's end of the socket closed - Spark closes its workers'
+    sockets as it stops - and the daemon prints the BrokenPipeError as it
+    lets the worker die (spark.python.daemon.killWorkerOnFlushFailure).  A
+    race inside Spark (2 of 7 CI runs); every frame is pyspark's.  Any other
     traceback stays in."""
     out: list[str] = []
     lines = stderr.splitlines()
