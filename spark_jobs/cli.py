@@ -78,9 +78,9 @@ def spark_ship(data_dir: str, stream: str, lake: str, group: str, schema: str | 
     except (CometError, LakeError, ValueError, FileNotFoundError) as exc:
         raise click.ClickException(str(exc)) from None
     finally:
-        # An orderly stop: left to the interpreter's exit, the JVM went down
-        # under pyspark's worker daemon, which could print a BrokenPipeError
-        # traceback after the one-line error.
+        # An orderly stop, after an error too, rather than the JVM going down
+        # with the interpreter (pyspark's daemon may still print a worker's
+        # BrokenPipeError as Spark stops: README, Troubleshooting).
         if spark is not None:
             spark.stop()
     click.echo(json.dumps(report.to_dict()))

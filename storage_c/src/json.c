@@ -168,22 +168,27 @@ static inline const uint8_t *skip_outer(const json_splitter *j, const uint8_t *p
 
 /* ---- tokens ----------------------------------------------------------------- */
 
+#if defined(__SSE2__)
+/* Bit i is set when v's byte i ends the fast scan of a string. */
+static inline uint32_t stop_bits_16(__m128i v)
+{
+    const __m128i quote = _mm_set1_epi8('"'), bslash = _mm_set1_epi8('\\');
+    const __m128i space = _mm_set1_epi8(0x20);
+    /* signed v < 0x20 holds for controls and for every byte >= 0x80 */
+    __m128i hit = _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(v, quote), _mm_cmpeq_epi8(v, bslash)),
+                               _mm_cmplt_epi8(v, space));
+    return (uint32_t)_mm_movemask_epi8(hit);
+}
+#endif
+
 /* Bit i of the result is set when block[i] ends the fast scan of a string. */
 static inline uint64_t stop_mask_64(const uint8_t *block)
 {
 #if defined(__SSE2__)
-    const __m128i quote = _mm_set1_epi8('"'), bslash = _mm_set1_epi8('\\');
-    const __m128i space = _mm_set1_epi8(0x20);
-    /* signed v < 0x20 holds for controls and for every byte >= 0x80 */
-#define STOPS(v) _mm_movemask_epi8(_mm_or_si128(                                   \
-        _mm_or_si128(_mm_cmpeq_epi8(v, quote), _mm_cmpeq_epi8(v, bslash)), _mm_cmplt_epi8(v, space)))
-    __m128i a = _mm_loadu_si128((const __m128i *)block);
-    __m128i b = _mm_loadu_si128((const __m128i *)(block + 16));
-    __m128i c = _mm_loadu_si128((const __m128i *)(block + 32));
-    __m128i d = _mm_loadu_si128((const __m128i *)(block + 48));
-    uint64_t lo = (uint32_t)STOPS(a) | (uint32_t)STOPS(b) << 16;
-    uint64_t hi = (uint32_t)STOPS(c) | (uint32_t)STOPS(d) << 16;
-#undef STOPS
+    uint64_t lo = stop_bits_16(_mm_loadu_si128((const __m128i *)block)) |
+                  stop_bits_16(_mm_loadu_si128((const __m128i *)(block + 16))) << 16;
+    uint64_t hi = stop_bits_16(_mm_loadu_si128((const __m128i *)(block + 32))) |
+                  stop_bits_16(_mm_loadu_si128((const __m128i *)(block + 48))) << 16;
     return lo | hi << 32;
 #else
     uint64_t mask = 0;
