@@ -2,7 +2,7 @@
 gateway's own stack (gunicorn + uvicorn_worker + Starlette).  ``POST
 /streams/{name}`` reads the body and answers 202 with a JSON object shaped
 like the gateway's; ``GET /readyz`` answers with the worker's pid (for
-``gateway.testing``'s readiness wait).  Nothing is parsed or stored."""
+``tests/support/server.py``'s readiness wait).  Nothing is parsed or stored."""
 
 from __future__ import annotations
 

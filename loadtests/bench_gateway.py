@@ -21,10 +21,10 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any, Mapping
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
 import benchlib  # noqa: E402
 
-from gateway.testing import HOST, Gateway, ServerProcess  # noqa: E402
+from tests.support.server import HOST, GatewayProcess, ServerProcess  # noqa: E402
 from storage_c import Config, Log  # noqa: E402
 
 LOADTESTS = Path(__file__).resolve().parent
@@ -112,7 +112,7 @@ def run_wrk(wrk: str, port: int, case: Case, load_s: float, rate: float | None) 
 def start(case: Case, label: str) -> ServerProcess:
     log = LOGS / f"{label}.log"
     if case.server == "gateway":
-        return Gateway(benchlib.fresh_dir(SCRATCH / "data" / label), WORKERS, env=case.env,
+        return GatewayProcess(benchlib.fresh_dir(SCRATCH / "data" / label), WORKERS, env=case.env,
                        log_path=log)
     # the gateway's gunicorn settings that apply to a bare app (gateway/server.py)
     return ServerProcess.gunicorn("anchor_app:app", chdir=LOADTESTS, workers=WORKERS, log_path=log,
@@ -145,7 +145,7 @@ def one_run(wrk: str, case: Case, label: str, load_s: float,
                log_findings=server.scan_log())
     if rate:
         rec["target_rate_req_s"] = rate
-    if isinstance(server, Gateway):
+    if isinstance(server, GatewayProcess):
         with Log(str(server.data_dir), Config(background_flush=False)) as log:
             stored = int(log.stats(STREAM).entries) if STREAM in log.streams() else 0
         rec.update(stored_events=stored, acknowledged_events=accepted * case.events,

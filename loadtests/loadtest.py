@@ -24,11 +24,11 @@ from typing import Any, Iterator
 import orjson
 import zstandard
 
-from gateway.testing import COMET, Gateway, scan_log
 from storage_c import CometError, Config, Log, StreamNotFound
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+sys.path[:0] = [str(HERE), str(HERE.parent)]  # benchlib; the repository's tests.support
+from tests.support.server import COMET, GatewayProcess, scan_log  # noqa: E402
 from benchlib import machine_info, write_atomic  # noqa: E402
 from report import loadtest_summary  # noqa: E402
 
@@ -468,12 +468,12 @@ def run(args: argparse.Namespace) -> int:
         storage[key.strip().lower()] = value.strip()
     env = {f"COMET_STORAGE_{k.upper()}": v for k, v in storage.items()}
     env.update({} if args.access_log else {"COMET_ACCESS_LOG": "0"})
-    gateway: Gateway | None = None
+    gateway: GatewayProcess | None = None
     locust_proc = ship = None
     samples: list[Sample] = []
     ok = False
     try:
-        gateway = Gateway(data_dir, args.workers, env=env, log_path=scratch / "serve.log")
+        gateway = GatewayProcess(data_dir, args.workers, env=env, log_path=scratch / "serve.log")
         gateway.wait_ready()
         cmd = [str(locust), "-f", str(HERE / "locustfile.py"), "--headless", "-H", gateway.url,
                "-u", str(args.users), "-r", str(args.users), "-t", f"{int(args.run_time)}s",

@@ -21,7 +21,7 @@ from starlette.testclient import TestClient
 from gateway.app import create_app
 from storage_c import Config, EntryTooLarge, Log
 
-from gateway.testing import SMALL, Gateway
+from .support.server import SMALL, GatewayProcess
 from .test_gateway import JSON, NDJSON, STORAGE, config, stored
 
 if TYPE_CHECKING:
@@ -191,7 +191,7 @@ while True:
 
 
 def test_health_answers_within_50ms_while_16mib_bodies_arrive(tmp_path: Path) -> None:
-    with Gateway(tmp_path / "data", workers=1, env={**SMALL, "COMET_STORAGE_SEGMENT_BYTES": str(64 << 20),
+    with GatewayProcess(tmp_path / "data", workers=1, env={**SMALL, "COMET_STORAGE_SEGMENT_BYTES": str(64 << 20),
                                                     "COMET_MAX_BODY_BYTES": str(17 << 20)}) as server:
         server.wait_ready()
         poster = subprocess.Popen([sys.executable, "-c", POSTER, str(server.port), str(16 << 20)],

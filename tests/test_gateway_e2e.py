@@ -12,11 +12,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from storage_c import Config, Log
 
-from gateway.testing import SMALL, Gateway, Poster, check_stored_once
+from .support.server import SMALL, GatewayProcess
+from .support.noloss import Poster, check_stored_once
 
 
 def test_two_workers_share_the_work(data_dir: Path) -> None:
-    with Gateway(data_dir, env=SMALL) as server:
+    with GatewayProcess(data_dir, env=SMALL) as server:
         server.wait_ready()
         assert server.slots_all_held()
         unkeyed = [Poster(server, f"u{i}") for i in range(4)]
@@ -40,7 +41,7 @@ def test_two_workers_share_the_work(data_dir: Path) -> None:
 
 
 def test_metrics_totals_whichever_worker_answers(data_dir: Path) -> None:
-    with Gateway(data_dir, env=SMALL) as server:
+    with GatewayProcess(data_dir, env=SMALL) as server:
         server.wait_ready()
         posters = [Poster(server, f"m{i}", batch=3) for i in range(3)]
         for t in [p.start(limit=40) for p in posters]:
@@ -59,7 +60,7 @@ def test_metrics_totals_whichever_worker_answers(data_dir: Path) -> None:
 
 
 def test_kill_9_of_a_worker_under_load(data_dir: Path) -> None:
-    with Gateway(data_dir, env=SMALL) as server:
+    with GatewayProcess(data_dir, env=SMALL) as server:
         server.wait_ready()
         posters = [Poster(server, f"k{i}", keyed=i % 2 == 0) for i in range(4)]
         threads = [p.start() for p in posters]
@@ -87,7 +88,7 @@ def test_kill_9_of_a_worker_under_load(data_dir: Path) -> None:
 
 
 def test_hup_reload_and_term_under_load(data_dir: Path) -> None:
-    with Gateway(data_dir, env=SMALL) as server:
+    with GatewayProcess(data_dir, env=SMALL) as server:
         server.wait_ready()
         posters = [Poster(server, f"h{i}") for i in range(3)]
         threads = [p.start() for p in posters]
@@ -116,7 +117,7 @@ def test_workers_stop_when_the_master_is_killed(data_dir: Path) -> None:
     the process slots: they get SIGTERM from the kernel and drain."""
     import os
 
-    with Gateway(data_dir, env=SMALL) as server:
+    with GatewayProcess(data_dir, env=SMALL) as server:
         server.wait_ready()
         workers = server.worker_pids()
         assert len(workers) == 2

@@ -11,13 +11,13 @@ import schemathesis.checks
 from hypothesis import HealthCheck, given, settings
 from schemathesis.core.result import Err
 
-from gateway.testing import SMALL, Gateway
+from .support.server import SMALL, GatewayProcess
 
 EXAMPLES = 40
 
 
 def test_api_conforms_to_its_openapi(data_dir: Path) -> None:
-    with Gateway(data_dir, env=SMALL) as server:
+    with GatewayProcess(data_dir, env=SMALL) as server:
         server.wait_ready()
         schema = schemathesis.openapi.from_url(f"http://127.0.0.1:{server.port}/openapi.json")
         operations = []

@@ -19,14 +19,14 @@ import pytest
 
 from storage_c import Config, Log
 
-from gateway.testing import SMALL, Gateway
+from .support.server import SMALL, GatewayProcess
 
 INVALID = b"Invalid HTTP request received."
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
-    with Gateway(tmp_path_factory.mktemp("proto") / "data", env=SMALL) as s:
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    with GatewayProcess(tmp_path_factory.mktemp("proto") / "data", env=SMALL) as s:
         s.wait_ready()
         yield s
         assert s.stop() == 0
@@ -44,7 +44,7 @@ def post(event: dict[str, object], *, close: bool = False, length: int | None = 
     return head.encode() + b"\r\n" + body + extra
 
 
-def connect(server: Gateway) -> socket.socket:
+def connect(server: GatewayProcess) -> socket.socket:
     return socket.create_connection(("127.0.0.1", server.port), timeout=15)
 
 
@@ -112,7 +112,7 @@ def check_202(response: tuple[int, dict[str, str], bytes], data_dir: Path, event
 # ---- a body longer than its Content-Length ----------------------------------------------
 
 @pytest.mark.parametrize("garbage_later", [False, True], ids=["same-packet", "next-packet"])
-def test_short_content_length_gets_its_202_then_a_400(server: Gateway, garbage_later: bool) -> None:
+def test_short_content_length_gets_its_202_then_a_400(server: GatewayProcess, garbage_later: bool) -> None:
     event = {"case": "short-length", "later": garbage_later}
     body = orjson.dumps(event)
     garbage = b'}, "more": "bytes than declared"}'  # not a request line: the parser fails on it
@@ -131,7 +131,7 @@ def test_short_content_length_gets_its_202_then_a_400(server: Gateway, garbage_l
     assert responses[1][2] == INVALID and responses[1][1]["connection"] == "close"
 
 
-def test_pipelined_requests_are_each_answered_in_order(server: Gateway) -> None:
+def test_pipelined_requests_are_each_answered_in_order(server: GatewayProcess) -> None:
     events = [{"case": "pipelined", "n": n} for n in range(4)]
     wire = b"".join(post(e) for e in events[:-1]) + post(events[-1], close=True)
     with connect(server) as sock:
@@ -143,7 +143,7 @@ def test_pipelined_requests_are_each_answered_in_order(server: Gateway) -> None:
     assert responses[-1][1]["connection"] == "close"
 
 
-def test_pipelined_requests_then_garbage(server: Gateway) -> None:
+def test_pipelined_requests_then_garbage(server: GatewayProcess) -> None:
     events = [{"case": "pipelined-garbage", "n": n} for n in range(3)]
     with connect(server) as sock:
         sock.sendall(b"".join(post(e) for e in events) + b"NOT HTTP AT ALL\r\n\r\n")
@@ -153,7 +153,7 @@ def test_pipelined_requests_then_garbage(server: Gateway) -> None:
         check_202(response, server.data_dir, event)
 
 
-def test_bad_chunked_body_stores_nothing(server: Gateway) -> None:
+def test_bad_chunked_body_stores_nothing(server: GatewayProcess) -> None:
     """The bad bytes inside a request's own body: that request is never
     complete, it gets the 400 and nothing is stored."""
     event = {"case": "bad-chunk"}
@@ -168,7 +168,7 @@ def test_bad_chunked_body_stores_nothing(server: Gateway) -> None:
 
 
 @pytest.mark.parametrize("gzipped", [False, True], ids=["identity", "gzip"])
-def test_half_closed_client_gets_its_answer(server: Gateway, gzipped: bool) -> None:
+def test_half_closed_client_gets_its_answer(server: GatewayProcess, gzipped: bool) -> None:
     event = {"case": "half-close", "gzip": gzipped}
     with connect(server) as sock:
         sock.sendall(post(event, gzipped=gzipped))
@@ -185,7 +185,7 @@ def test_connections_meeting_a_graceful_stop_get_a_status(data_dir: Path) -> Non
     nothing yet when it starts draining - opened before the stop, idle
     keep-alive, opened just after the TERM, opened once the drain began - send
     their request a few ms later: each gets a status, none a reset."""
-    with Gateway(data_dir, workers=1, env=SMALL) as server:
+    with GatewayProcess(data_dir, workers=1, env=SMALL) as server:
         server.wait_ready()
         a = connect(server)                     # opened before the stop, nothing sent
         b = connect(server)                     # keep-alive, idle at the stop

@@ -19,7 +19,8 @@ from gateway.app import create_app
 from storage_c import Config, Log
 from storage_c.cli import main as comet
 
-from gateway.testing import COMET, SMALL, Gateway, Poster, check_stored_once
+from .support.server import COMET, SMALL, GatewayProcess
+from .support.noloss import Poster, check_stored_once
 from .test_gateway import JSON, config
 
 TOOL = Config.inspector()
@@ -41,7 +42,7 @@ def mapped_deleted(pid: int, stream_dir: str) -> list[str]:
 
 def test_delete_a_stream_while_a_gateway_writes_to_it(tmp_path: Path) -> None:
     data = tmp_path / "data"
-    with Gateway(data, workers=2, env={**SMALL, "COMET_ADMIN": "1"}) as server:
+    with GatewayProcess(data, workers=2, env={**SMALL, "COMET_ADMIN": "1"}) as server:
         server.wait_ready()
         before = [Poster(server, f"b{i}") for i in range(3)]
         threads = [p.start(limit=60) for p in before]

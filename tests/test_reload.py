@@ -23,7 +23,7 @@ import orjson
 
 from storage_c import Config, Log
 
-from gateway.testing import SMALL, Gateway
+from .support.server import SMALL, GatewayProcess
 
 RELOADS = 20
 
@@ -34,7 +34,7 @@ class Client:
     request: its status, or that the connection was refused (nothing sent),
     or that it was sent and got no status (a failure of the gateway)."""
 
-    server: Gateway
+    server: GatewayProcess
     name: str
     keep_alive: bool
     batch: int = 2
@@ -108,7 +108,7 @@ def wait_for(what: str, check: Any, timeout: float = 30) -> None:
 
 def test_reloads_and_stop_under_load_answer_every_request(data_dir: Path) -> None:
     t0 = time.monotonic()
-    with Gateway(data_dir, env=SMALL) as server:
+    with GatewayProcess(data_dir, env=SMALL) as server:
         server.wait_ready()
         phase = ["start"]
         clients = [Client(server, "fresh-0", keep_alive=False, phase=phase),

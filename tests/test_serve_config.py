@@ -11,12 +11,12 @@ import sys
 import time
 from pathlib import Path
 
-from gateway.testing import SMALL, Gateway
+from .support.server import SMALL, GatewayProcess
 
 JSON = {"content-type": "application/json"}
 
 
-def reload_workers(server: Gateway) -> None:
+def reload_workers(server: GatewayProcess) -> None:
     """HUP, then wait until none of the old workers is left and the new ones are ready."""
     old = set(server.worker_pids())
     server.proc.send_signal(signal.SIGHUP)
@@ -28,7 +28,7 @@ def reload_workers(server: Gateway) -> None:
     server.wait_ready()
 
 
-def post(server: Gateway, size: int) -> int:
+def post(server: GatewayProcess, size: int) -> int:
     body = b'{"pad":"' + b"x" * (size - 10) + b'"}'
     status, _, _ = server.request("POST", "/streams/ev", body, JSON)
     return status
@@ -37,7 +37,7 @@ def post(server: Gateway, size: int) -> int:
 def test_hup_rereads_the_file_and_keeps_the_running_config_when_it_is_broken(tmp_path: Path) -> None:
     conf = tmp_path / "comet.toml"
     conf.write_text("max_body_bytes = 1000\n")
-    with Gateway(tmp_path / "data", workers=1, env=SMALL, config=conf) as server:
+    with GatewayProcess(tmp_path / "data", workers=1, env=SMALL, config=conf) as server:
         server.wait_ready()
         assert post(server, 2000) == 413
         assert post(server, 500) == 202
@@ -58,7 +58,7 @@ def test_hup_rereads_the_file_and_keeps_the_running_config_when_it_is_broken(tmp
 def test_a_bad_config_stops_serve_before_any_process_starts(tmp_path: Path) -> None:
     conf = tmp_path / "comet.toml"
     conf.write_text("max_body_bytes = -1\n")
-    server = Gateway(tmp_path / "data", workers=1, env=SMALL, config=conf)
+    server = GatewayProcess(tmp_path / "data", workers=1, env=SMALL, config=conf)
     assert server.proc.wait(timeout=60) == 1
     server.stop()
     assert "max_body_bytes must be positive" in server.log_path.read_text()

@@ -1,0 +1,1 @@
+"""What the tests and the load tests share: servers in processes of their own, the no-loss check."""
