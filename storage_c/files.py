@@ -7,17 +7,26 @@ file, rename it over the final name, fsync the directory (the rename is only
 durable once the directory entry is).  A temporary file is named
 ``.<name>.<pid>.tmp`` after the process writing it; a writer that fails
 removes its own, one killed (``kill -9``, a power cut) leaves it, and
-``remove_stale_temp_files`` removes it later once that process is gone.
+``remove_stale_temp_files`` removes it later once that process is gone.  That
+one helper, with one rule, cleans up after ``comet ship`` and ``comet
+spark-ship`` alike.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import time
 from pathlib import Path
 
 TEMP_NAME = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)\.tmp$")
 """``.<name>.<pid>.tmp``: the temporary file of ``name`` written by process ``pid``."""
+
+STALE_TEMP_AGE_S = 3600.0
+"""A temporary file older than this is stale whoever its pid names: a writer
+renames its file within seconds (one fsync), so a live process under that
+pid an hour on is another one that reused it (a restarted container's
+process 1, say)."""
 
 
 def pid_alive(pid: int) -> bool:
@@ -122,12 +131,15 @@ def write_durably(path: Path, data: bytes) -> None:
 
 def remove_stale_temp_files(directory: Path, *, mine_are_stale: bool = False,
                             name: str | None = None) -> list[Path]:
-    """Removes the ``.<name>.<pid>.tmp`` files of ``directory`` whose writer is
-    not alive, and returns them.  With ``mine_are_stale``, files named after
-    this very process are removed too: only right for a caller that knows it
-    has not started writing there (a pid reused by a restarted container's
-    process 1 would otherwise keep them forever).  ``name`` limits the scan
-    to the temporary files of that one file."""
+    """Removes the ``.<name>.<pid>.tmp`` files of ``directory`` that no writer
+    will finish, and returns them.  A file is stale when
+
+    - the process its pid names is not alive (gone, or a zombie), or
+    - it is older than ``STALE_TEMP_AGE_S``, whoever its pid names.
+
+    Files named after this very process are kept unless ``mine_are_stale``:
+    only right for a caller that knows it has not started writing there.
+    ``name`` limits the scan to the temporary files of that one file."""
     removed: list[Path] = []
     try:
         entries = list(os.scandir(directory))
@@ -138,8 +150,7 @@ def remove_stale_temp_files(directory: Path, *, mine_are_stale: bool = False,
         m = TEMP_NAME.match(entry.name)
         if m is None or (name is not None and m["name"] != name):
             continue
-        pid = int(m["pid"])
-        if (pid == me and not mine_are_stale) or (pid != me and pid_alive(pid)):
+        if not _is_stale(entry, int(m["pid"]), me, mine_are_stale):
             continue
         try:
             os.unlink(entry.path)
@@ -147,3 +158,15 @@ def remove_stale_temp_files(directory: Path, *, mine_are_stale: bool = False,
             continue
         removed.append(Path(entry.path))
     return removed
+
+
+def _is_stale(entry: os.DirEntry[str], pid: int, me: int, mine_are_stale: bool) -> bool:
+    try:
+        age = time.time() - entry.stat(follow_symlinks=False).st_mtime
+    except FileNotFoundError:
+        return False  # removed meanwhile: nothing to do
+    if age > STALE_TEMP_AGE_S:
+        return True
+    if pid == me:
+        return mine_are_stale
+    return not pid_alive(pid)

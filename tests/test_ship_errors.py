@@ -24,7 +24,6 @@ from botocore.exceptions import ClientError, EndpointConnectionError, NoCredenti
 from consumers import (Consumer, DirectorySink, S3Sink, ShipConfig, ShipError, Shipper, SinkError,
                        classify)
 from consumers.errors import EXIT_PERMANENT, EXIT_RETRIES
-from storage_c.files import pid_alive, remove_stale_temp_files
 from storage_c import Log
 
 from .conftest import REPO
@@ -505,30 +504,6 @@ def test_kill_9_mid_upload_leaves_nothing_behind(data_dir: Path, tmp_path: Path,
         assert temp_files(lake, state) == []
         assert check_objects(log, DirectorySink(lake)) == 1600
         assert all(g.lag == 0 for g in log.groups("ev") if g.name == "ship")
-
-
-def test_only_dead_writers_temp_files_are_removed(tmp_path: Path,
-                                                  children: list[subprocess.Popen[bytes]]) -> None:
-    live = subprocess.Popen(["sleep", "60"])
-    dead = subprocess.Popen(["true"])
-    dead.wait()
-    zombie = subprocess.Popen(["true"])  # exited, not reaped yet
-    children += [live, zombie]
-    deadline = time.monotonic() + 30
-    while not Path(f"/proc/{zombie.pid}/stat").read_text().split(") ")[1].startswith("Z"):
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
-    assert pid_alive(live.pid) and not pid_alive(dead.pid) and not pid_alive(zombie.pid)
-    names = {pid: tmp_path / f".00-01.ndjson.zst.{pid}.tmp"
-             for pid in (live.pid, dead.pid, zombie.pid, os.getpid())}
-    for p in names.values():
-        p.write_bytes(b"partial")
-    (tmp_path / "00-01.ndjson.zst").write_bytes(b"stored")
-    removed = remove_stale_temp_files(tmp_path)
-    assert sorted(removed) == sorted([names[dead.pid], names[zombie.pid]])
-    assert names[live.pid].exists() and names[os.getpid()].exists()
-    assert remove_stale_temp_files(tmp_path, mine_are_stale=True) == [names[os.getpid()]]
-    assert names[live.pid].exists() and (tmp_path / "00-01.ndjson.zst").exists()
 
 
 def test_a_failed_write_leaves_no_temp_file(data_dir: Path, tmp_path: Path) -> None:
