@@ -8,7 +8,6 @@ their group, acknowledge, and keep the flusher that makes acks durable.
 
 from __future__ import annotations
 
-import json
 import logging
 import signal
 import sys
@@ -19,11 +18,16 @@ import click
 
 from storage_c import CometError
 from storage_c.clikit import check_data_dir, show
+from storage_c.jsonlog import event, log_to
 
 from .consumer import Consumer
 from .errors import EXIT_PERMANENT, ShipError, SinkError
 from .ship import ShipConfig, Shipper
 from .sinks import sink_from_url
+
+log = logging.getLogger("comet.ship")
+QUIET_LIBRARIES = ("boto3", "botocore", "s3transfer", "urllib3")
+"""Their INFO lines (credentials found, connections opened) stay out of the log."""
 
 
 def _failure(message: str, exit_code: int) -> click.ClickException:
@@ -43,6 +47,7 @@ def _failure(message: str, exit_code: int) -> click.ClickException:
 @click.option("--raw", is_flag=True, help="Payload bytes only, one per line.")
 def consume(data_dir: str, stream: str, group: str, limit: int, following: bool, raw: bool) -> None:
     """Prints entries as a consumer group, acknowledging what was printed."""
+    log_to(sys.stderr)
     printed = 0
     try:
         with Consumer(check_data_dir(data_dir), stream, group) as c:
@@ -74,17 +79,6 @@ def _parse_assignment(assignment: str | None) -> tuple[int, int] | None:
     return i, n
 
 
-def _log_to_stderr() -> None:
-    """The shipper's JSON lines on stderr; boto3's INFO lines stay out."""
-    ship_log = logging.getLogger("comet.ship")
-    if not ship_log.handlers:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(message)s"))
-        ship_log.addHandler(handler)
-    ship_log.setLevel(logging.INFO)
-    ship_log.propagate = False
-
-
 @click.command()
 @click.argument("data_dir")
 @click.argument("stream")
@@ -110,7 +104,7 @@ def ship(data_dir: str, stream: str, sink: str, group: str, max_object_bytes: in
     retried with backoff; with --once a permanent error (no such bucket,
     access denied, a directory that cannot be written) exits 3 at once, and
     --max-retries exhausted exits 4, each with one line on stderr."""
-    _log_to_stderr()
+    log_to(sys.stderr, quiet=QUIET_LIBRARIES)
     parts = _parse_assignment(assignment)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -129,4 +123,4 @@ def ship(data_dir: str, stream: str, sink: str, group: str, max_object_bytes: in
                        EXIT_PERMANENT if exc.permanent else 1) from None
     except (CometError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
-    click.echo(json.dumps({"event": "stopped", **stats.as_dict()}), err=True)
+    event(log, "stopped", **stats.as_dict())

@@ -12,12 +12,12 @@ Several consumer processes of one group split the shards with
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from typing import Callable, Iterable, Sequence
 
 from storage_c import AckGapError, Config, Group, Log, ReadBatch, StreamNotFound, check_group_name
+from storage_c.jsonlog import event
 
 from .loop import ProcessStats, process_batches
 
@@ -120,9 +120,8 @@ class Consumer:
         try:
             return group.ack_range(start, batch.next_entry - 1)
         except AckGapError:
-            log.info(json.dumps({"event": "ack_dropped_after_reset", "stream": self.stream,
-                                 "group": self.group, "shard": batch.shard,
-                                 "offset": group.offset}))
+            event(log, "ack_dropped_after_reset", stream=self.stream, group=self.group,
+                  shard=batch.shard, offset=group.offset)
             return group.offset
 
     def ack_range(self, shard: int, first: int, last: int) -> int:

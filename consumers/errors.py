@@ -237,8 +237,3 @@ def classify(exc: BaseException, sink: object = None) -> SinkFailure:
     return SinkFailure(False, type(exc).__name__, one_line(str(exc) or repr(exc)),
                        "check the sink")
 
-
-class StreamRecreated(ValueError):
-    """The stream was deleted and created again since this group last shipped
-    it: its objects would take the old stream's keys (the same shards and
-    entry numbers), overwriting what was shipped before."""

@@ -15,15 +15,23 @@ import random
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import Callable, Protocol
 
 import orjson
 
-from storage_c import ReadBatch
+from storage_c import Log, ReadBatch
 from storage_c.export import json_value
 
-if TYPE_CHECKING:
-    from .consumer import Consumer
+
+class GroupReader(Protocol):
+    """What the loop needs of a consumer group's reader (``Consumer``)."""
+
+    log: Log
+    group: str
+
+    def read(self, max_entries: int = ...) -> ReadBatch: ...
+
+    def ack_batch(self, batch: ReadBatch) -> int: ...
 
 
 class ProcessingError(Exception):
@@ -72,7 +80,7 @@ def backoff(retry: int, base: float, cap: float) -> float:
     return step * random.uniform(0.5, 1.0)
 
 
-def dead_letter(consumer: Consumer, batch: ReadBatch, error: BaseException, attempts: int) -> None:
+def dead_letter(consumer: GroupReader, batch: ReadBatch, error: BaseException, attempts: int) -> None:
     """Stores every entry of the batch in <stream>.dlq with where it came from;
     ``payload`` is the entry's JSON as stored, or the envelope
     ``{"base64": ...}`` of a payload that is not JSON (storage_c.export)."""
@@ -99,7 +107,7 @@ def dead_letter(consumer: Consumer, batch: ReadBatch, error: BaseException, atte
 HANDLED, DEAD_LETTERED, INTERRUPTED = "handled", "dead-lettered", "interrupted"
 
 
-def handle(consumer: Consumer, batch: ReadBatch, handler: Callable[[ReadBatch], object],
+def handle(consumer: GroupReader, batch: ReadBatch, handler: Callable[[ReadBatch], object],
            stats: ProcessStats, stopped: Callable[[], bool], *, max_retries: int,
            retry_backoff: float, max_backoff: float,
            on_error: Callable[[BaseException, ReadBatch, int], object] | None,
@@ -126,7 +134,7 @@ def handle(consumer: Consumer, batch: ReadBatch, handler: Callable[[ReadBatch], 
             retry += 1
 
 
-def process_batches(consumer: Consumer, handler: Callable[[ReadBatch], object], *,
+def process_batches(consumer: GroupReader, handler: Callable[[ReadBatch], object], *,
                     batch_size: int, poll_interval: float, max_retries: int,
                     retry_backoff: float, max_backoff: float,
                     on_error: Callable[[BaseException, ReadBatch, int], object] | None,

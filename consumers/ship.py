@@ -14,10 +14,10 @@ stored the object.
 
 Exactly once: size and hour cuts depend only on the entries, so a rerun from
 the acknowledged offset cuts at the same places; an age cut depends on time,
-so before an object is uploaded its range is written to an intent file.  A
-rerun that finds an intent whose first entry is the group's offset rebuilds
-exactly that object (same entries, same bytes, same key) before doing
-anything else.  An upload therefore either happened and is acknowledged, or
+so before an object is uploaded its range is written to an intent file
+(``intents.py``).  A rerun that finds an intent whose first entry is the
+group's offset rebuilds exactly that object (same entries, same bytes, same
+key) before doing anything else.  An upload therefore either happened and is acknowledged, or
 is repeated to the same key: never a second, overlapping object.
 
 Across power cuts as well: before an object's intent is written, the
@@ -50,24 +50,23 @@ its files, since shards are never shipped by two processes at once.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable, cast
+from typing import Any, Callable, cast
 
-import orjson
 import zstandard
 
 from storage_c import ReadBatch
+from storage_c.clikit import iso
 from storage_c.export import HOUR_NS, ndjson_batch_ok, ndjson_line, partition_path
-from storage_c.files import make_dirs_durably, remove_stale_temp_files, write_durably
+from storage_c.jsonlog import event
 
 from .consumer import Consumer
-from .errors import ShipError, SinkFailure, StreamRecreated, classify
+from .errors import ShipError, SinkFailure, classify
+from .intents import Intent, IntentJournal
 from .loop import backoff, sleep_unless, stopper
 from .sinks import Sink
 
@@ -117,20 +116,14 @@ class ShipStats:
     temp_files_removed: int = 0
     """Temporary files of dead writers removed at start."""
 
-    def as_dict(self) -> dict[str, object]:
+    def as_dict(self) -> dict[str, Any]:
         return {"objects": self.objects, "entries": self.entries, "raw_bytes": self.raw_bytes,
                 "stored_bytes": self.stored_bytes, "upload_errors": self.upload_errors,
                 "permanent_errors": self.permanent_errors,
                 "transient_errors": self.transient_errors, "failing": self.failing,
                 "last_error": self.last_error or None,
-                "last_shipped": iso(self.last_shipped_ns),
+                "last_shipped": iso(self.last_shipped_ns) if self.last_shipped_ns else None,
                 "temp_files_removed": self.temp_files_removed}
-
-
-def iso(ns: int) -> str | None:
-    if not ns:
-        return None
-    return datetime.fromtimestamp(ns / 1e9, tz=timezone.utc).isoformat(timespec="milliseconds")
 
 
 @dataclass
@@ -168,8 +161,7 @@ class Shipper:
         self.sink = sink
         self.config = config or ShipConfig()
         root = Path(state_dir) if state_dir else Path(consumer.log.path) / ".ship"
-        self._state_root = root
-        self.intents = root / consumer.group / consumer.stream
+        self.intents = IntentJournal(root, consumer.group, consumer.stream)
         self.pending: dict[int, Pending] = {}
         self._unsynced_acks: set[int] = set()
         """Shards whose last ack may not be durable yet (see ``make_durable``)."""
@@ -192,7 +184,7 @@ class Shipper:
         self._once = once
         self._last_status = time.monotonic()
         self.remove_temp_files()
-        self.check_incarnation()
+        self.intents.check_incarnation(self.consumer.log.stream_created_ns(self.consumer.stream))
         if not self.resume(stopped):
             return self.stats
         while not stopped():
@@ -280,7 +272,7 @@ class Shipper:
         if key is None:
             key = object_key(self.consumer.stream, shard, p.hour, p.first, p.last)
             self.make_durable(shard, p.last)
-            self.write_intent(shard, p.first, p.last, key)
+            self.intents.write(shard, Intent(p.first, p.last, key))
         data = self._compressor.compress(b"".join(p.chunks))
         if not self.upload(key, data, p.size, stopped):
             return False  # the intent stays: the next run uploads exactly this object
@@ -317,10 +309,9 @@ class Shipper:
                 if limit is not None and retry >= limit:
                     raise ShipError(self.sink.describe(), failure, attempts=retry + 1,
                                     max_retries=limit, key=key) from exc
-                log.warning(json.dumps({"event": "upload_failed", "key": key,
-                                        "sink": self.sink.describe(), "retry": retry,
-                                        "permanent": failure.permanent, "code": failure.code,
-                                        "error": failure.detail, "hint": failure.hint}))
+                event(log, "upload_failed", logging.WARNING, key=key,
+                      sink=self.sink.describe(), retry=retry, permanent=failure.permanent,
+                      code=failure.code, error=failure.detail, hint=failure.hint)
                 if stopped() and (failure.permanent or retry >= self.config.stop_retries):
                     return False
                 delay = backoff(retry, self.config.retry_backoff_s, self.config.max_backoff_s)
@@ -333,8 +324,7 @@ class Shipper:
             self.stats.failing = 0
             self.stats.raw_bytes += raw_size
             self.stats.stored_bytes += len(data)
-            log.info(json.dumps({"event": "shipped", "key": key, "raw_bytes": raw_size,
-                                 "stored_bytes": len(data)}))
+            event(log, "shipped", key=key, raw_bytes=raw_size, stored_bytes=len(data))
             return True
 
     def count_failure(self, exc: BaseException) -> SinkFailure:
@@ -367,14 +357,13 @@ class Shipper:
         if not force and (interval <= 0 or now - self._last_status < interval):
             return
         self._last_status = now
-        line: dict[str, object] = {"event": "status", "stream": self.consumer.stream,
-                                   "group": self.consumer.group, "sink": self.sink.describe()}
-        line.update(self.stats.as_dict())
+        lag: int | None
         try:
-            line["lag"] = self.consumer.lag()
+            lag = self.consumer.lag()
         except Exception:  # the counters matter more than the lag
-            line["lag"] = None
-        log.info(json.dumps(line))
+            lag = None
+        event(log, "status", stream=self.consumer.stream, group=self.consumer.group,
+              sink=self.sink.describe(), **self.stats.as_dict(), lag=lag)
 
     # ---- temporary files of killed runs ------------------------------------------------
 
@@ -387,44 +376,21 @@ class Shipper:
         removed: list[Path] = []
         clean_sink = getattr(self.sink, "remove_temp_files", None)
         for shard in self.consumer.shards():
-            path = self.intent_path(shard)
-            removed += remove_stale_temp_files(self.intents, mine_are_stale=True,
-                                               name=path.name)
+            removed += self.intents.remove_stale_temp_files(shard)
             if clean_sink is None:
                 continue
             try:
-                key = str(orjson.loads(path.read_bytes())["key"])
-            except (OSError, ValueError, KeyError, TypeError):
-                continue
-            removed += clean_sink(key, mine_are_stale=True)
+                intent = self.intents.read(shard)
+            except ValueError:
+                continue  # resume() reports it
+            if intent is not None:
+                removed += clean_sink(intent.key, mine_are_stale=True)
         for p in removed:
-            log.info(json.dumps({"event": "temp_file_removed", "path": str(p)}))
+            event(log, "temp_file_removed", path=p)
         self.stats.temp_files_removed += len(removed)
         return len(removed)
 
-    def check_incarnation(self) -> None:
-        """Refuses a stream that was deleted and created again since this
-        group last shipped it: object keys name shards and entry numbers, so
-        the new stream's objects would overwrite the old ones'."""
-        created = self.consumer.log.stream_created_ns(self.consumer.stream)
-        marker = self.intents / "stream.created"
-        try:
-            seen = int(marker.read_text())
-        except (FileNotFoundError, ValueError):
-            make_dirs_durably(self.intents, self._state_root)
-            write_durably(marker, b"%d" % created)
-            return
-        if seen != created:
-            raise StreamRecreated(
-                f"stream {self.consumer.stream!r} was deleted and created again since group "
-                f"{self.consumer.group!r} last shipped it; its objects would overwrite the old "
-                f"stream's (same keys): ship it to another prefix of the sink, then remove "
-                f"{self.intents} to start this group's record anew")
-
     # ---- intents: exactly once across crashes -----------------------------------------
-
-    def intent_path(self, shard: int) -> Path:
-        return self.intents / f"shard-{shard:04d}.intent"
 
     def make_durable(self, shard: int, last: int) -> None:
         """Before the intent of an object ending at ``last``: the object's
@@ -438,23 +404,16 @@ class Shipper:
             log.sync()  # the offsets files (the storage has no call for one shard's)
             self._unsynced_acks.clear()
 
-    def write_intent(self, shard: int, first: int, last: int, key: str) -> None:
-        make_dirs_durably(self.intents, self._state_root)
-        write_durably(self.intent_path(shard),
-                      orjson.dumps({"first": first, "last": last, "key": key}))
-
     def resume(self, stopped: Callable[[], bool]) -> bool:
         """Finishes the object each shard's last run had decided on; False
         when one could not be uploaded before a stop request."""
         for shard in self.consumer.shards():
-            path = self.intent_path(shard)
-            try:
-                intent = orjson.loads(path.read_bytes())
-            except FileNotFoundError:
+            intent = self.intents.read(shard)
+            if intent is None:
                 continue
-            first, last = int(intent["first"]), int(intent["last"])
+            first, last = intent.first, intent.last
             if first != self.consumer.offset(shard):
-                path.unlink(missing_ok=True)  # acknowledged already, or the offset was reset
+                self.intents.drop(shard)  # acknowledged already, or the offset was reset
                 continue
             p = self._open(shard, first, 0)
             at = first
@@ -468,6 +427,6 @@ class Shipper:
                     break  # the log ends before the intent's range: it was cut by recovery
                 at = batch.next_entry
             p.last = last
-            if not self.flush(shard, stopped, key=str(intent["key"])):
+            if not self.flush(shard, stopped, key=intent.key):
                 return False
         return True
