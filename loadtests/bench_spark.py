@@ -208,8 +208,8 @@ class Bench:
             from spark_jobs.lakefs import Lake
             from spark_jobs.ship import ShipOptions, ship
 
-            report = ship(self.spark, ShipOptions(str(self.root / "log"), STREAM, Lake(str(out)),
-                                                  value_schema=SCHEMA))
+            report = ship(ShipOptions(str(self.root / "log"), STREAM, Lake(str(out)),
+                                      value_schema=SCHEMA), lambda: self.spark)
             self.ship_report = report.to_dict()
             return report.rows if report.rejects == 0 and report.missing == 0 else -1
         return None

@@ -1,20 +1,17 @@
 """Spark jobs over the Comet log: the ``comet`` data source and ``comet spark-ship``.
 
-    import spark_jobs
-    spark_jobs.register(spark)
+    from spark_jobs import spark_session
+
+    spark = spark_session()
     df = spark.read.format("comet").option("path", "./data").option("stream", "events").load()
+
+``spark_session`` (``session.py``) starts a local Spark session whose Python
+workers run this interpreter, with the source registered; ``register`` adds
+the source to a session started otherwise.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from .session import register, spark_session
 
-
-def register(spark: Any) -> None:
-    """Makes ``format("comet")`` available in this Spark session."""
-    from .source import CometDataSource
-
-    spark.dataSource.register(CometDataSource)
-
-
-__all__ = ["register"]
+__all__ = ["register", "spark_session"]

@@ -4,21 +4,29 @@
 points in pyproject.toml; pyspark and pyarrow are imported only when it
 runs, so listing it in ``comet --help`` costs nothing.  Under spark-submit,
 ``submit.py`` runs this same command.
+
+Everything it writes to stderr is JSON lines (``storage_c.jsonlog``), Spark's
+JVM included (``jvm_output.py``), except click's usage errors and the one
+``Error: ...`` line of a failed run; its report is one JSON line on stdout.
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import os
 import shutil
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
 from storage_c import CometError
 from storage_c.clikit import check_data_dir
+from storage_c.jsonlog import log_to
+
+SUBMIT_SCRIPT = Path(__file__).with_name("submit.py")
+"""The spark-submit application that runs this command (see ``submit.py``)."""
 
 
 @click.command("spark-ship")
@@ -49,18 +57,18 @@ def spark_ship(data_dir: str, stream: str, lake: str, group: str, schema: str | 
                master: str | None, confs: tuple[str, ...], endpoint_url: str | None) -> None:
     """Ships STREAM into a Parquet lake at LAKE (a directory or s3://bucket/prefix),
     partitioned by stream/dt/hour, exactly once: one run per call."""
+    from .jvm_output import spark_log_level
     from .lakefs import Lake, LakeError
-    from .session import spark_session, under_spark_submit
+    from .session import job_session, under_spark_submit
     from .ship import ShipOptions, ship
-    from .source import value_ddl
 
     if master and not master.startswith("local") and not under_spark_submit():
         submit_to_cluster(master, confs)
-    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    log_to(sys.stderr, quiet=("py4j",))
     if schema and schema_file:
         raise click.UsageError("give --schema or --schema-file, not both")
     if schema_file:
-        schema = value_ddl(Path(schema_file).read_text())
+        schema = Path(schema_file).read_text()
     conf = []
     for item in confs:
         key, eq, value = item.partition("=")
@@ -68,28 +76,31 @@ def spark_ship(data_dir: str, stream: str, lake: str, group: str, schema: str | 
             raise click.UsageError(f"--conf {item!r}: use key=value")
         conf.append((key, value))
     check_data_dir(data_dir)
-    spark = None
+    try:
+        spark_log_level()
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+    started: list[Any] = []
+
+    def start_spark() -> Any:
+        started.append(job_session(master, conf))
+        return started[-1]
+
     try:
         target = Lake(lake, endpoint_url=endpoint_url)
         opts = ShipOptions(os.path.abspath(data_dir), stream, target, group, schema, sample,
                            event_time_field, event_time_unit, max_entries, entries_per_task)
-        spark = spark_session(master, conf=conf)
-        report = ship(spark, opts)
+        report = ship(opts, start_spark)
     except (CometError, LakeError, ValueError, FileNotFoundError) as exc:
         raise click.ClickException(str(exc)) from None
     finally:
-        # An orderly stop, after an error too, rather than the JVM going down
-        # with the interpreter (pyspark's daemon may still print a worker's
-        # BrokenPipeError as Spark stops: README, Troubleshooting).
-        if spark is not None:
+        for spark in started:  # an orderly stop, after an error too
             spark.stop()
     click.echo(json.dumps(report.to_dict()))
 
 
 def submit_to_cluster(master: str, confs: tuple[str, ...]) -> None:
     """Re-runs this command through spark-submit with the same arguments."""
-    from . import submit as job
-
     submit = shutil.which("spark-submit")
     if submit is None:
         raise click.ClickException("spark-submit is not on PATH (it comes with pyspark)")
@@ -104,4 +115,4 @@ def submit_to_cluster(master: str, confs: tuple[str, ...]) -> None:
             skip = True
         elif not arg.startswith("--master="):
             rest.append(arg)
-    os.execv(submit, args + [job.__file__, *rest])
+    os.execv(submit, args + [str(SUBMIT_SCRIPT), *rest])

@@ -28,8 +28,7 @@ from urllib.parse import urlparse
 
 import pyarrow.fs as pafs
 
-from storage_c.files import make_dirs_durably
-from storage_c.files import write_durably
+from storage_c.files import make_dirs_durably, write_durably
 
 CONNECT_TIMEOUT_S = 5.0
 REQUEST_TIMEOUT_S = 60.0
@@ -172,19 +171,30 @@ class Lake:
                       if i.type == pafs.FileType.Directory)
 
     def check(self) -> None:
-        """Fails with a clear LakeError when the lake cannot be used (run first)."""
+        """Fails with a clear LakeError when the lake cannot be used (run
+        first).  Writes nothing: a local lake's directory is created with the
+        first file a run writes there."""
+        if not self.is_s3:
+            self._check_local()
+            return
+        bucket = self.root.split("/", 1)[0]
         try:
-            if self.is_s3:
-                bucket = self.root.split("/", 1)[0]
-                info = self.fs.get_file_info(bucket)
-                if info.type == pafs.FileType.NotFound:
-                    raise LakeError(f"lake {self.url}: bucket {bucket!r} does not exist")
-            else:
-                make_dirs_durably(self.root, self.root)
-        except LakeError:
-            raise
+            info = self.fs.get_file_info(bucket)
         except OSError as exc:
             raise LakeError(f"lake {self.url} is not reachable: {exc}") from None
+        if info.type == pafs.FileType.NotFound:
+            raise LakeError(f"lake {self.url}: bucket {bucket!r} does not exist")
+
+    def _check_local(self) -> None:
+        """The lake's directory, or the nearest of its parents that exists
+        (where it would be created), is a directory this process may write in."""
+        existing = Path(self.root)
+        while not os.path.lexists(existing):
+            existing = existing.parent
+        if not existing.is_dir():
+            raise LakeError(f"lake {self.url}: {existing} is not a directory")
+        if not os.access(existing, os.W_OK | os.X_OK):
+            raise LakeError(f"lake {self.url}: {existing} is not writable by this user")
 
     def move(self, src_rel: str, dst_rel: str) -> None:
         """Publishes a staged file under its final name (replacing one there)."""

@@ -211,6 +211,28 @@ def resolve_end(log: Log, opts: SourceOptions, shards: list[int]) -> Offsets:
     return out
 
 
+def cap(begin: Offsets, ends: Offsets, most: int | None) -> Offsets:
+    """Per shard, the end - or, with ``most``, at most that many new entries
+    in all, shared round-robin so no shard starves."""
+    start = {s: min(begin.get(s, e), e) for s, e in ends.items()}
+    if most is None:
+        return dict(ends)
+    out = dict(start)
+    left = most
+    open_shards = [s for s in sorted(ends) if out[s] < ends[s]]
+    while left > 0 and open_shards:
+        share = max(1, left // len(open_shards))
+        for s in list(open_shards):
+            take = min(share, ends[s] - out[s], left)
+            out[s] += take
+            left -= take
+            if out[s] >= ends[s]:
+                open_shards.remove(s)
+            if left == 0:
+                break
+    return out
+
+
 def to_json(offsets: Offsets) -> dict[str, int]:
     return {str(k): v for k, v in sorted(offsets.items())}
 

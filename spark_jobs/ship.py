@@ -1,29 +1,35 @@
 """``comet spark-ship``: a stream into a partitioned Parquet lake, exactly once.
 
-    report = ship(spark, ShipOptions("./data", "events", Lake("s3://bucket/lake")))
+    report = ship(ShipOptions("./data", "events", Lake("s3://bucket/lake")), spark_session)
 
 One call is one run (see ``plan.py`` for the protocol): finish what a
 crashed run left, or plan a new run from the group's offsets to the
 committed ends, read it through the ``comet`` source with the values
 parsed by pyarrow in the source, write Parquet through ``writer.WriteTask``,
 publish, write the manifest, ack.  Under spark-submit: ``submit.py``.
+
+Spark is started last, and only for work: every check that needs no JVM
+(the options, the lake, the stream, the group, what is new) comes first,
+and a run with nothing to ship never starts it.  The value schema is
+checked by Spark's parser as soon as the session is up, before any job
+(``schema.py``).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import re
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, cast
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, cast
 
-from storage_c import Config, Log, check_group_name
-from storage_c.files import fsync_dir, pid_alive
+from storage_c import Config, GroupNotFound, Log, check_group_name
+from storage_c.files import fsync_dir, remove_stale_temp_files
+from storage_c.jsonlog import event
 
 from .lakefs import Lake
-from .offsets import Offsets, shard_list, SourceOptions, bounds, to_json
+from .offsets import Offsets, SourceOptions, bounds, cap, shard_list, to_json
 from .plan import (
     Manifest,
     RunPlan,
@@ -37,8 +43,7 @@ from .plan import (
     read_plan,
     staging_rel,
 )
-from .source import cap, split
-from .writer import ShipTask
+from .schema import check_schema, infer_schema, struct_of, value_ddl
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -48,7 +53,6 @@ log = logging.getLogger("comet.spark_ship")
 DEFAULT_GROUP = "spark-ship"
 DEFAULT_SAMPLE = 1000
 DEFAULT_ENTRIES_PER_TASK = 1_000_000
-RESERVED_PREFIX = "_comet_"
 EVENT_TIME_UNITS = ("s", "ms", "us", "ns")
 
 
@@ -59,8 +63,9 @@ class ShipOptions:
     lake: Lake
     group: str = DEFAULT_GROUP
     value_schema: str | None = None
-    """Spark DDL of the values (``"device string, temp double"``); None: the
-    lake's schema so far, or inferred from a sample on the first run."""
+    """Spark DDL of the values (``"device string, temp double"``) or a
+    StructType's JSON; None: the lake's schema so far, or inferred from a
+    sample on the first run."""
     sample: int = DEFAULT_SAMPLE
     event_time_field: str | None = None
     event_time_unit: str = "ms"
@@ -79,6 +84,7 @@ class ShipReport:
     missing: int = 0
     files: int = 0
     seconds: float = 0.0
+    """Wall time of the whole call, Spark's start included."""
     acked: dict[int, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -87,30 +93,55 @@ class ShipReport:
                 "seconds": round(self.seconds, 3), "acked": to_json(self.acked)}
 
 
-def ship(spark: Any, opts: ShipOptions) -> ShipReport:
+@dataclass
+class LakeState:
+    """Where the lake stands for a stream, read without Spark."""
+
+    pending: RunPlan | None = None
+    """A planned run without a manifest: a crash interrupted it."""
+    done: Offsets = field(default_factory=dict)
+    """Per shard, the end of the last committed run."""
+    known_ddl: str | None = None
+    """The value schema of the last committed run."""
+    new_entries: bool = False
+    """Entries past the group's offsets (and ``done``) in some shard."""
+
+
+def ship(opts: ShipOptions, spark: Callable[[], Any]) -> ShipReport:
     """Removes what killed runs left (``remove_leftovers``), finishes a run a
-    crash interrupted, if any, then ships what is new in one more run."""
+    crash interrupted, if any, then ships what is new in one more run.
+    ``spark()`` gives the Spark session: it is called once, and only when
+    there is work for Spark."""
     t0 = time.monotonic()
     check_group_name(opts.group)
     if opts.event_time_unit not in EVENT_TIME_UNITS:
         raise ValueError(f"event time unit {opts.event_time_unit!r}: use one of {EVENT_TIME_UNITS}")
-    if opts.value_schema:
-        check_schema(spark, opts.value_schema, opts)
+    given_ddl = value_ddl(opts.value_schema) if opts.value_schema else None
     lake = opts.lake
     lake.check()
     remove_leftovers(lake, opts.stream)
     report = ShipReport(None)
+    session = None
     # A reader: the run registers its group and acks it, like any consumer,
     # with the flusher that makes the acks durable.
     with Log(opts.data_dir, Config.reader()) as storage:
         shards = shard_list(storage, SourceOptions(opts.data_dir, opts.stream))
         while True:
-            plan, resumed = _plan(spark, storage, lake, opts, shards)
+            state = lake_state(storage, lake, opts, shards)
+            if state.pending is None and not state.new_entries:
+                register_group(storage, opts, shards)  # retention keeps its data from now on
+                break
+            if session is None:
+                session = spark()
+                if given_ddl:
+                    check_schema(given_ddl, opts.event_time_field)
+            plan, resumed = state.pending, True
+            if plan is None:
+                plan, resumed = _plan(session, storage, lake, opts, shards, state, given_ddl), False
             if plan is None:
                 break
-            log.info(json.dumps({"event": "run_start", "run": plan.run, "resumed": resumed,
-                                 "entries": plan.entries}))
-            manifest = _execute(spark, lake, opts, plan)
+            event(log, "run_start", run=plan.run, resumed=resumed, entries=plan.entries)
+            manifest = _execute(session, lake, opts, plan)
             report.acked.update(_ack(storage, plan.stream, plan.group, plan.ranges))
             report.run = plan.run
             report.rows += manifest.rows
@@ -121,27 +152,20 @@ def ship(spark: Any, opts: ShipOptions) -> ShipReport:
                 break
             report.resumed = plan.run
     report.seconds = time.monotonic() - t0
-    log.info(json.dumps({"event": "done", **report.to_dict()}))
+    event(log, "done", **report.to_dict())
     return report
 
 
 # ---- what killed runs left ---------------------------------------------------------------
 
-STALE_TEMP_S = 3600.0
-"""A plan's or manifest's temporary file older than this is stale whoever
-wrote it: its writer renames it within milliseconds (an fsync)."""
-_DOCUMENT_TEMP = re.compile(r"^\.\d{8}\.json\.(\d+)\.tmp$")
-
-
 def remove_leftovers(lake: Lake, stream: str) -> dict[str, object]:
     """Removes what killed runs left and no rerun rewrites, before a run starts.
 
-    - Temporary files of plans and manifests (``.<run>.json.<pid>.tmp``, local
-      lakes only: S3 PUTs have none) whose writer is dead: its pid is no live
-      process here (this machine, this PID namespace: the driver wrote them),
-      or the file is older than ``STALE_TEMP_S``.
-      spark-ship holds no lock on the lake, so a file of a live writer (another
-      run, against the rule of one run per lake and stream) is kept.
+    - Temporary files of plans and manifests (local lakes only: S3 PUTs have
+      none) that no writer will finish: ``storage_c.files.remove_stale_temp_files``
+      (its writer is dead, or the file is over an hour old).  spark-ship holds
+      no lock on the lake, so a file of a live writer (another run, against
+      the rule of one run per lake and stream) is kept.
     - The staging directories of runs that have a manifest: after its commit
       point nobody writes there (files a killed task or an executor that
       outlived its driver put there, or a crash before the run removed it).
@@ -151,20 +175,8 @@ def remove_leftovers(lake: Lake, stream: str) -> dict[str, object]:
     temp_files = []
     if not lake.is_s3:
         for folder in ("plans", "manifests"):
-            directory = lake.path(meta_dir(stream), folder)
-            try:
-                names = os.listdir(directory)
-            except FileNotFoundError:
-                continue
-            for name in names:
-                match = _DOCUMENT_TEMP.match(name)
-                path = os.path.join(directory, name)
-                if match and _stale_temp(path, int(match.group(1))):
-                    try:
-                        os.unlink(path)
-                    except FileNotFoundError:
-                        continue
-                    temp_files.append(f"{meta_dir(stream)}/{folder}/{name}")
+            for path in remove_stale_temp_files(Path(lake.path(meta_dir(stream), folder))):
+                temp_files.append(f"{meta_dir(stream)}/{folder}/{path.name}")
     published = set(manifest_runs(lake, stream))
     staged = [int(name) for name in lake.list_dirs(f"{meta_dir(stream)}/staging")
               if name.isdigit() and int(name) in published]
@@ -172,23 +184,16 @@ def remove_leftovers(lake: Lake, stream: str) -> dict[str, object]:
         lake.delete_tree(staging_rel(stream, run))
     out: dict[str, object] = {"temp_files": temp_files, "staging_runs": staged}
     if temp_files or staged:
-        log.info(json.dumps({"event": "removed_leftovers", "stream": stream, **out}))
+        event(log, "removed_leftovers", stream=stream, temp_files=temp_files, staging_runs=staged)
     return out
-
-
-def _stale_temp(path: str, pid: int) -> bool:
-    try:
-        age = time.time() - os.stat(path).st_mtime
-    except FileNotFoundError:
-        return False
-    return age > STALE_TEMP_S or (pid != os.getpid() and not pid_alive(pid))
 
 
 # ---- planning ---------------------------------------------------------------------------
 
-def _plan(spark: Any, storage: Log, lake: Lake, opts: ShipOptions,
-          shards: list[int]) -> tuple[RunPlan | None, bool]:
-    """The run to do: a planned one without a manifest, or a new one."""
+def lake_state(storage: Log, lake: Lake, opts: ShipOptions, shards: list[int]) -> LakeState:
+    """The lake's state for the stream, and whether anything is new: no
+    Spark, and no group registered (a run that fails later leaves none).
+    Redoes the last committed run's ack (a crash may have come before it)."""
     planned = plan_runs(lake, opts.stream)
     published = manifest_runs(lake, opts.stream)
     pending = [r for r in planned if r not in set(published)]
@@ -197,35 +202,55 @@ def _plan(spark: Any, storage: Log, lake: Lake, opts: ShipOptions,
         if plan.group != opts.group:
             raise ValueError(f"run {plan.run} of {opts.stream!r} in {lake.url} was planned for "
                              f"group {plan.group!r}, not {opts.group!r}: finish it with that group")
-        return plan, True
-    done: Offsets = {}
-    known_ddl = None
+        return LakeState(pending=plan)
+    state = LakeState()
     if published:
         last = read_manifest(lake, opts.stream, published[-1])
         if last.group != opts.group:
             raise ValueError(f"the lake {lake.url} is shipped by group {last.group!r}, "
                              f"not {opts.group!r}")
-        _ack(storage, last.stream, last.group, last.ranges)  # a crash may have come before it
-        done = {s: end for s, (_, end) in last.ranges.items()}
-        known_ddl = last.value_ddl  # the lake keeps one schema unless told otherwise
+        _ack(storage, last.stream, last.group, last.ranges)
+        state.done = {s: end for s, (_, end) in last.ranges.items()}
+        state.known_ddl = last.value_ddl  # the lake keeps one schema unless told otherwise
+    for shard in shards:
+        first, end = bounds(storage, opts.stream, shard)
+        try:
+            offset = storage.group(opts.stream, shard, opts.group, create=False).offset
+        except GroupNotFound:
+            offset = first  # where registering it would put it
+        if max(offset, state.done.get(shard, 0)) < end:
+            state.new_entries = True
+    return state
+
+
+def register_group(storage: Log, opts: ShipOptions, shards: list[int]) -> dict[int, int]:
+    """Registers the run's group in every shard (retention keeps what it has
+    not acked); its offsets."""
+    return {shard: storage.group(opts.stream, shard, opts.group).offset for shard in shards}
+
+
+def _plan(spark: Any, storage: Log, lake: Lake, opts: ShipOptions, shards: list[int],
+          state: LakeState, given_ddl: str | None) -> RunPlan | None:
+    """Plans a new run (None: nothing new after all) and writes the plan."""
+    offsets = register_group(storage, opts, shards)
     starts: Offsets = {}
     ends: Offsets = {}
     for shard in shards:
-        group = storage.group(opts.stream, shard, opts.group)  # registered: retention keeps its data
-        starts[shard] = max(group.offset, done.get(shard, 0))
+        starts[shard] = max(offsets[shard], state.done.get(shard, 0))
         ends[shard] = max(durable_end(storage, opts.stream, shard), starts[shard])
     ends = cap(starts, ends, opts.max_entries)
     if all(starts[s] >= ends[s] for s in shards):
-        return None, False
-    ddl = (opts.value_schema or known_ddl
+        return None
+    ddl = (given_ddl or state.known_ddl
            or infer_schema(spark, storage, opts.stream, starts, ends, opts.sample))
-    check_schema(spark, ddl, opts)
+    check_schema(ddl, opts.event_time_field)
+    planned = plan_runs(lake, opts.stream)
     run = (max(planned) if planned else 0) + 1
     plan = RunPlan(run, opts.stream, opts.group, {s: (starts[s], ends[s]) for s in shards},
                    ddl, opts.entries_per_task, opts.event_time_field, opts.event_time_unit)
     lake.write_atomically(plan_rel(opts.stream, run), plan.to_json())
     crash_point("planned")
-    return plan, False
+    return plan
 
 
 def durable_end(storage: Log, stream: str, shard: int) -> int:
@@ -237,74 +262,6 @@ def durable_end(storage: Log, stream: str, shard: int) -> int:
     if storage.shard_stats(stream, shard).durable_entry < end:
         storage.sync(stream, shard)  # up to the committed end at least
     return end
-
-
-def struct_of(spark: Any, ddl: str) -> Any:
-    from pyspark.sql.types import StructType, _parse_datatype_string
-
-    try:
-        parsed = _parse_datatype_string(ddl)
-    except Exception as exc:
-        raise ValueError(f"value schema {ddl!r} is not valid Spark DDL: {spark_reason(exc)}") from None
-    if not isinstance(parsed, StructType):
-        raise ValueError(f"value schema {ddl!r}: give fields, like 'device string, temp double'")
-    return parsed
-
-
-def spark_reason(exc: BaseException) -> str:
-    """Spark's own message in one line: a ParseException's text starts with
-    an empty line and goes on with the DDL and a caret under the fault; a
-    Py4J error carries the JVM's stack trace.  The first line with words is
-    the reason (``[PARSE_SYNTAX_ERROR] Syntax error at or near 'g'. SQLSTATE:
-    42601 (line 1, pos 7)``)."""
-    for line in str(exc).splitlines():
-        line = line.strip()
-        if line:
-            return line
-    return type(exc).__name__
-
-
-def check_schema(spark: Any, ddl: str, opts: ShipOptions) -> None:
-    from pyspark.sql.types import NumericType, TimestampType
-
-    struct = struct_of(spark, ddl)
-    for f in struct.fields:
-        if f.name.startswith(RESERVED_PREFIX):
-            raise ValueError(f"value field {f.name!r}: names starting with {RESERVED_PREFIX} "
-                             "are the lake's own columns")
-    if opts.event_time_field:
-        if opts.event_time_field not in struct.fieldNames():
-            raise ValueError(f"event time field {opts.event_time_field!r} is not in the value "
-                             f"schema ({', '.join(struct.fieldNames())})")
-        kind = struct[opts.event_time_field].dataType
-        if not isinstance(kind, (TimestampType, NumericType)):
-            raise ValueError(f"event time field {opts.event_time_field!r} is {kind.simpleString()}: "
-                             "give it as timestamp (ISO 8601 text) or a number "
-                             "(epoch, see --event-time-unit) in the schema")
-
-
-def infer_schema(spark: Any, storage: Log, stream: str, starts: Offsets, ends: Offsets,
-                 sample: int) -> str:
-    """Spark's JSON inference over up to ``sample`` entries, spread over shards."""
-    import orjson
-
-    lines: list[str] = []
-    live = [s for s in starts if starts[s] < ends[s]]
-    per_shard = max(1, sample // max(1, len(live)))
-    for shard in live:
-        got = storage.read(stream, shard, starts[shard], min(per_shard, ends[shard] - starts[shard]))
-        for payload in got.payloads:
-            try:
-                if isinstance(orjson.loads(payload), dict):
-                    lines.append(payload.decode("utf-8", "replace"))
-            except orjson.JSONDecodeError:
-                continue
-    if not lines:
-        raise ValueError(f"cannot infer a schema: no JSON object among the first entries of "
-                         f"{stream!r}; give one with --schema")
-    inferred = spark.read.json(spark.sparkContext.parallelize(lines, 1)).schema
-    fields = [f for f in inferred.fields if f.name != "_corrupt_record"]
-    return ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in fields)
 
 
 # ---- running ----------------------------------------------------------------------------
@@ -321,10 +278,13 @@ def crash_point(name: str) -> None:
 def _execute(spark: Any, lake: Lake, opts: ShipOptions, plan: RunPlan) -> Manifest:
     from pyspark.sql.pandas.types import to_arrow_type
 
+    from .source import split
+    from .writer import ShipTask
+
     staging = staging_rel(plan.stream, plan.run)
     lake.delete_tree(staging)  # what a crashed attempt left is rewritten whole
     live = {s: r for s, r in plan.ranges.items() if r[0] < r[1]}
-    value_type = cast("pa.StructType", to_arrow_type(struct_of(spark, plan.value_ddl), timezone="UTC"))
+    value_type = cast("pa.StructType", to_arrow_type(struct_of(plan.value_ddl), timezone="UTC"))
     starts = {s: a for s, (a, _) in live.items()}
     ends = {s: b for s, (_, b) in live.items()}
     tasks = list(enumerate(split(starts, ends, plan.entries_per_task)))

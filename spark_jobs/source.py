@@ -25,7 +25,6 @@ the log is trimmed by retention and consumer groups, not by Spark.
 
 from __future__ import annotations
 
-import json
 import threading
 from typing import Any, Iterator, Sequence, cast
 
@@ -39,14 +38,16 @@ from . import arrow
 from .offsets import (
     Offsets,
     SourceOptions,
+    bounds,
+    cap,
     from_json,
     open_log,
     resolve_end,
     resolve_start,
     shard_list,
     to_json,
-    bounds,
 )
+from .schema import value_ddl
 
 try:  # Spark 4.2+
     from pyspark.sql.streaming.datasource import ReadMaxRows, SupportsTriggerAvailableNow
@@ -58,19 +59,6 @@ except ImportError:  # Spark 4.0/4.1: no admission control, no AvailableNow hook
 
 
 PARSED_EXTRA = "_error string, _corrupt_record binary"
-
-
-def value_ddl(text: str) -> str:
-    """The value schema as DDL for ``struct<...>``: given as DDL, or as a
-    StructType's JSON."""
-    text = text.strip()
-    if text.startswith("{"):
-        try:
-            struct = StructType.fromJson(json.loads(text))
-        except (ValueError, KeyError, TypeError) as exc:
-            raise ValueError(f"option 'valueSchema' is not a StructType's JSON: {exc}") from None
-        return ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in struct.fields)
-    return text
 
 
 class RangePartition(InputPartition):
@@ -226,25 +214,3 @@ class CometStreamReader(_Reading, DataSourceStreamReader, SupportsTriggerAvailab
 
     def commit(self, end: dict[str, int]) -> None:
         """Nothing to do: Spark's checkpoint holds the position."""
-
-
-def cap(begin: Offsets, ends: Offsets, most: int | None) -> Offsets:
-    """Per shard, the end - or, with ``most``, at most that many new entries
-    in all, shared round-robin so no shard starves."""
-    start = {s: min(begin.get(s, e), e) for s, e in ends.items()}
-    if most is None:
-        return dict(ends)
-    out = dict(start)
-    left = most
-    open_shards = [s for s in sorted(ends) if out[s] < ends[s]]
-    while left > 0 and open_shards:
-        share = max(1, left // len(open_shards))
-        for s in list(open_shards):
-            take = min(share, ends[s] - out[s], left)
-            out[s] += take
-            left -= take
-            if out[s] >= ends[s]:
-                open_shards.remove(s)
-            if left == 0:
-                break
-    return out

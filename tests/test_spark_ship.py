@@ -95,17 +95,17 @@ def test_ship_to_a_local_lake(spark: SparkSession, data_dir: Path, tmp_path: Pat
     lake = Lake(str(tmp_path / "lake"))
     with Log(data_dir, CFG) as log:
         fill(log, 3000)
-    first = ship(spark, options(data_dir, lake))  # schema inferred from a sample
+    first = ship(options(data_dir, lake), lambda: spark)  # schema inferred from a sample
     assert (first.run, first.rows, first.rejects, first.missing) == (1, 3000, 0, 0)
     check_lake(lake, data_dir)
     # The group the first run registered is one the comet source may start from.
     behind = (spark.read.format("comet").option("path", str(data_dir)).option("stream", "ev")
               .option("startingOffsets", "group:spark-ship").load())
     assert behind.count() == 0
-    assert ship(spark, options(data_dir, lake)).run is None  # nothing new: no run
+    assert ship(options(data_dir, lake), lambda: spark).run is None  # nothing new: no run
     with Log(data_dir, CFG) as log:
         fill(log, 500, start=3000)
-    second = ship(spark, options(data_dir, lake))
+    second = ship(options(data_dir, lake), lambda: spark)
     assert (second.run, second.rows) == (2, 500)
     check_lake(lake, data_dir)
     # The recipe for plain Spark: the manifested files, with the partition columns.
@@ -122,12 +122,12 @@ def test_ship_to_s3(spark: SparkSession, data_dir: Path, moto_s3: str, aws_env: 
     lake = Lake("s3://edge/lake", endpoint_url=moto_s3, access_key="test", secret_key="test")
     with Log(data_dir, CFG) as log:
         fill(log, 2000)
-    report = ship(spark, options(data_dir, lake, value_schema="id long, device string, temp double, "
-                                 "at long, note string", max_entries=1200))
+    report = ship(options(data_dir, lake, value_schema="id long, device string, temp double, "
+                                 "at long, note string", max_entries=1200), lambda: spark)
     assert (report.run, report.rows) == (1, 1200)  # bounded run
     s3 = boto3.client("s3", endpoint_url=moto_s3)  # as an executor that outlived its driver
     s3.put_object(Bucket="edge", Key="lake/_comet/ev/staging/00000001/stream=ev/x.parquet", Body=b"P")
-    report = ship(spark, options(data_dir, lake))  # the rest, with the lake's schema
+    report = ship(options(data_dir, lake), lambda: spark)  # the rest, with the lake's schema
     assert (report.run, report.rows) == (2, 800)
     check_lake(lake, data_dir)
     keys = [o["Key"] for o in s3.list_objects_v2(Bucket="edge", Prefix="lake/")["Contents"]]
@@ -142,8 +142,8 @@ def test_rejects_keep_bad_entries_and_lose_nothing(spark: SparkSession, data_dir
         bad = {log.append("ev", b"\xff not json", shard=1), log.append("ev", b'{"id": "x"}', shard=2),
                log.append("ev", b"[1, 2]", shard=3)}
         fill(log, 100, start=400)
-    report = ship(spark, options(data_dir, lake, value_schema="id long, device string, temp double, "
-                                 "at long"))
+    report = ship(options(data_dir, lake, value_schema="id long, device string, temp double, "
+                                 "at long"), lambda: spark)
     assert (report.rows, report.rejects, report.missing) == (500, 3, 0)
     rejects = read_table(lake, "ev", kind="rejects").to_pylist()
     assert {(r["shard"], r["entry"]) for r in rejects} == bad
@@ -159,31 +159,59 @@ def test_clear_errors_and_nothing_acked(spark: SparkSession, data_dir: Path, tmp
         fill(log, 50)
     lake = Lake(str(tmp_path / "lake"))
     with pytest.raises(ValueError, match="stream 'nope' does not exist"):
-        ship(spark, ShipOptions(str(data_dir), "nope", lake))
+        ship(ShipOptions(str(data_dir), "nope", lake), no_spark)
+    (tmp_path / "file").write_bytes(b"x")
+    with pytest.raises(LakeError, match="file is not a directory"):
+        ship(options(data_dir, Lake(str(tmp_path / "file" / "lake"))), no_spark)
     with pytest.raises(ValueError) as bad_ddl:
-        ship(spark, options(data_dir, lake, value_schema="id lon g,,"))
+        ship(options(data_dir, lake, value_schema="id lon g,,"), lambda: spark)
     message = str(bad_ddl.value)  # one line: the DDL and Spark's reason, no JVM stack
     assert message.startswith("value schema 'id lon g,,' is not valid Spark DDL: "
                               "[PARSE_SYNTAX_ERROR] Syntax error at or near 'g'"), message
     assert "\n" not in message
     with pytest.raises(ValueError, match=r"not valid Spark DDL: \[UNSUPPORTED_DATATYPE\] "
                        r"Unsupported data type \"STRIN\""):
-        ship(spark, options(data_dir, lake, value_schema="id long, device strin"))
+        ship(options(data_dir, lake, value_schema="id long, device strin"), lambda: spark)
     with pytest.raises(ValueError, match="event time field 'when' is not in the value schema"):
-        ship(spark, options(data_dir, lake, value_schema="id long", event_time_field="when"))
+        ship(options(data_dir, lake, value_schema="id long", event_time_field="when"), lambda: spark)
     with pytest.raises(ValueError, match="_comet_"):
-        ship(spark, options(data_dir, lake, value_schema="_comet_entry long"))
+        ship(options(data_dir, lake, value_schema="_comet_entry long"), lambda: spark)
     with pytest.raises(LakeError, match="use a local path or s3://"):
         Lake("ftp://x/y")
     closed = socket_port()
     unreachable = Lake("s3://edge/lake", endpoint_url=f"http://127.0.0.1:{closed}")
     started = time.monotonic()
     with pytest.raises(LakeError, match="not reachable"):
-        ship(spark, options(data_dir, unreachable))
+        ship(options(data_dir, unreachable), lambda: spark)
     assert time.monotonic() - started < 60
-    assert plan_runs(lake, "ev") == []
+    assert not (tmp_path / "lake").exists()  # refused before anything was written
     with Log(data_dir, CFG) as log:
         assert log.groups("ev") == []  # nothing registered, nothing acked
+
+
+def no_spark() -> SparkSession:
+    raise AssertionError("Spark was started")
+
+
+def test_nothing_new_needs_no_spark_and_the_time_includes_spark_start(
+        spark: SparkSession, data_dir: Path, tmp_path: Path) -> None:
+    """A run starts Spark only for work, and its reported time counts Spark's start."""
+    lake = Lake(str(tmp_path / "lake"))
+    with Log(data_dir, CFG) as log:
+        fill(log, 100)
+
+    def slow_start() -> SparkSession:
+        time.sleep(1.5)  # as a JVM starting
+        return spark
+
+    started = time.monotonic()
+    report = ship(options(data_dir, lake), slow_start)
+    wall = time.monotonic() - started
+    assert report.rows == 100
+    assert 1.5 <= report.seconds <= wall
+    nothing = ship(options(data_dir, lake), no_spark)
+    assert (nothing.run, nothing.rows, nothing.acked) == (None, 0, {})
+    assert nothing.seconds < 1.0
 
 
 def test_local_lake_paths_are_absolute_before_executors_see_them(tmp_path: Path,
@@ -256,7 +284,7 @@ def test_a_run_removes_what_killed_runs_left(spark: SparkSession, data_dir: Path
     meta = lake_dir / "_comet" / "ev"
     with Log(data_dir, CFG) as log:
         fill(log, 1200)
-    assert ship(spark, options(data_dir, lake, entries_per_task=200)).run == 1
+    assert ship(options(data_dir, lake, entries_per_task=200), lambda: spark).run == 1
     with Log(data_dir, CFG) as log:
         fill(log, 1200, start=1200)
 
@@ -271,7 +299,7 @@ def test_a_run_removes_what_killed_runs_left(spark: SparkSession, data_dir: Path
 
     monkeypatch.setattr(ship_module, "crash_point", crash_point)
     with pytest.raises(Killed):
-        ship(spark, options(data_dir, lake, entries_per_task=200))
+        ship(options(data_dir, lake, entries_per_task=200), lambda: spark)
     monkeypatch.undo()
     assert (plan_runs(lake, "ev"), manifest_runs(lake, "ev")) == ([1, 2], [1])
     assert [p for p in leftovers(lake) if "/staging/00000002/" in p]
@@ -295,7 +323,7 @@ def test_a_run_removes_what_killed_runs_left(spark: SparkSession, data_dir: Path
         mine = meta / "plans" / f".00000005.json.{os.getpid()}.tmp"  # this process: not writing now,
         mine.write_bytes(b"{")                                        # but alive: kept too
 
-        report = ship(spark, options(data_dir, lake, entries_per_task=200))
+        report = ship(options(data_dir, lake, entries_per_task=200), lambda: spark)
         assert (report.resumed, report.run, report.rows) == (2, 2, 1200)
         assert leftovers(lake) == sorted(str(p.relative_to(lake_dir)) for p in (busy, mine))
         assert not (meta / "staging" / "00000001").exists()
@@ -303,49 +331,10 @@ def test_a_run_removes_what_killed_runs_left(spark: SparkSession, data_dir: Path
         live.kill()
         live.wait()
     mine.unlink()
-    assert ship(spark, options(data_dir, lake)).run is None  # nothing new; the writer is gone
+    assert ship(options(data_dir, lake), lambda: spark).run is None  # nothing new; the writer is gone
     check_lake(lake, data_dir)  # exactly once, and no temporary or staged file left
     assert [m.run for m in manifests(lake, "ev")] == [1, 2]
     assert sum(m.rows for m in manifests(lake, "ev")) == 2400
-
-
-def without_worker_shutdown_noise(stderr: str) -> str:
-    """stderr without pyspark's own worker-shutdown tracebacks: a Python
-    worker's last write to the JVM (its final flush in pyspark/daemon.py)
-    found the JVM's end of the socket closed - Spark closes its workers'
-    sockets as it stops - and the daemon prints the BrokenPipeError as it
-    lets the worker die (spark.python.daemon.killWorkerOnFlushFailure).  A
-    race inside Spark (2 of 7 CI runs); every frame is pyspark's.  Any other
-    traceback stays in."""
-    out: list[str] = []
-    lines = stderr.splitlines()
-    i = 0
-    while i < len(lines):
-        if lines[i].startswith("Traceback (most recent call last):"):
-            j = i + 1
-            while j < len(lines) and lines[j].startswith(" "):
-                j += 1
-            frames = [line for line in lines[i + 1:j] if line.lstrip().startswith("File ")]
-            if (j < len(lines) and lines[j].startswith("BrokenPipeError") and frames
-                    and all("pyspark/daemon.py" in f for f in frames)):
-                i = j + 1
-                continue
-        out.append(lines[i])
-        i += 1
-    return "\n".join(out)
-
-
-def test_worker_shutdown_noise_is_told_apart_from_other_tracebacks() -> None:
-    daemon = ('Traceback (most recent call last):\n'
-              '  File "/x/spark-home/python/lib/pyspark.zip/pyspark/daemon.py", line 264, in manager\n'
-              '  File "/x/spark-home/python/lib/pyspark.zip/pyspark/daemon.py", line 95, in worker\n'
-              'BrokenPipeError: [Errno 32] Broken pipe\n')
-    ours = ('Traceback (most recent call last):\n'
-            '  File "/repo/spark_jobs/cli.py", line 75, in spark_ship\n'
-            'BrokenPipeError: [Errno 32] Broken pipe\n')
-    assert without_worker_shutdown_noise("a\n" + daemon + "Error: x") == "a\nError: x"
-    assert "Traceback" in without_worker_shutdown_noise(daemon + ours)
-    assert "Traceback" in without_worker_shutdown_noise(daemon.replace("BrokenPipeError", "ValueError"))
 
 
 def test_the_command_with_relative_paths_and_a_bad_schema(data_dir: Path, tmp_path: Path) -> None:
@@ -373,22 +362,77 @@ def test_the_command_with_relative_paths_and_a_bad_schema(data_dir: Path, tmp_pa
                "--event-time-field", "at"]
     bad = subprocess.run(command + ["--schema", "id lon g,,", "--master", "local[1]"], cwd=work,
                          env=env, capture_output=True, text=True, timeout=240)
-    assert bad.returncode == 1, bad.stderr
-    errors = [line for line in bad.stderr.splitlines() if "Spark DDL" in line]
-    assert len(errors) == 1 and errors[0].startswith(
-        "Error: value schema 'id lon g,,' is not valid Spark DDL: [PARSE_SYNTAX_ERROR] "
-        "Syntax error at or near 'g'"), bad.stderr
-    rest = without_worker_shutdown_noise(bad.stderr)
-    assert "Traceback" not in rest and "at org.apache" not in rest, bad.stderr
+    assert (bad.returncode, bad.stdout) == (1, ""), bad.stderr
+    assert bad.stderr == ("Error: value schema 'id lon g,,' is not valid Spark DDL: "
+                          "[PARSE_SYNTAX_ERROR] Syntax error at or near 'g'. SQLSTATE: 42601 "
+                          "(line 1, pos 7)\n"), bad.stderr
     assert not (work / "lake").exists()  # refused before anything was written
+    # A real run at the default log level: every line on stderr is a JSON object.
+    env.pop("COMET_SPARK_LOG_LEVEL")
     good = subprocess.run(command + ["--master", "local-cluster[1,1,1024]"], cwd=work, env=env,
                           capture_output=True, text=True, timeout=300)
     assert good.returncode == 0, good.stderr
     assert orjson.loads(good.stdout)["rows"] == 300
+    lines = [orjson.loads(line) for line in good.stderr.splitlines()]
+    events = [line["event"] for line in lines if line.get("logger") == "comet.spark_ship"]
+    assert events == ["run_start", "done"], good.stderr
+    assert all({"ts", "level", "logger"} <= line.keys() for line in lines)
     check_lake(Lake(str(work / "lake")), data_dir)
     executor_dirs = [d for d in (spark_home / "work").glob("app-*/*") if d.is_dir()]
     assert executor_dirs  # the executor did run elsewhere, and wrote nothing there
     assert not [p for d in executor_dirs for p in d.rglob("*.parquet*")]
+
+
+def fake_java(tmp_path: Path) -> tuple[dict[str, str], Path]:
+    """An environment whose ``java`` only records that it was started (and
+    fails): a run that starts Spark's JVM leaves the record."""
+    home, record = tmp_path / "java-home", tmp_path / "java-started"
+    (home / "bin").mkdir(parents=True)
+    java = home / "bin" / "java"
+    java.write_text(f"#!/bin/sh\necho \"$@\" >> {record}\nexit 1\n")
+    java.chmod(0o755)
+    env = dict(os.environ, JAVA_HOME=str(home), PATH=f"{home / 'bin'}:{os.environ['PATH']}")
+    return env, record
+
+
+def test_cheap_checks_and_a_run_with_nothing_new_start_no_jvm(data_dir: Path, tmp_path: Path) -> None:
+    """Mistakes that need no Spark to find, and a run with nothing to ship,
+    end in about a second without starting Spark's JVM."""
+    with Log(data_dir, CFG) as log:
+        fill(log, 40)
+        for shard in range(4):  # the group has shipped everything
+            log.group("ev", shard, "spark-ship").ack(log.shard_stats("ev", shard).next_entry - 1)
+    env, record = fake_java(tmp_path)
+    (tmp_path / "file").write_bytes(b"x")
+    lake = tmp_path / "lake"
+    cases = {
+        (str(data_dir), "nosuch", str(lake)): f"Error: stream 'nosuch' does not exist in {data_dir}",
+        (str(tmp_path / "nodir"), "ev", str(lake)): f"Error: {tmp_path / 'nodir'} is not a directory",
+        (str(data_dir), "ev", str(tmp_path / "file" / "lake")):
+            f"Error: lake {tmp_path / 'file' / 'lake'}: {tmp_path / 'file'} is not a directory",
+        (str(data_dir), "ev", str(lake), "--group", "a/b"): "Error: group name 'a/b'",
+    }
+    for args, error in cases.items():
+        started = time.monotonic()
+        out = subprocess.run([str(COMET), "spark-ship", *args], env=env, capture_output=True,
+                             text=True, timeout=60)
+        took = time.monotonic() - started
+        assert out.returncode == 1 and out.stderr.startswith(error), (args, out.stderr)
+        assert len(out.stderr.splitlines()) == 1, out.stderr
+        assert took < 3.0, (args, took)
+    started = time.monotonic()
+    out = subprocess.run([str(COMET), "spark-ship", str(data_dir), "ev", str(lake),
+                          "--schema", "id long, device string"], env=env, capture_output=True,
+                         text=True, timeout=60)
+    took = time.monotonic() - started
+    assert out.returncode == 0, out.stderr
+    report = orjson.loads(out.stdout)
+    assert (report["run"], report["rows"]) == (None, 0)
+    assert report["seconds"] <= took < 3.0
+    [done] = [orjson.loads(line) for line in out.stderr.splitlines()]
+    assert (done["logger"], done["event"], done["run"]) == ("comet.spark_ship", "done", None)
+    assert not record.exists(), record.read_text()
+    assert not lake.exists()
 
 
 def socket_port() -> int:

@@ -10,8 +10,8 @@ import orjson
 import pytest
 
 from storage_c import Config, Log
-from spark_jobs.offsets import SourceOptions, resolve_start
-from spark_jobs.source import CometStreamReader, cap
+from spark_jobs.offsets import SourceOptions, cap, resolve_start
+from spark_jobs.source import CometStreamReader
 
 from .conftest import read_all
 
@@ -220,7 +220,7 @@ def test_cap_shares_the_limit_between_shards() -> None:
 def test_value_schema_as_ddl_or_structtype_json() -> None:
     from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-    from spark_jobs.source import value_ddl
+    from spark_jobs.schema import value_ddl
 
     struct = StructType([StructField("id", LongType()), StructField("odd name", StringType())])
     assert value_ddl(struct.json()) == "`id` bigint, `odd name` string"
