@@ -179,6 +179,12 @@ def test_ship_to_s3(moto_s3: str, data_dir: Path, aws_env: None) -> None:
     with Log(data_dir, CFG) as log:
         assert check_objects(log, sink) == 4000
     assert all(k.startswith("stream=ev/dt=") for k in sink.keys())
+    # Every line on stderr is one JSON log record (boto3 and botocore included).
+    lines = [orjson.loads(line) for line in out.stderr.splitlines()]
+    assert all({"ts", "level", "logger", "event"} <= line.keys() for line in lines), out.stderr
+    shipped = [line for line in lines if line["event"] == "shipped"]
+    assert len(shipped) == len(sink.keys()) and lines[-1]["event"] == "stopped"
+    assert lines[-1]["objects"] == len(shipped) and lines[-1]["logger"] == "comet.ship"
 
 
 def ship_command(data_dir: Path, lake: Path, *extra: str) -> list[str]:
@@ -221,5 +227,5 @@ def test_sigterm_finishes_the_current_object(data_dir: Path, tmp_path: Path) -> 
         shipper.send_signal(signal.SIGTERM)
         _, err = shipper.communicate(timeout=60)
         assert shipper.returncode == 0
-        assert b'"event": "stopped"' in err
+        assert orjson.loads(err.splitlines()[-1])["event"] == "stopped"
         assert check_objects(log, DirectorySink(lake)) == 800  # the open objects were shipped

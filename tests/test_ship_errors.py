@@ -25,6 +25,7 @@ from consumers import (Consumer, DirectorySink, S3Sink, ShipConfig, ShipError, S
                        classify)
 from consumers.errors import EXIT_PERMANENT, EXIT_RETRIES
 from storage_c import Log
+from storage_c.jsonlog import JsonFormatter
 
 from .conftest import REPO
 from .test_ship import CFG, COMET, check_objects, fill
@@ -330,7 +331,7 @@ def test_continuous_mode_retries_permanent_errors_and_counts_them(
             stats = shipper.run(lambda: len(sink.keys()) == 4 and shipper.stats.failing == 0)
         assert (stats.upload_errors, stats.permanent_errors, stats.transient_errors) == (4, 4, 0)
         assert check_objects(log, sink) == 400
-    lines = [json.loads(r.getMessage()) for r in caplog.records]
+    lines = [json.loads(JsonFormatter().format(r)) for r in caplog.records]
     failed = [x for x in lines if x["event"] == "upload_failed"]
     assert [x["retry"] for x in failed] == [0, 1, 2, 3]
     assert all(x["permanent"] and x["code"] == "AccessDenied" for x in failed)

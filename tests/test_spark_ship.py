@@ -337,12 +337,34 @@ def test_a_run_removes_what_killed_runs_left(spark: SparkSession, data_dir: Path
     assert sum(m.rows for m in manifests(lake, "ev")) == 2400
 
 
-def test_the_command_with_relative_paths_and_a_bad_schema(data_dir: Path, tmp_path: Path) -> None:
+def test_a_bad_schema_is_one_line_and_starts_no_python_worker(data_dir: Path, tmp_path: Path) -> None:
+    """The real command with a typo in --schema: Spark's own parser refuses
+    it before any job, so no Python worker exists to print anything as Spark
+    stops: stderr is exactly the one line, nothing is written."""
+    with Log(data_dir, CFG) as log:
+        fill(log, 300)
+    env = dict(os.environ, COMET_SPARK_LOG_LEVEL="ERROR")
+    env.pop("COMET_SPARK_SHIP_CRASH", None)
+    for name in ("PYSPARK_PYTHON", "SPARK_LOCAL_IP"):
+        env.pop(name, None)
+    bad = subprocess.run([str(COMET), "spark-ship", str(data_dir), "ev", str(tmp_path / "lake"),
+                          "--event-time-field", "at", "--schema", "id lon g,,", "--master", "local[1]"],
+                         env=env, capture_output=True, text=True, timeout=240)
+    assert (bad.returncode, bad.stdout) == (1, ""), bad.stderr
+    assert bad.stderr == ("Error: value schema 'id lon g,,' is not valid Spark DDL: "
+                          "[PARSE_SYNTAX_ERROR] Syntax error at or near 'g'. SQLSTATE: 42601 "
+                          "(line 1, pos 7)\n"), bad.stderr
+    assert not (tmp_path / "lake").exists()  # refused before anything was written
+    with Log(data_dir, CFG) as log:
+        assert log.groups("ev") == []
+
+
+def test_the_command_with_relative_paths(data_dir: Path, tmp_path: Path) -> None:
     """The real command from another working directory, with relative data and
     lake paths, on Spark's local-cluster master: a master and a worker in the
     driver's JVM, the executor a JVM of its own working in the worker's
-    application directory, as on a cluster.  An invalid --schema is one line
-    with Spark's reason."""
+    application directory, as on a cluster.  Every line it writes on stderr
+    is a JSON object."""
     import pyspark
 
     with Log(data_dir, CFG) as log:
@@ -356,21 +378,12 @@ def test_the_command_with_relative_paths_and_a_bad_schema(data_dir: Path, tmp_pa
     for name in ("bin", "jars", "python", "sbin"):
         (spark_home / name).symlink_to(Path(pyspark.__file__).parent / name)
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable, SPARK_LOCAL_IP="127.0.0.1",
-               COMET_SPARK_LOG_LEVEL="ERROR", SPARK_HOME=str(spark_home))
-    env.pop("COMET_SPARK_SHIP_CRASH", None)
+               SPARK_HOME=str(spark_home))
+    for name in ("COMET_SPARK_SHIP_CRASH", "COMET_SPARK_LOG_LEVEL"):  # the default level: WARN
+        env.pop(name, None)
     command = [str(COMET), "spark-ship", os.path.relpath(data_dir, work), "ev", "lake",
-               "--event-time-field", "at"]
-    bad = subprocess.run(command + ["--schema", "id lon g,,", "--master", "local[1]"], cwd=work,
-                         env=env, capture_output=True, text=True, timeout=240)
-    assert (bad.returncode, bad.stdout) == (1, ""), bad.stderr
-    assert bad.stderr == ("Error: value schema 'id lon g,,' is not valid Spark DDL: "
-                          "[PARSE_SYNTAX_ERROR] Syntax error at or near 'g'. SQLSTATE: 42601 "
-                          "(line 1, pos 7)\n"), bad.stderr
-    assert not (work / "lake").exists()  # refused before anything was written
-    # A real run at the default log level: every line on stderr is a JSON object.
-    env.pop("COMET_SPARK_LOG_LEVEL")
-    good = subprocess.run(command + ["--master", "local-cluster[1,1,1024]"], cwd=work, env=env,
-                          capture_output=True, text=True, timeout=300)
+               "--event-time-field", "at", "--master", "local-cluster[1,1,1024]"]
+    good = subprocess.run(command, cwd=work, env=env, capture_output=True, text=True, timeout=300)
     assert good.returncode == 0, good.stderr
     assert orjson.loads(good.stdout)["rows"] == 300
     lines = [orjson.loads(line) for line in good.stderr.splitlines()]

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -227,3 +230,30 @@ def test_value_schema_as_ddl_or_structtype_json() -> None:
     assert value_ddl(" a int, b string ") == "a int, b string"
     with pytest.raises(ValueError, match="StructType's JSON"):
         value_ddl('{"type": "struct"}')
+
+
+README_SNIPPET = """\
+from spark_jobs import spark_session
+
+spark = spark_session()
+df = spark.read.format("comet").option("path", "./data").option("stream", "events").load()
+df.selectExpr("shard", "entry", "CAST(value AS STRING) AS value").show(truncate=False)
+"""
+
+
+def test_the_documented_snippet_works_in_a_plain_python(tmp_path: Path) -> None:
+    """The data source as the docs show it, in a fresh ``python`` of this
+    project with nothing of Spark's in its environment (no PYSPARK_PYTHON,
+    no SPARK_LOCAL_IP): Spark's Python workers must find this package."""
+    events = [orjson.dumps({"level": "info", "n": n}) for n in range(5)]
+    with Log(tmp_path / "data", Config(shards=2)) as log:
+        for event in events:
+            log.append("events", event)
+    clean = {name: os.environ[name] for name in ("PATH", "HOME", "JAVA_HOME", "LANG")
+             if name in os.environ}
+    out = subprocess.run([sys.executable, "-c", README_SNIPPET], cwd=tmp_path, env=clean,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    shown = [line.split("|") for line in out.stdout.splitlines() if line.startswith("|")]
+    rows = {cells[3].strip() for cells in shown[1:]}  # below the header row
+    assert rows == {event.decode() for event in events}, out.stdout

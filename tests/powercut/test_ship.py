@@ -265,7 +265,8 @@ def wait_shipped(proc: Writer, count: int) -> bool:
         line = proc.stdout.readline()
         if not line or line.startswith("X"):
             return False
-        seen += line.startswith("L ") and '"event": "shipped"' in line and "/shard=0000/" in line
+        seen += (line.startswith("L ") and json.loads(line[2:]).get("event") == "shipped"
+                 and "/shard=0000/" in line)
     return True
 
 

@@ -231,11 +231,16 @@ def run_ship(data: Path, rnd: int, args: list[str]) -> None:
     pause_at = int(os.environ.get("POWERCUT_SHIP_PAUSE", "0"))
     shipped = 0
 
+    from storage_c.jsonlog import JsonFormatter
+
+    as_json = JsonFormatter()
+
     class Lines(logging.Handler):
         def emit(self, record: logging.LogRecord) -> None:
             nonlocal shipped
-            say("L " + record.getMessage())
-            if '"event": "shipped"' in record.getMessage() and "/shard=0000/" in record.getMessage():
+            line = as_json.format(record)
+            say("L " + line)
+            if record.getMessage() == "shipped" and "/shard=0000/" in line:
                 shipped += 1
                 if shipped == pause_at:  # stored, not acknowledged yet: wait for the cut
                     sys.stdin.readline()
