@@ -343,9 +343,12 @@ def test_a_bad_schema_is_one_line_and_starts_no_python_worker(data_dir: Path, tm
     stops: stderr is exactly the one line, nothing is written."""
     with Log(data_dir, CFG) as log:
         fill(log, 300)
-    env = dict(os.environ, COMET_SPARK_LOG_LEVEL="ERROR")
-    env.pop("COMET_SPARK_SHIP_CRASH", None)
-    for name in ("PYSPARK_PYTHON", "SPARK_LOCAL_IP"):
+    workers = tmp_path / "python-workers"  # a line per Python worker Spark starts
+    python = tmp_path / "python"
+    python.write_text(f"#!/bin/sh\necho \"$@\" >> {workers}\nexec {sys.executable} \"$@\"\n")
+    python.chmod(0o755)
+    env = dict(os.environ, COMET_SPARK_LOG_LEVEL="ERROR", PYSPARK_PYTHON=str(python))
+    for name in ("COMET_SPARK_SHIP_CRASH", "SPARK_LOCAL_IP"):
         env.pop(name, None)
     bad = subprocess.run([str(COMET), "spark-ship", str(data_dir), "ev", str(tmp_path / "lake"),
                           "--event-time-field", "at", "--schema", "id lon g,,", "--master", "local[1]"],
@@ -354,6 +357,7 @@ def test_a_bad_schema_is_one_line_and_starts_no_python_worker(data_dir: Path, tm
     assert bad.stderr == ("Error: value schema 'id lon g,,' is not valid Spark DDL: "
                           "[PARSE_SYNTAX_ERROR] Syntax error at or near 'g'. SQLSTATE: 42601 "
                           "(line 1, pos 7)\n"), bad.stderr
+    assert not workers.exists(), workers.read_text()
     assert not (tmp_path / "lake").exists()  # refused before anything was written
     with Log(data_dir, CFG) as log:
         assert log.groups("ev") == []
