@@ -4,9 +4,9 @@
 
 One call is one run (see ``plan.py`` for the protocol): finish what a
 crashed run left, or plan a new run from the group's offsets to the
-committed ends, read it through the ``comet`` source with the values
-parsed by pyarrow in the source, write Parquet through ``writer.WriteTask``,
-publish, write the manifest, ack.  Under spark-submit: ``submit.py``.
+committed ends, read and parse each range and write its Parquet in a Spark
+task (``writer.ShipTask``), publish, write the manifest, ack.  Under
+spark-submit: ``submit.py``.
 
 Spark is started last, and only for work: every check that needs no JVM
 (the options, the lake, the stream, the group, what is new) comes first,
