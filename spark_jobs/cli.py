@@ -59,7 +59,7 @@ def spark_ship(data_dir: str, stream: str, lake: str, group: str, schema: str | 
     partitioned by stream/dt/hour, exactly once: one run per call."""
     from .jvm_output import spark_log_level
     from .lakefs import Lake, LakeError
-    from .session import job_session, under_spark_submit
+    from .session import SparkStartError, job_session, under_spark_submit
     from .ship import ShipOptions, ship
 
     if master and not master.startswith("local") and not under_spark_submit():
@@ -91,7 +91,7 @@ def spark_ship(data_dir: str, stream: str, lake: str, group: str, schema: str | 
         opts = ShipOptions(os.path.abspath(data_dir), stream, target, group, schema, sample,
                            event_time_field, event_time_unit, max_entries, entries_per_task)
         report = ship(opts, start_spark)
-    except (CometError, LakeError, ValueError, FileNotFoundError) as exc:
+    except (CometError, LakeError, SparkStartError, ValueError, FileNotFoundError) as exc:
         raise click.ClickException(str(exc)) from None
     finally:
         for spark in started:  # an orderly stop, after an error too

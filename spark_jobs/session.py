@@ -30,6 +30,10 @@ from typing import Any, Iterable
 DEFAULT_MASTER = "local[*]"
 
 
+class SparkStartError(RuntimeError):
+    """Spark's JVM could not be started (no Java, a broken SPARK_HOME)."""
+
+
 def under_spark_submit() -> bool:
     """True inside a driver started by spark-submit (the JVM came first)."""
     return "PYSPARK_GATEWAY_PORT" in os.environ
@@ -57,14 +61,21 @@ def job_session(master: str | None, conf: Iterable[tuple[str, str]]) -> Any:
     warnings, Python workers' output) as JSON log lines at
     ``COMET_SPARK_LOG_LEVEL`` (default WARN)."""
     from pyspark import SparkConf, SparkContext
+    from pyspark.errors import PySparkException
 
     from .jvm_output import start_jvm_logged
+    from .schema import spark_reason
 
     # Spark's progress bar draws on stderr with carriage returns: not log lines.
     given = {"spark.ui.showConsoleProgress": "false",
              **settings(master, "comet-spark-ship", conf)}
     if not under_spark_submit():  # else the JVM and its output belong to spark-submit
-        SparkContext(gateway=start_jvm_logged(given), conf=SparkConf().setAll(list(given.items())))
+        try:
+            gateway = start_jvm_logged(given)
+        except PySparkException as exc:
+            raise SparkStartError(f"Spark's JVM did not start ({spark_reason(exc)}): it needs "
+                                  "Java 17 or later, as JAVA_HOME or java on PATH") from None
+        SparkContext(gateway=gateway, conf=SparkConf().setAll(list(given.items())))
     return _builder(given).getOrCreate()
 
 

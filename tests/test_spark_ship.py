@@ -443,6 +443,17 @@ def test_cheap_checks_and_a_run_with_nothing_new_start_no_jvm(data_dir: Path, tm
     assert (done["logger"], done["event"], done["run"]) == ("comet.spark_ship", "done", None)
     assert not record.exists(), record.read_text()
     assert not lake.exists()
+    # With something new to ship, Spark starts: here its java fails, in one line.
+    with Log(data_dir, CFG) as log:
+        fill(log, 1, start=40)
+    out = subprocess.run([str(COMET), "spark-ship", str(data_dir), "ev", str(lake)], env=env,
+                         capture_output=True, text=True, timeout=120)
+    *logged, error = out.stderr.splitlines()
+    assert out.returncode == 1 and error.startswith(
+        "Error: Spark's JVM did not start ([JAVA_GATEWAY_EXITED] "), out.stderr
+    assert error.endswith("it needs Java 17 or later, as JAVA_HOME or java on PATH"), error
+    assert all(orjson.loads(line)["level"] for line in logged)
+    assert record.exists()
 
 
 def socket_port() -> int:
