@@ -208,7 +208,7 @@ def test_nothing_new_needs_no_spark_and_the_time_includes_spark_start(
     report = ship(options(data_dir, lake), slow_start)
     wall = time.monotonic() - started
     assert report.rows == 100
-    assert 1.5 <= report.seconds <= wall
+    assert wall - 0.25 <= report.seconds <= wall  # all of it, Spark's start included
     nothing = ship(options(data_dir, lake), no_spark)
     assert (nothing.run, nothing.rows, nothing.acked) == (None, 0, {})
     assert nothing.seconds < 1.0
