@@ -123,14 +123,16 @@ def check_lake(manifests: list[dict], state: dict, where: str, complete: bool) -
                 f"{ends[shard]}, the log {info['next']}")
 
 
-def wait_for(proc: Writer, prefix: str) -> bool:
-    """Reads the driver's lines until one starts with ``prefix``; False if it ended first."""
+def wait_for(proc: Writer, prefix: str, event: str | None = None) -> bool:
+    """Reads the driver's lines until one starts with ``prefix`` (with
+    ``event``: the JSON log line ``L {...}`` of that event); False if it
+    ended first."""
     assert proc.stdout
     while True:
         line = proc.stdout.readline()
         if not line:
             return False
-        if line.startswith(prefix):
+        if line.startswith(prefix) and (event is None or json.loads(line[2:]).get("event") == event):
             return True
 
 
@@ -154,7 +156,7 @@ def test_spark_ship_to_a_local_lake_exactly_once_across_power_cuts(powercut: Pow
         driver = powercut.spawn("spark-ship", data, rnd, 0, lake, point,
                                 stdin=subprocess.PIPE, whole_namespace=True)
         if point == "random":
-            assert wait_for(driver, 'L {"event": "run_start"'), (
+            assert wait_for(driver, "L ", event="run_start"), (
                 f"round {rnd}: spark-ship ended before its run started: "
                 f"{driver.stderr_path.read_text()[-3000:]}")
             time.sleep(rng.uniform(0, 3.0))
