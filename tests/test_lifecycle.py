@@ -208,7 +208,7 @@ def test_a_running_shipper_stops_cleanly_when_its_stream_is_deleted(data_dir: Pa
     proc = subprocess.Popen([str(COMET), "ship", str(data_dir), "ev", str(out), "--max-object-age", "0.2",
                              "--status-interval", "0.2"], stderr=subprocess.PIPE, text=True)
     assert proc.stderr is not None
-    while '"event": "status"' not in proc.stderr.readline():  # it is under way
+    while '"event":"status"' not in proc.stderr.readline():  # it is under way
         assert proc.poll() is None
     done = comet_cli("stream", "delete", str(data_dir), "ev", "--yes")
     assert done.returncode == 0, done.stderr
