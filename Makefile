@@ -32,7 +32,7 @@ system-deps:
 
 # What only the tests need (idempotent; scripts/apt-install.sh installs what is missing):
 # Java for Spark's JVM; OpenStack Swift, the real S3 of tests/test_spark_swift.py
-# (tests/swift_server.py); and docker-deps.
+# (tests/support/swift_server.py); and docker-deps.
 SWIFT_PACKAGES := swift swift-proxy swift-object swift-container swift-account
 test-deps: docker-deps
 	@scripts/apt-install.sh openjdk-17-jre-headless $(SWIFT_PACKAGES)

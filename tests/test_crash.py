@@ -10,7 +10,7 @@ from pathlib import Path
 
 from storage_c import Config, Log
 
-from .conftest import worker
+from .support.processes import worker
 from .workers import batch_payloads
 
 CFG = Config(shards=1, segment_bytes=1 << 20, background_flush=False)

@@ -21,8 +21,8 @@ from starlette.testclient import TestClient
 from gateway.app import create_app
 from storage_c import Config, EntryTooLarge, Log
 
+from .support.gateway_app import JSON, NDJSON, config, stored
 from .support.server import SMALL, GatewayProcess
-from .test_gateway import JSON, NDJSON, STORAGE, config, stored
 
 if TYPE_CHECKING:
     import httpx2

@@ -22,39 +22,16 @@ from gateway.config import GatewayConfig, StreamPolicy
 from gateway.ingest import store_off_loop
 from storage_c import BatchResult, Config, Log
 
-from .conftest import read_all
+from .support.gateway_app import JSON, NDJSON, STORAGE, config, in_shard, stored
 
 if TYPE_CHECKING:
     import httpx2
-
-STORAGE = Config(shards=4, segment_bytes=1 << 20)
-JSON = {"content-type": "application/json"}
-NDJSON = {"content-type": "application/x-ndjson"}
-
-
-def config(data_dir: Path, **kw: Any) -> GatewayConfig:
-    base: dict[str, Any] = dict(data_dir=str(data_dir), workers=1, storage=STORAGE, slot_wait_s=5.0,
-                                   access_log=False)
-    base.update(kw)
-    return GatewayConfig(**base)
 
 
 @pytest.fixture
 def client(data_dir: Path) -> Iterator[TestClient]:
     with TestClient(create_app(config(data_dir))) as c:
         yield c
-
-
-def stored(data_dir: Path, stream: str) -> list[bytes]:
-    with Log(data_dir, STORAGE) as log:
-        if stream not in log.streams():
-            return []
-        return [p for shard in range(log.shard_count(stream)) for _, _, p in read_all(log, stream, shard)]
-
-
-def in_shard(data_dir: Path, stream: str, shard: int) -> list[bytes]:
-    with Log(data_dir, STORAGE) as log:
-        return [p for _, _, p in read_all(log, stream, shard)]
 
 
 # ---- what goes in comes out -------------------------------------------------------------

@@ -16,8 +16,7 @@ import time
 import pytest
 
 from .checks import check_acked_survived
-from .conftest import CUTS, drain, read_lines, read_state
-from .harness import PowerCutFS, make_synced_dir, writeback
+from .harness import CUTS, PowerCutFS, drain, make_synced_dir, read_lines, read_state, writeback
 
 
 @pytest.mark.parametrize("mode", ["clean", "pages"])

@@ -18,8 +18,7 @@ import random
 import time
 
 from .checks import shard_entries
-from .conftest import CUTS, drain, read_lines, read_state
-from .harness import PowerCutFS, make_synced_dir
+from .harness import CUTS, PowerCutFS, drain, make_synced_dir, read_lines, read_state
 
 
 def test_create_rotate_retain_delete_survive_power_cuts(powercut: PowerCutFS) -> None:

@@ -16,10 +16,8 @@ import json
 from pathlib import Path
 
 from .checks import check_acked_survived
-from .conftest import drain, read_lines, read_state
-from .harness import PowerCutFS, make_synced_dir
-from .test_groups import run_groups
-from .test_interval import ALLOWANCE_S, INTERVAL_S, lost_batches, run_interval
+from .harness import PowerCutFS, drain, make_synced_dir, read_lines, read_state
+from .scenarios import ALLOWANCE_S, INTERVAL_S, lost_batches, run_groups, run_interval
 
 
 def always_appends_survive_one_cut(powercut: PowerCutFS, data: Path) -> None:
