@@ -1,6 +1,6 @@
-"""The locust load test (loadtests/loadtest.py, loadtests/locustfile.py): its
-no-loss check on made-up logs and records that hold a loss, a duplicate, a
-misplaced batch..., then a short real run against `comet serve`."""
+"""The locust load test (loadtests/loadtest.py, loadtests/locustfile.py): the no-loss
+check (tests/support/noloss.py) on made-up logs and locust records that hold a loss, a
+duplicate, a misplaced batch..., then a short real run against `comet serve`."""
 
 from __future__ import annotations
 
@@ -12,16 +12,13 @@ import sys
 import time
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING
-
 import orjson
 import pytest
 import zstandard
 
 from storage_c import Config, Log
 
-if TYPE_CHECKING:  # loaded from its path by load_runner(), as comet_loadtest
-    from loadtest import CheckReport
+from .support.noloss import NoLossReport, check, locust_acks
 
 REPO = Path(__file__).resolve().parent.parent
 RUNNER = REPO / "loadtests" / "loadtest.py"
@@ -73,12 +70,12 @@ class Fake:
             self.lines.append({"r": rid, "s": "ev", "n": n, "st": status})
         return rid, (res.shard if res else -1), (res.first if res else -1)
 
-    def check(self, sink: Path | None = None) -> CheckReport:
+    def check(self, sink: Path | None = None) -> NoLossReport:
         self.log.close()
         with open(self.records / "acks-1.ndjson", "w") as f:
             for line in self.lines:
                 f.write(json.dumps(line) + "\n")
-        return lt.check(self.data, lt.load_records(self.records), sink)
+        return check(self.data, locust_acks(self.records), sink)
 
 
 @pytest.fixture
