@@ -102,7 +102,10 @@ $(TSAN_BUILD)/%: storage_c/tests/%.c $(call objects,tsan) $(TEST_HDR)
 # Line coverage of storage_c/src by the C tests (gcov), printed as one figure per
 # file and a total; the report is build/coverage/summary.txt.  The core is compiled
 # once (build/coverage/core/); every test's run adds its counts to the same .gcda files.
+# The total may not fall below COVERAGE_MIN (percent): new C code comes with its tests.
+# (Runs differ by a few lines, 83.2-83.3 %: some paths depend on timing.)
 COV_BUILD := build/coverage
+COVERAGE_MIN := 83.2
 coverage:
 	@rm -rf $(COV_BUILD) && mkdir -p $(COV_BUILD)/core $(COV_BUILD)/tests
 	@set -e; for c in $(CSRC); do \
@@ -111,7 +114,8 @@ coverage:
 	  $(CC) $(CFLAGS_COMMON) -O0 --coverage $(COV_BUILD)/core/*.o $$t -o $(COV_BUILD)/tests/$$n \
 	    -lzstd -lpthread && \
 	  (cd $(COV_BUILD)/tests && ./$$n >/dev/null 2>&1); done
-	@$(PYTHON) scripts/coverage-summary.py $(COV_BUILD) storage_c/src | tee $(COV_BUILD)/summary.txt
+	@set -o pipefail; $(PYTHON) scripts/coverage-summary.py $(COV_BUILD) storage_c/src \
+	  --min $(COVERAGE_MIN) | tee $(COV_BUILD)/summary.txt
 
 # The type checker over the Python packages and their tests ([tool.mypy] in pyproject.toml).
 .PHONY: typecheck
