@@ -22,7 +22,7 @@ from gateway.app import create_app
 from storage_c import Config, EntryTooLarge, Log
 
 from .support.server import SMALL, GatewayProcess
-from .test_gateway import JSON, NDJSON, STORAGE, config, stored
+from .support.gateway_app import JSON, NDJSON, STORAGE, config, stored
 
 if TYPE_CHECKING:
     import httpx2

@@ -21,7 +21,7 @@ from storage_c.cli import main as comet
 
 from .support.server import COMET, SMALL, GatewayProcess
 from .support.noloss import Poster, check_stored_once
-from .test_gateway import JSON, config
+from .support.gateway_app import JSON, config
 
 TOOL = Config.inspector()
 

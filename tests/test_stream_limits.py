@@ -13,7 +13,7 @@ from gateway.app import create_app
 from gateway.config import ConfigError, load
 from storage_c import Config, Log, StreamLimit
 
-from .test_gateway import JSON, config, stored
+from .support.gateway_app import JSON, config, stored
 
 
 def names(data_dir: Path) -> list[str]:
