@@ -19,7 +19,15 @@ from typing import Any
 
 import orjson
 
-from storage_c import CometError, GroupInfo, GroupNotFound, ResetTo, check_group_name, delete_group, reset_group
+from storage_c import (
+    CometError,
+    GroupInfo,
+    GroupNotFound,
+    ResetTo,
+    check_group_name,
+    delete_group,
+    reset_group,
+)
 
 from .errors import HTTPError, check_name, storage_error
 from .runtime import Runtime
@@ -71,11 +79,13 @@ def describe_group(runtime: Runtime, stream: str, group: str) -> dict[str, Any]:
         check_group_name(group)
     except CometError as exc:
         raise _storage_error(runtime, exc) from None
-    found = _by_group(_group_infos(runtime, stream)).get(group)
-    if found is None:
-        missing = GroupNotFound(f"consumer group {group!r} is not registered in stream {stream!r}")
+    groups = _by_group(_group_infos(runtime, stream))
+    if group not in groups:
+        known = f"known: {', '.join(groups)}" if groups else "it has none"
+        missing = GroupNotFound(f"consumer group {group!r} is not registered in stream "
+                                f"{stream!r} ({known})")
         raise _storage_error(runtime, missing)
-    return {"stream": stream, **found}
+    return {"stream": stream, **groups[group]}
 
 
 def parse_reset(body: bytes) -> tuple[ResetTo, int | None]:

@@ -33,8 +33,9 @@ from storage_c.export import json_value
 from .errors import HTTPError, check_name, storage_error
 from .runtime import Runtime
 
-READ_BYTES = 4 << 20  # payload bytes of one answer at most (at least one entry is returned)
-CHUNK = 64            # entries asked of one shard at a time while merging
+READ_BYTES = 4 << 20    # payload bytes of one answer at most (at least one entry is returned)
+CHUNK = 64              # entries asked of one shard at a time while merging
+CHUNK_BYTES = 256 << 10  # and their bytes at most, so that 16 shards' chunks hold READ_BYTES
 DEFAULT_LIMIT = 100
 
 
@@ -134,7 +135,7 @@ class _ShardReader:
     def entries(self) -> Iterator[tuple[int, int, int, bytes]]:
         at = self.position
         while True:
-            batch = self.log.read(self.stream, self.shard, at, CHUNK, max_bytes=READ_BYTES)
+            batch = self.log.read(self.stream, self.shard, at, CHUNK, max_bytes=CHUNK_BYTES)
             if not len(batch):
                 self.end = batch.next_entry
                 return

@@ -12,34 +12,8 @@ from typing import NamedTuple
 import orjson
 from starlette.responses import Response
 
-from storage_c import (
-    AckGapError,
-    BatchTooLarge,
-    Closed,
-    CometError,
-    CorruptionError,
-    DecompressionError,
-    EntryTooLarge,
-    FormatVersionError,
-    GroupNameError,
-    GroupNotFound,
-    InvalidArgument,
-    InvalidJSON,
-    NoEvents,
-    NoFreeSlot,
-    ProcessCountMismatch,
-    ShardCountMismatch,
-    ShardRangeError,
-    SlotAlreadyHeld,
-    StorageFull,
-    StorageIOError,
-    StreamLimit,
-    StreamNameError,
-    StreamNotFound,
-    TooManyGroups,
-    WouldBlock,
-    check_stream_name,
-)
+import storage_c
+from storage_c import CometError, check_stream_name
 
 
 class HTTPError(Exception):
@@ -75,33 +49,34 @@ INTERNAL = ErrorAnswer(500, "storage_error")
 
 STORAGE_ERRORS: dict[type[CometError], ErrorAnswer] = {
     # the request is wrong
-    StreamNameError: ErrorAnswer(400, "invalid_stream_name"),
-    GroupNameError: ErrorAnswer(400, "invalid_group_name"),
-    ShardRangeError: ErrorAnswer(400, "bad_parameter"),
-    InvalidArgument: ErrorAnswer(400, "bad_parameter"),
-    InvalidJSON: ErrorAnswer(400, "invalid_json"),
-    NoEvents: ErrorAnswer(400, "empty_body"),
-    EntryTooLarge: ErrorAnswer(413, "event_too_large"),
-    BatchTooLarge: ErrorAnswer(413, "batch_too_large"),
-    StreamNotFound: ErrorAnswer(404, "unknown_stream"),
-    GroupNotFound: ErrorAnswer(404, "unknown_group"),
-    StreamLimit: ErrorAnswer(409, "too_many_streams"),
-    TooManyGroups: ErrorAnswer(409, "too_many_groups"),
+    storage_c.StreamNameError: ErrorAnswer(400, "invalid_stream_name"),
+    storage_c.GroupNameError: ErrorAnswer(400, "invalid_group_name"),
+    storage_c.ShardRangeError: ErrorAnswer(400, "bad_parameter"),
+    storage_c.InvalidArgument: ErrorAnswer(400, "bad_parameter"),
+    storage_c.InvalidJSON: ErrorAnswer(400, "invalid_json"),
+    storage_c.NoEvents: ErrorAnswer(400, "empty_body"),
+    storage_c.EntryTooLarge: ErrorAnswer(413, "event_too_large"),
+    storage_c.BatchTooLarge: ErrorAnswer(413, "batch_too_large"),
+    storage_c.StreamNotFound: ErrorAnswer(404, "unknown_stream"),
+    storage_c.GroupNotFound: ErrorAnswer(404, "unknown_group"),
+    storage_c.StreamLimit: ErrorAnswer(409, "too_many_streams"),
+    storage_c.TooManyGroups: ErrorAnswer(409, "too_many_groups"),
     # the gateway cannot take it now; later it may
-    StorageFull: ErrorAnswer(507, "storage_full", retry=True),
-    NoFreeSlot: ErrorAnswer(503, "starting", retry=True),
-    Closed: ErrorAnswer(503, "draining", retry=True),
-    WouldBlock: ErrorAnswer(503, "busy", retry=True),  # the ingest path retries it on a thread first
+    storage_c.StorageFull: ErrorAnswer(507, "storage_full", retry=True),
+    storage_c.NoFreeSlot: ErrorAnswer(503, "starting", retry=True),
+    storage_c.Closed: ErrorAnswer(503, "draining", retry=True),
+    # (the ingest path makes the call again on a thread before it answers this)
+    storage_c.WouldBlock: ErrorAnswer(503, "busy", retry=True),
     # the storage itself is in trouble, or a request reached what HTTP never asks for
     CometError: INTERNAL,
-    StorageIOError: INTERNAL,
-    CorruptionError: INTERNAL,
-    DecompressionError: INTERNAL,
-    FormatVersionError: INTERNAL,
-    ShardCountMismatch: INTERNAL,
-    ProcessCountMismatch: INTERNAL,
-    SlotAlreadyHeld: INTERNAL,
-    AckGapError: INTERNAL,
+    storage_c.StorageIOError: INTERNAL,
+    storage_c.CorruptionError: INTERNAL,
+    storage_c.DecompressionError: INTERNAL,
+    storage_c.FormatVersionError: INTERNAL,
+    storage_c.ShardCountMismatch: INTERNAL,
+    storage_c.ProcessCountMismatch: INTERNAL,
+    storage_c.SlotAlreadyHeld: INTERNAL,
+    storage_c.AckGapError: INTERNAL,
 }
 
 

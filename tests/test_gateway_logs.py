@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import logging
-import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -50,16 +49,6 @@ def wait_for_line(server: GatewayProcess, text: str, timeout: float = 60) -> Non
         time.sleep(0.02)
 
 
-def reload_workers(server: GatewayProcess) -> None:
-    old = set(server.worker_pids())
-    server.proc.send_signal(signal.SIGHUP)
-    deadline = time.monotonic() + 60
-    while old & set(server.worker_pids()):
-        assert time.monotonic() < deadline, f"old workers still running:\n{server.tail()}"
-        time.sleep(0.05)
-    server.wait_ready()
-
-
 def test_every_line_of_a_gateway_run_is_json(tmp_path: Path) -> None:
     data = tmp_path / "data"
     with Log(data, Config(shards=1, segment_bytes=SEGMENT, process_count=2)) as log:
@@ -94,9 +83,9 @@ def test_every_line_of_a_gateway_run_is_json(tmp_path: Path) -> None:
                 break
         assert status == 507, body
         conf.write_text("max_body_bytes = 200000\n")
-        reload_workers(server)
+        server.reload_workers()
         conf.write_text("max_body_bytes = [not toml\n")
-        reload_workers(server)
+        server.reload_workers()
         assert server.stop() == 0
     lines = records(server.log_path)
     events = {r["event"] for r in lines if "event" in r}

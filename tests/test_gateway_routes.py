@@ -91,7 +91,8 @@ def test_read_one_consumer_group(data_dir: Path) -> None:
         c.post("/streams/events", content=b"[4]", headers=JSON)
         r = c.get("/streams/events/groups/nosuch")
         assert r.status_code == 404 and r.json()["error"] == "unknown_group"
-        assert "'nosuch' is not registered in stream 'events'" in r.json()["detail"]
+        assert r.json()["detail"] == \
+            "consumer group 'nosuch' is not registered in stream 'events' (it has none)"
         with Log(data_dir, STORAGE) as log:
             log.group("events", first["shard"], "readers").ack(0)
         got = c.get("/streams/events/groups/readers").json()
@@ -100,6 +101,7 @@ def test_read_one_consumer_group(data_dir: Path) -> None:
             [(first["shard"], 1, 2)]
         assert c.get("/streams/events/groups").json()["groups"] == [
             {k: v for k, v in got.items() if k != "stream"}]
+        assert "(known: readers)" in c.get("/streams/events/groups/other").json()["detail"]
         r = c.get("/streams/events/groups/bad%20name")
         assert r.status_code == 400 and r.json()["error"] == "invalid_group_name"
         r = c.get("/streams/nosuch/groups/readers")

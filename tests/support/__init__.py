@@ -1,1 +1,2 @@
-"""What the tests and the load tests share: servers in processes of their own, the no-loss check."""
+"""What the tests and the load tests share: servers in processes of their own, the
+gateway in the test's own process, the no-loss check."""
