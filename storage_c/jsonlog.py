@@ -77,10 +77,16 @@ def log_to(stream: IO[str] | None = None, level: int = logging.INFO,
 
 
 def dict_config(stream: str = "ext://sys.stdout", *, silenced: tuple[str, ...] = (),
-                level: str = "INFO") -> dict[str, Any]:
+                own_handlers: tuple[str, ...] = (), level: str = "INFO") -> dict[str, Any]:
     """The same as a ``logging.config.dictConfig`` dictionary (for servers
     such as gunicorn that take one): every logger to ``stream`` as JSON lines,
-    the loggers in ``silenced`` dropped."""
+    the loggers in ``silenced`` dropped.  The loggers in ``own_handlers`` are
+    those the server gives handlers of its own and keeps from propagating
+    (gunicorn.error): the JSON handler replaces theirs."""
+    loggers: dict[str, Any] = {name: {"handlers": ["json"], "level": level, "propagate": False}
+                               for name in own_handlers}
+    loggers.update({name: {"handlers": [], "level": "CRITICAL", "propagate": False}
+                    for name in silenced})
     return {
         "version": 1,
         "disable_existing_loggers": False,
@@ -88,6 +94,5 @@ def dict_config(stream: str = "ext://sys.stdout", *, silenced: tuple[str, ...] =
         "handlers": {"json": {"class": "logging.StreamHandler", "formatter": "json",
                               "stream": stream}},
         "root": {"handlers": ["json"], "level": level},
-        "loggers": {name: {"handlers": [], "level": "CRITICAL", "propagate": False}
-                    for name in silenced},
+        "loggers": loggers,
     }

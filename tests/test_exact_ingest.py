@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
-import orjson
 import pytest
 import zstandard
 from starlette.testclient import TestClient

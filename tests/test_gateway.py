@@ -186,10 +186,21 @@ def test_media_types_and_encodings(client: TestClient, data_dir: Path) -> None:
     still_works(client)
 
 
-@pytest.mark.parametrize("path", ["/streams/..%2Fetc", "/streams/a/b", "/streams/" + "x" * 65,
-                                  "/streams/.hidden", "/streams/a%00b"])
+@pytest.mark.parametrize("path", ["/streams/..%2Fetc", "/streams/a%2Fb", "/streams/" + "x" * 65,
+                                  "/streams/.hidden", "/streams/a%00b", "/streams/"])
 def test_bad_stream_names(client: TestClient, data_dir: Path, path: str) -> None:
-    assert_error(client.post(path, content=b"{}", headers=JSON), 400, "invalid_stream_name")
+    for method in ("POST", "GET"):
+        assert_error(client.request(method, path, content=b"{}", headers=JSON), 400,
+                     "invalid_stream_name")
+    assert sorted(p.name for p in data_dir.iterdir() if not p.name.startswith(".")) == []
+    still_works(client)
+
+
+def test_a_path_below_a_stream_that_is_no_route_is_404(client: TestClient, data_dir: Path) -> None:
+    for method in ("POST", "GET"):
+        body = assert_error(client.request(method, "/streams/a/b", content=b"{}", headers=JSON),
+                            404, "not_found")
+        assert body["detail"] == f"no route for {method} /streams/a/b"
     assert sorted(p.name for p in data_dir.iterdir() if not p.name.startswith(".")) == []
     still_works(client)
 

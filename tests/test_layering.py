@@ -124,7 +124,7 @@ def test_each_package_owns_its_commands() -> None:
     assert owners == {"stat": "storage_c.cli", "tail": "storage_c.cli", "verify": "storage_c.cli",
                       "group": "storage_c.admin", "stream": "storage_c.admin",
                       "consume": "consumers.cli", "ship": "consumers.cli",
-                      "serve": "gateway.serve", "spark-ship": "spark_jobs.cli"}
+                      "serve": "gateway.cli", "spark-ship": "spark_jobs.cli"}
 
 
 def test_a_command_that_cannot_load_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
