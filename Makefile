@@ -54,7 +54,7 @@ test-deps: docker-deps
 
 # Docker (Debian's docker.io and debootstrap) and the local base image of docker/Dockerfile
 # (debootstrap, cached: no image registry needed).  A private dockerd started for this is
-# stopped again; tests/test_docker.py starts and stops its own.  See docker/README.md.
+# stopped again; tests/test_docker.py starts and stops its own.  See docs/docker.md.
 docker-deps:
 	@scripts/build-base-image.sh
 
@@ -160,13 +160,19 @@ bench: system-deps bench-deps $(STAMP)
 	$(PY) loadtests/bench_spark.py
 	$(PY) loadtests/report.py
 
+# The docs site from README.md and docs/ (mkdocs.yml) into site/: open site/index.html.
+# --strict: a page missing from the nav, or a broken link or anchor, fails the build.
+.PHONY: docs
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
+
 # loadtests/results/REPORT.md and storage_batch.png from the existing results (no benchmark run).
 .PHONY: report
 report: $(STAMP)
 	$(PY) loadtests/report.py
 
 clean:
-	rm -rf build $(VENV) $(LOCUST_VENV) storage_c/_comet*.so storage_c/_comet.c .pytest_cache .bench-tmp
+	rm -rf build site $(VENV) $(LOCUST_VENV) storage_c/_comet*.so storage_c/_comet.c .pytest_cache .bench-tmp
 
 # wrk, the HTTP load generator of loadtests/bench_gateway.py (idempotent; needs root or sudo).
 # The benchmark runs the same steps itself when wrk is missing.
