@@ -9,7 +9,7 @@ import os
 import orjson
 from starlette.responses import Response
 
-from storage_c import CometError
+from storage_c import CometError, StreamNotFound
 
 from .errors import check_name, storage_error
 from .runtime import Runtime
@@ -43,7 +43,10 @@ def list_streams(runtime: Runtime) -> Response:
     assert runtime.log is not None
     out = []
     for name in runtime.log.streams():
-        s = runtime.log.stats(name)
+        try:
+            s = runtime.log.stats(name)
+        except StreamNotFound:  # deleted since it was listed
+            continue
         out.append({"name": name, "shards": len(s.shards), "entries": s.entries,
                     "disk_bytes": s.total("disk_bytes")})
     return json({"streams": out})

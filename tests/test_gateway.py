@@ -312,6 +312,16 @@ def test_inflight_budget_is_429(data_dir: Path) -> None:
 # ---- reads and metrics --------------------------------------------------------------
 
 
+def test_a_stream_deleted_while_streams_are_listed_is_left_out(
+        client: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    client.post("/streams/ev", content=b"{}", headers=JSON)
+    listed = Log.streams
+    monkeypatch.setattr(Log, "streams", lambda self: [*listed(self), "gone"])
+    r = client.get("/streams")
+    assert r.status_code == 200
+    assert [s["name"] for s in r.json()["streams"]] == ["ev"]
+
+
 def test_reads(client: TestClient) -> None:
     client.post("/streams/ev?key=a", content=b'{"a": 1}\n{"a": 2}', headers=NDJSON)
     shard = client.post("/streams/ev?key=a", content=b"\x00bin", headers={"content-type": "application/octet-stream"}).json()["shard"]
