@@ -31,7 +31,7 @@ from typing import Any, Callable
 
 from gunicorn.app.base import BaseApplication
 
-from storage_c.jsonlog import dict_config, event
+from storage_c.jsonlog import capture_stray_output, dict_config, event
 
 from .app import GatewayApp, create_app
 from .config import ConfigError, GatewayConfig
@@ -55,6 +55,7 @@ class GatewayServer(BaseApplication):
         self._read_config = load_config
         self.config = load_config()  # a bad configuration fails here, before any process starts
         self._config_is_fresh = True
+        capture_stray_output()  # inherited by the workers, which are forked from here
         super().__init__(prog="comet serve")
 
     def load_config(self) -> None:
