@@ -39,11 +39,11 @@ def check_offsets(state: dict, where: str) -> list[int]:
 
 
 def run_groups(powercut: PowerCutFS, mode: str) -> None:
-    """The scenario; ``pages`` mode is in test_bugs.py (it fails: a storage bug)."""
+    """The scenario; its ``pages`` mode runs in test_regressions.py."""
     data = make_synced_dir(powercut.mnt / "data")
     rng = random.Random(f"groups-{mode}")
     # The stream, its shard directories and the group exist durably first
-    # (stream creation is not crash-safe: test_bugs.py).
+    # (stream creation under a cut is test_regressions.py's).
     writer = powercut.spawn("append", data, 0, 0, "interval", 2)
     read_state(writer)
     read_lines(writer, 2)
@@ -82,7 +82,7 @@ def run_groups(powercut: PowerCutFS, mode: str) -> None:
 
 INTERVAL_S = config().fsync_interval_ms / 1000
 ALLOWANCE_S = 0.02  # scheduling: the flusher is a thread of a process sharing 2 CPUs
-SANITY_S = 10 * INTERVAL_S  # what test_interval.py asserts; the README's bound is test_bugs.py's
+SANITY_S = 10 * INTERVAL_S  # what test_interval.py asserts; the documented 2 x bound is test_regressions.py's
 
 Batch = tuple[int, int, int, str, float]  # shard, first, count, tag, acknowledged at
 
@@ -159,7 +159,7 @@ def run_interval(powercut: PowerCutFS, mode: str, bound: float, check_verify: bo
                          for t, path in powercut.synclog(instant - 1.5) if t < instant]
             assert window <= bound, (
                 f"cut {rnd - 1}: {len(lost)} acknowledged batches lost, the oldest acknowledged "
-                f"{window * 1000:.0f} ms before the cut (README: at most "
+                f"{window * 1000:.0f} ms before the cut (documented: at most "
                 f"{2 * INTERVAL_S * 1000:.0f} ms; asserted here: {bound * 1000:.0f} ms); "
                 f"lost: {[(b[0], b[1], b[2], round((instant - b[4]) * 1000)) for b in lost[:3]]}"
                 f"...{[(b[0], b[1], b[2], round((instant - b[4]) * 1000)) for b in lost[-3:]]}; "

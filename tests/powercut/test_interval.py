@@ -1,6 +1,6 @@
 """Power cuts during appends at durability ``interval``: the loss is bounded, batches atomic.
 
-README, durability contract: with ``interval`` a power failure loses "up to
+docs/durability-and-sizing.md: with ``interval`` a power failure loses "up to
 about fsync_interval_ms of acknowledged batches; 2 x fsync_interval_ms at
 most", and "a batch is atomic across crashes".  The writer appends batches of
 1-40 entries to two shards (fsync_interval_ms = 100) and stamps each
@@ -19,6 +19,6 @@ from .scenarios import SANITY_S, run_interval
 
 def test_interval_loss_is_bounded_and_batches_atomic(powercut: PowerCutFS) -> None:
     """Batches whole or absent; the window printed, and asserted within 10 x the
-    interval only (the flusher runs at all): the README's 2 x bound fails, see
-    test_bugs.py::test_interval_loss_window_within_twice_the_interval."""
+    interval only (the flusher runs at all); the documented 2 x bound is
+    test_regressions.py::test_interval_loss_window_within_twice_the_interval's."""
     run_interval(powercut, "clean", SANITY_S)

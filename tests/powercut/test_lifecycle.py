@@ -9,7 +9,7 @@ opens and verifies, its entries run without a hole from the first kept one to
 the commit point, a stream whose creation was acknowledged exists, one whose
 deletion was acknowledged does not, and no temporary or ``.deleted-*`` leftover
 is visible as a stream.  (Whether the acknowledged appends of a stream created
-during the run survive is test_bugs.py's first test.)
+during the run survive is test_regressions.py's first test.)
 """
 
 from __future__ import annotations
