@@ -1,6 +1,7 @@
 """The life cycle of streams and consumer groups over HTTP.
 
     GET    /streams/{name}/groups            groups with offset and lag per shard
+    GET    /streams/{name}/groups/{group}    one group, the same
     PUT    /streams/{name}/groups/{group}    reset: {"to": "earliest" | "latest"},
                                              {"to_entry": N} or {"to_time": T}, "shard" optional
     DELETE /streams/{name}/groups/{group}    unregister the group
@@ -20,25 +21,20 @@ import orjson
 
 from storage_c import (
     CometError,
-    GroupNameError,
+    GroupInfo,
     GroupNotFound,
     ResetTo,
-    StreamNameError,
-    StreamNotFound,
-    check_stream_name,
+    check_group_name,
     delete_group,
     reset_group,
 )
 
-from .errors import HTTPError
+from .errors import HTTPError, check_name, storage_error
 from .runtime import Runtime
 
 
 def _checked(runtime: Runtime, stream: str) -> None:
-    try:
-        check_stream_name(stream)
-    except StreamNameError as exc:
-        raise HTTPError(400, "invalid_stream_name", str(exc)) from None
+    check_name(stream)
     if runtime.log is None:
         raise HTTPError(503, "starting", "the worker has not opened the data directory yet",
                         retry_after=runtime.config.retry_after_s)
@@ -50,28 +46,46 @@ def _require_admin(runtime: Runtime, what: str) -> None:
                         "in the gateway's configuration to allow it")
 
 
-def _storage_error(exc: CometError) -> HTTPError:
-    if isinstance(exc, (StreamNotFound, GroupNotFound)):
-        return HTTPError(404, "unknown_stream" if isinstance(exc, StreamNotFound) else "unknown_group",
-                         str(exc))
-    if isinstance(exc, GroupNameError):
-        return HTTPError(400, "invalid_group_name", str(exc))
-    return HTTPError(500, "storage_error", str(exc))
+def _storage_error(runtime: Runtime, exc: CometError) -> HTTPError:
+    return storage_error(exc, runtime.config.retry_after_s)
+
+
+def _group_infos(runtime: Runtime, stream: str) -> list[GroupInfo]:
+    assert runtime.log is not None
+    try:
+        return runtime.log.groups(stream)
+    except CometError as exc:
+        raise _storage_error(runtime, exc) from None
+
+
+def _by_group(infos: list[GroupInfo]) -> dict[str, dict[str, Any]]:
+    """Each group with its lag over every shard and its position in each."""
+    shards: dict[str, list[dict[str, Any]]] = {}
+    for g in sorted(infos, key=lambda g: (g.name, g.shard)):
+        shards.setdefault(g.name, []).append({k: v for k, v in asdict(g).items() if k != "name"})
+    return {name: {"name": name, "lag": sum(s["lag"] for s in rows), "shards": rows}
+            for name, rows in shards.items()}
 
 
 def list_groups(runtime: Runtime, stream: str) -> dict[str, Any]:
     _checked(runtime, stream)
-    assert runtime.log is not None
+    return {"stream": stream, "groups": list(_by_group(_group_infos(runtime, stream)).values())}
+
+
+def describe_group(runtime: Runtime, stream: str, group: str) -> dict[str, Any]:
+    """One group's lag and its offset and lag in each shard where it is registered."""
+    _checked(runtime, stream)
     try:
-        infos = runtime.log.groups(stream)
+        check_group_name(group)
     except CometError as exc:
-        raise _storage_error(exc) from None
-    groups: dict[str, list[dict[str, Any]]] = {}
-    for g in sorted(infos, key=lambda g: (g.name, g.shard)):
-        groups.setdefault(g.name, []).append({k: v for k, v in asdict(g).items() if k != "name"})
-    return {"stream": stream,
-            "groups": [{"name": n, "lag": sum(s["lag"] for s in shards), "shards": shards}
-                       for n, shards in groups.items()]}
+        raise _storage_error(runtime, exc) from None
+    groups = _by_group(_group_infos(runtime, stream))
+    if group not in groups:
+        known = f"known: {', '.join(groups)}" if groups else "it has none"
+        missing = GroupNotFound(f"consumer group {group!r} is not registered in stream "
+                                f"{stream!r} ({known})")
+        raise _storage_error(runtime, missing)
+    return {"stream": stream, **groups[group]}
 
 
 def parse_reset(body: bytes) -> tuple[ResetTo, int | None]:
@@ -111,7 +125,7 @@ def reset(runtime: Runtime, stream: str, group: str, body: bytes) -> dict[str, A
         results = reset_group(runtime.log, stream, group, target, shard)
         runtime.log.sync(stream)
     except CometError as exc:
-        raise _storage_error(exc) from None
+        raise _storage_error(runtime, exc) from None
     return {"stream": stream, "group": group, "to": str(target),
             "shards": [asdict(r) for r in results]}
 
@@ -124,7 +138,7 @@ def remove_group(runtime: Runtime, stream: str, group: str) -> dict[str, Any]:
         shards = delete_group(runtime.log, stream, group)
         runtime.log.sync(stream)
     except CometError as exc:
-        raise _storage_error(exc) from None
+        raise _storage_error(runtime, exc) from None
     return {"stream": stream, "group": group, "deleted_from_shards": shards}
 
 
@@ -135,5 +149,5 @@ def remove_stream(runtime: Runtime, stream: str) -> dict[str, Any]:
     try:
         runtime.log.delete_stream(stream)
     except CometError as exc:
-        raise _storage_error(exc) from None
+        raise _storage_error(runtime, exc) from None
     return {"stream": stream, "deleted": True}

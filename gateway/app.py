@@ -1,11 +1,12 @@
-"""The gateway application: routes, the worker's lifespan, errors as JSON.
+"""The gateway's ASGI application: routes, the worker's lifespan, errors as JSON.
 
     app = create_app(gateway.config.load())
 
 ``POST /streams/{name}`` - nearly every request - goes straight to the plain
 ASGI ``Ingest`` application; everything else (reads, health, metrics,
-OpenAPI, the lifespan) is a small Starlette app.  The worker's state lives in
-one ``Runtime`` on ``app.state``.
+OpenAPI, the lifespan) is a small Starlette app whose router also lists that
+POST, so that the routes, their 405s and the OpenAPI document all come from
+one table.  The worker's state lives in one ``Runtime`` on ``app.state``.
 """
 
 from __future__ import annotations
@@ -16,24 +17,30 @@ import time
 from contextlib import asynccontextmanager
 from typing import AsyncIterator, Awaitable, Callable
 
-import orjson
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
-from starlette.types import Receive, Scope, Send
+from starlette.routing import Route, request_response
+from starlette.types import ASGIApp, Receive, Scope, Send
 
-from . import admin, auth, logs, metrics, openapi, reads
+from storage_c.jsonlog import event
+
+from . import admin, auth, entries, logs, metrics, openapi, reads
 from .config import GatewayConfig
-from .errors import HTTPError, error_response, response_for
+from .errors import HTTPError, check_name
 from .ingest import PREFIX, Ingest
 from .runtime import Runtime
 
-log = logging.getLogger("comet.gateway")
+log = logging.getLogger("comet.gateway.app")
 
-class Gateway:
-    """Sends POST /streams/... to the ingest path, the rest to Starlette."""
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+class GatewayApp:
+    """One worker's ASGI application: POST /streams/{name} to the ingest
+    path, the rest to Starlette."""
 
     def __init__(self, app: Starlette, ingest: Ingest) -> None:
         self.app = app
@@ -46,15 +53,29 @@ class Gateway:
         self.ingest.runtime.claim_slot()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST" and scope["path"].startswith(PREFIX):
+        if (scope["type"] == "http" and scope["method"] == "POST"
+                and scope["path"].startswith(PREFIX) and "/" not in scope["path"][len(PREFIX):]):
             await self.ingest(scope, receive, send)
         else:
             await self.app(scope, receive, send)
 
 
-def create_app(config: GatewayConfig) -> Gateway:
+class ByMethod:
+    """The handlers of one path by HTTP method; HEAD is answered as GET.  The
+    route holding it answers 405, with Allow, for any other method."""
+
+    def __init__(self, handlers: dict[str, ASGIApp]) -> None:
+        self.handlers = handlers
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        method = scope["method"]
+        await self.handlers[method if method in self.handlers else "GET"](scope, receive, send)
+
+
+def create_app(config: GatewayConfig) -> GatewayApp:
     runtime = Runtime(config)
     access = logs.AccessLog() if config.access_log else None
+    ingest = Ingest(runtime, access)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -67,17 +88,21 @@ def create_app(config: GatewayConfig) -> Gateway:
         if access is not None:
             access.flush()
 
-    def guarded(handler: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
+    def guarded(handler: Handler) -> ASGIApp:
         async def endpoint(request: Request) -> Response:
             try:
                 auth.check(request, config)
                 return await handler(request)
             except HTTPError as exc:
-                return response_for(exc)
+                return exc.response()
             except Exception:  # a bug, not the client's fault: say so, keep serving
-                log.exception('{"event": "internal_error", "path": %s}', orjson.dumps(request.url.path).decode())
-                return error_response(500, "internal", "unexpected error; see the gateway's log")
-        return endpoint
+                event(log, "internal_error", logging.ERROR, exc_info=True,
+                      method=request.method, path=request.url.path)
+                return HTTPError(500, "internal", "unexpected error; see the gateway's log").response()
+        return request_response(endpoint)
+
+    def name(request: Request) -> str:
+        return str(request.path_params["name"])
 
     async def get_metrics(request: Request) -> Response:
         assert runtime.log is not None
@@ -85,7 +110,7 @@ def create_app(config: GatewayConfig) -> Gateway:
         return Response(text, media_type="text/plain; version=0.0.4")
 
     async def get_openapi(request: Request) -> Response:
-        return reads.json(openapi.document(config))
+        return reads.json(document)
 
     async def get_health(request: Request) -> Response:
         return reads.healthz(runtime)
@@ -99,51 +124,70 @@ def create_app(config: GatewayConfig) -> Gateway:
         return reads.list_streams(runtime)
 
     async def get_stream(request: Request) -> Response:
-        return reads.describe_stream(runtime, request.path_params["name"])
+        return reads.describe_stream(runtime, name(request))
+
+    async def delete_stream(request: Request) -> Response:
+        return reads.json(await run_in_threadpool(admin.remove_stream, runtime, name(request)))
 
     async def get_entries(request: Request) -> Response:
-        return reads.peek(request, runtime, request.path_params["name"])
+        return reads.json(await run_in_threadpool(entries.read, runtime, name(request),
+                                                  request.query_params))
 
     async def get_groups(request: Request) -> Response:
-        return reads.json(await run_in_threadpool(admin.list_groups, runtime,
-                                                  request.path_params["name"]))
+        return reads.json(await run_in_threadpool(admin.list_groups, runtime, name(request)))
+
+    async def get_group(request: Request) -> Response:
+        return reads.json(await run_in_threadpool(admin.describe_group, runtime, name(request),
+                                                  request.path_params["group"]))
 
     async def put_group(request: Request) -> Response:
         body = await request.body()
-        return reads.json(await run_in_threadpool(admin.reset, runtime, request.path_params["name"],
+        return reads.json(await run_in_threadpool(admin.reset, runtime, name(request),
                                                   request.path_params["group"], body))
 
     async def delete_group(request: Request) -> Response:
-        return reads.json(await run_in_threadpool(admin.remove_group, runtime,
-                                                  request.path_params["name"],
+        return reads.json(await run_in_threadpool(admin.remove_group, runtime, name(request),
                                                   request.path_params["group"]))
 
-    async def delete_stream(request: Request) -> Response:
-        return reads.json(await run_in_threadpool(admin.remove_stream, runtime,
-                                                  request.path_params["name"]))
+    # A path parameter never holds a "/": a path with more segments than a
+    # route's is no route (404), one of a route's paths with another method 405.
+    table: dict[str, dict[str, ASGIApp]] = {
+        "/streams/{name}": {"POST": ingest, "GET": guarded(get_stream),
+                            "DELETE": guarded(delete_stream)},
+        "/streams/{name}/entries": {"GET": guarded(get_entries)},
+        "/streams/{name}/groups": {"GET": guarded(get_groups)},
+        "/streams/{name}/groups/{group}": {"GET": guarded(get_group), "PUT": guarded(put_group),
+                                           "DELETE": guarded(delete_group)},
+        "/streams": {"GET": guarded(get_streams)},
+        "/healthz": {"GET": guarded(get_health)},
+        "/readyz": {"GET": guarded(get_ready)},
+        "/metrics": {"GET": guarded(get_metrics)},
+        "/openapi.json": {"GET": guarded(get_openapi)},
+    }
+    routes = [Route(path, ByMethod(handlers), methods=list(handlers))
+              for path, handlers in table.items()]
+    document = openapi.document(config, openapi.operations(routes))
 
-    # {name:path} takes slashes too, so that "a/b" or "..%2Fetc" reach the
-    # name check (400) instead of missing every route (404).
-    routes = [
-        Route("/streams/{name:path}/entries", guarded(get_entries), methods=["GET"]),
-        Route("/streams/{name:path}/groups", guarded(get_groups), methods=["GET"]),
-        Route("/streams/{name:path}/groups/{group}", guarded(put_group), methods=["PUT"]),
-        Route("/streams/{name:path}/groups/{group}", guarded(delete_group), methods=["DELETE"]),
-        Route("/streams/{name:path}", guarded(get_stream), methods=["GET"]),
-        Route("/streams/{name:path}", guarded(delete_stream), methods=["DELETE"]),
-        Route("/streams", guarded(get_streams), methods=["GET"]),
-        Route("/healthz", guarded(get_health), methods=["GET"]),
-        Route("/readyz", guarded(get_ready), methods=["GET"]),
-        Route("/metrics", guarded(get_metrics), methods=["GET"]),
-        Route("/openapi.json", guarded(get_openapi), methods=["GET"]),
-    ]
     async def not_found(request: Request, exc: Exception) -> Response:
-        return error_response(404, "not_found", f"no route for {request.url.path}")
+        path = request.url.path
+        raw = request.scope.get("raw_path") or b""
+        if path.startswith(PREFIX) and b"/" not in raw[len(PREFIX):]:
+            try:  # one segment as sent, so a name with an encoded "/": say what is wrong with it
+                check_name(path[len(PREFIX):])
+            except HTTPError as bad:
+                return bad.response()
+        return HTTPError(404, "not_found", f"no route for {request.method} {path}").response()
 
     async def bad_method(request: Request, exc: Exception) -> Response:
-        return error_response(405, "method_not_allowed", f"{request.method} is not allowed here")
+        headers = (exc.headers if isinstance(exc, HTTPException) else None) or {}
+        allowed = ", ".join(sorted(m.strip() for m in headers.get("Allow", "").split(",") if m.strip()))
+        return HTTPError(405, "method_not_allowed",
+                         f"{request.method} is not allowed on {request.url.path}; use {allowed}",
+                         headers={"Allow": allowed}).response()
 
     app = Starlette(routes=routes, lifespan=lifespan,
                     exception_handlers={404: not_found, 405: bad_method})
+    app.router.redirect_slashes = False  # "/streams/" is no route, not a redirect
     app.state.runtime = runtime
-    return Gateway(app, Ingest(runtime, access))
+    return GatewayApp(app, ingest)
+

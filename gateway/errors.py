@@ -1,13 +1,23 @@
-"""HTTP errors of the gateway: every one is JSON ``{"error": code, "detail": text}``."""
+"""HTTP errors of the gateway: every one is JSON ``{"error": code, "detail": text}``.
+
+``STORAGE_ERRORS`` is the one table from the storage's exceptions to HTTP
+statuses: every exception class of storage_c has a row of its own (a test
+walks them), so a new storage error is mapped on purpose, not by accident.
+"""
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import orjson
 from starlette.responses import Response
 
+import storage_c
+from storage_c import CometError, check_stream_name
+
 
 class HTTPError(Exception):
-    """Raised by handlers; turned into a JSON response by the app."""
+    """Raised by handlers; answered as a JSON error body (``body``, ``response``)."""
 
     def __init__(self, status: int, code: str, detail: str, *, retry_after: int | None = None,
                  headers: dict[str, str] | None = None, extra: dict[str, object] | None = None) -> None:
@@ -20,17 +30,84 @@ class HTTPError(Exception):
         if retry_after is not None:
             self.headers["Retry-After"] = str(retry_after)
 
+    def body(self) -> bytes:
+        return orjson.dumps({"error": self.code, "detail": self.detail, **self.extra})
 
-def error_response(status: int, code: str, detail: str, headers: dict[str, str] | None = None,
-                   extra: dict[str, object] | None = None) -> Response:
-    body = {"error": code, "detail": detail, **(extra or {})}
-    return Response(orjson.dumps(body), status_code=status, media_type="application/json",
-                    headers=headers)
-
-
-def error_body(exc: HTTPError) -> bytes:
-    return orjson.dumps({"error": exc.code, "detail": exc.detail, **exc.extra})
+    def response(self) -> Response:
+        return Response(self.body(), status_code=self.status, media_type="application/json",
+                        headers=self.headers)
 
 
-def response_for(exc: HTTPError) -> Response:
-    return error_response(exc.status, exc.code, exc.detail, exc.headers, exc.extra)
+class ErrorAnswer(NamedTuple):
+    status: int
+    code: str
+    retry: bool = False
+    """Whether the answer carries Retry-After: the same request may succeed later."""
+
+
+INTERNAL = ErrorAnswer(500, "storage_error")
+
+STORAGE_ERRORS: dict[type[CometError], ErrorAnswer] = {
+    # the request is wrong
+    storage_c.StreamNameError: ErrorAnswer(400, "invalid_stream_name"),
+    storage_c.GroupNameError: ErrorAnswer(400, "invalid_group_name"),
+    storage_c.ShardRangeError: ErrorAnswer(400, "bad_parameter"),
+    storage_c.InvalidArgument: ErrorAnswer(400, "bad_parameter"),
+    storage_c.InvalidJSON: ErrorAnswer(400, "invalid_json"),
+    storage_c.NoEvents: ErrorAnswer(400, "empty_body"),
+    storage_c.EntryTooLarge: ErrorAnswer(413, "event_too_large"),
+    storage_c.BatchTooLarge: ErrorAnswer(413, "batch_too_large"),
+    storage_c.StreamNotFound: ErrorAnswer(404, "unknown_stream"),
+    storage_c.GroupNotFound: ErrorAnswer(404, "unknown_group"),
+    storage_c.StreamLimit: ErrorAnswer(409, "too_many_streams"),
+    storage_c.TooManyGroups: ErrorAnswer(409, "too_many_groups"),
+    # the gateway cannot take it now; later it may
+    storage_c.StorageFull: ErrorAnswer(507, "storage_full", retry=True),
+    storage_c.NoFreeSlot: ErrorAnswer(503, "starting", retry=True),
+    storage_c.Closed: ErrorAnswer(503, "draining", retry=True),
+    # (the ingest path makes the call again on a thread before it answers this)
+    storage_c.WouldBlock: ErrorAnswer(503, "busy", retry=True),
+    # the storage itself is in trouble, or a request reached what HTTP never asks for
+    CometError: INTERNAL,
+    storage_c.StorageIOError: INTERNAL,
+    storage_c.CorruptionError: INTERNAL,
+    storage_c.DecompressionError: INTERNAL,
+    storage_c.FormatVersionError: INTERNAL,
+    storage_c.ShardCountMismatch: INTERNAL,
+    storage_c.ProcessCountMismatch: INTERNAL,
+    storage_c.SlotAlreadyHeld: INTERNAL,
+    storage_c.AckGapError: INTERNAL,
+}
+
+
+def mapping_of(exc: CometError) -> ErrorAnswer:
+    """The row of the exception's class, or of its nearest mapped base."""
+    for cls in type(exc).__mro__:
+        row = STORAGE_ERRORS.get(cls)
+        if row is not None:
+            return row
+    return INTERNAL
+
+
+def storage_error(exc: CometError, retry_after_s: int, detail: str | None = None,
+                  extra: dict[str, object] | None = None) -> HTTPError:
+    """The HTTP answer to a storage error (``detail``: instead of its message)."""
+    row = mapping_of(exc)
+    return HTTPError(row.status, row.code, str(exc) if detail is None else detail,
+                     retry_after=retry_after_s if row.retry else None, extra=extra)
+
+
+_valid_names: set[str] = set()
+
+
+def check_name(stream: str) -> None:
+    """400 ``invalid_stream_name`` unless ``stream`` is a valid stream name
+    (the names seen valid are remembered: the ingest path asks per request)."""
+    if stream in _valid_names:
+        return
+    try:
+        check_stream_name(stream)
+    except CometError as exc:
+        raise storage_error(exc, 0) from None
+    if len(_valid_names) < 10_000:
+        _valid_names.add(stream)

@@ -18,8 +18,8 @@ file syncs took up to a second on a busy disk, for a due sync or for the
 shard's lock - the core says so (WouldBlock) before storing anything, and the
 call is made again on a thread.
 
-Storage errors map to statuses: storage full -> 507 with Retry-After, an
-entry above the limit -> 413, an unknown stream with auto-create off -> 404.
+Storage errors are answered as gateway.errors.STORAGE_ERRORS says (storage
+full: 507 with Retry-After, an event above the limit: 413...).
 """
 
 from __future__ import annotations
@@ -38,20 +38,16 @@ from storage_c import (
     BatchResult,
     BodyFault,
     CometError,
-    EntryTooLarge,
     InvalidJSON,
     NoEvents,
     StorageFull,
-    StreamLimit,
-    StreamNameError,
     StreamNotFound,
     WouldBlock,
-    check_stream_name,
 )
 
 from . import auth, logs
 from .bodies import decompress, encoding_of
-from .errors import HTTPError, error_body
+from .errors import HTTPError, check_name, storage_error
 from .runtime import Runtime
 
 PREFIX = "/streams/"
@@ -175,7 +171,6 @@ class Ingest:
     def __init__(self, runtime: Runtime, access_log: logs.AccessLog | None) -> None:
         self.runtime = runtime
         self.access_log = access_log
-        self.valid_names: set[str] = set()
         self.opened: set[str] = set()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -187,7 +182,7 @@ class Ingest:
             body, headers = await self.handle(head, receive, outcome)
             outcome.status = 202
         except HTTPError as exc:
-            outcome.status, body, headers = exc.status, error_body(exc), exc.headers
+            outcome.status, body, headers = exc.status, exc.body(), exc.headers
         except ClientGone:
             return
         raw_headers = [(b"content-type", b"application/json"),
@@ -203,16 +198,6 @@ class Ingest:
             self.access_log.request(scope["path"], outcome.status, outcome.events, seconds,
                                     self.runtime.slot)
 
-    def check_name(self, stream: str) -> None:
-        if stream in self.valid_names:
-            return
-        try:
-            check_stream_name(stream)
-        except StreamNameError as exc:
-            raise HTTPError(400, "invalid_stream_name", str(exc)) from None
-        if len(self.valid_names) < 10_000:
-            self.valid_names.add(stream)
-
     def open_stream(self, stream: str) -> None:
         """Opens (or creates, as auto_create allows) the stream before its
         first write in this worker; creating touches the disk only once."""
@@ -221,26 +206,21 @@ class Ingest:
         config = runtime.config
         try:
             runtime.log.open_stream(stream, create=config.may_create(stream))
-        except StreamNotFound:
-            if config.auto_create is False:
-                why = "auto_create is off"
-            else:
-                why = "auto_create allows only names matching " + ", ".join(
-                    config.auto_create if isinstance(config.auto_create, tuple) else ())
-            raise HTTPError(404, "unknown_stream", f"stream {stream!r} does not exist; {why}") from None
-        except StreamLimit as exc:
-            raise HTTPError(409, "too_many_streams", str(exc)) from None
-        except StorageFull as exc:
-            raise HTTPError(507, "storage_full", str(exc), retry_after=config.retry_after_s) from None
         except CometError as exc:
-            raise HTTPError(500, "storage_error", str(exc)) from None
+            detail = None
+            if isinstance(exc, StreamNotFound):
+                detail = f"stream {stream!r} does not exist; " + (
+                    "auto_create is off" if config.auto_create is False else
+                    "auto_create allows only names matching " + ", ".join(
+                        config.auto_create if isinstance(config.auto_create, tuple) else ()))
+            raise storage_error(exc, config.retry_after_s, detail) from None
         if len(self.opened) < 10_000:
             self.opened.add(stream)
 
     async def handle(self, head: Head, receive: Receive, outcome: Outcome) -> tuple[bytes, dict[str, str]]:
         runtime = self.runtime
         config = runtime.config
-        self.check_name(head.stream)
+        check_name(head.stream)
         if not runtime.ready:
             raise HTTPError(503, "draining" if runtime.draining else "starting",
                             "the worker is shutting down" if runtime.draining
@@ -300,21 +280,23 @@ def decode_and_store(runtime: Runtime, head: Head, kind: str, encoding: str,
     return store(runtime, head.stream, kind, body, head.key, wait, shard)
 
 
-def bad_body(exc: CometError) -> HTTPError:
-    """400 (or 413) naming the first bad event, its line and byte."""
+def refused(exc: CometError, retry_after_s: int) -> HTTPError:
+    """The answer to a storage error; for a bad body (``fault`` set), one
+    naming the first bad event, its line and byte."""
     fault = exc.fault
     if fault is None:
-        return HTTPError(400, "invalid_json", str(exc))
+        return storage_error(exc, retry_after_s)
+    if isinstance(exc, NoEvents):
+        return storage_error(exc, retry_after_s, fault.reason)
     extra: dict[str, object] = {"line": fault.line, "offset": fault.offset}
     if fault.index is not None:
         extra["index"] = fault.index
-    if isinstance(exc, NoEvents):
-        return HTTPError(400, "empty_body", fault.reason)
     where = where_in_body(fault)
-    if isinstance(exc, EntryTooLarge):
-        return HTTPError(413, "event_too_large", f"{where}: {fault.reason}", extra=extra)
-    return HTTPError(400, "invalid_json", f"{where} is not valid JSON: {fault.reason} "
-                     f"(at byte {fault.offset})", extra=extra)
+    if isinstance(exc, InvalidJSON):
+        detail = f"{where} is not valid JSON: {fault.reason} (at byte {fault.offset})"
+    else:
+        detail = f"{where}: {fault.reason}"
+    return storage_error(exc, retry_after_s, detail, extra)
 
 
 def where_in_body(fault: BodyFault) -> str:
@@ -350,18 +332,11 @@ def store(runtime: Runtime, stream: str, kind: str, body: Body, key: str | None,
         if validate or ARRAY_START.match(body):  # an array is split (and checked) in C
             return log.ingest(stream, body, "json", key=key, shard=shard, wait=wait)
         return log.append_batch(stream, [one_event(body)], key=key, shard=shard, wait=wait)
-    except (InvalidJSON, NoEvents) as exc:
-        raise bad_body(exc) from None
-    except StorageFull as exc:
-        runtime.storage_full = str(exc)
-        raise HTTPError(507, "storage_full", str(exc), retry_after=runtime.config.retry_after_s) from None
-    except EntryTooLarge as exc:
-        if exc.fault is not None:
-            raise bad_body(exc) from None
-        raise HTTPError(413, "event_too_large", str(exc)) from None
+    except WouldBlock:
+        raise  # nothing was stored: store_off_loop makes the call again on a thread
     except StreamNotFound:
         raise StreamGone() from None
-    except WouldBlock:
-        raise
     except CometError as exc:
-        raise HTTPError(500, "storage_error", str(exc)) from None
+        if isinstance(exc, StorageFull):
+            runtime.storage_full = str(exc)
+        raise refused(exc, runtime.config.retry_after_s) from None

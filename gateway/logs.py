@@ -1,15 +1,14 @@
-"""Structured logs: one JSON object per line on stdout, for the access log
-(one line per ingest request) and for everything that goes through the
-logging module (gunicorn's and ours)."""
+"""The access log: one JSON line per ingest request on stdout, in the shape
+of every other log line (storage_c.jsonlog): ts, level, logger, event, then
+the request's fields.  It is formatted here, not by the logging module,
+because it is written once per request (see AccessLog)."""
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 import select
 import time
-from typing import Any
 
 import orjson
 
@@ -17,13 +16,14 @@ import orjson
 # workers sharing stdout never interleave.
 PIPE_BUF = select.PIPE_BUF
 
+LOGGER = "comet.gateway.access"
+REQUEST_LINE = (b'{"ts":%d.%06d,"level":"info","logger":"' + LOGGER.encode() + b'",'
+                b'"event":"request","method":"POST","path":%b,"status":%d,"events":%d,'
+                b'"ms":%.3f,"slot":%b}\n')
 
-REQUEST_LINE = (b'{"event":"request","method":"POST","path":%b,"status":%d,"events":%d,'
-                b'"ms":%.3f,"slot":%b,"ts":%d.%06d}\n')
-
-# How many requests wait for their lines at most: ~170 bytes each, so that one
+# How many requests wait for their lines at most: ~180 bytes each, so that one
 # batch usually fits one PIPE_BUF write.
-BATCH_LINES = 24
+BATCH_LINES = 22
 
 
 class AccessLog:
@@ -69,8 +69,8 @@ class AccessLog:
             if len(self.paths) < 1000:
                 self.paths[path] = quoted
         second, ns = divmod(ts_ns, 1_000_000_000)
-        return REQUEST_LINE % (quoted, status, events, seconds * 1000,
-                               b"null" if slot is None else b"%d" % slot, second, ns // 1000)
+        return REQUEST_LINE % (second, ns // 1000, quoted, status, events, seconds * 1000,
+                               b"null" if slot is None else b"%d" % slot)
 
     def flush(self) -> None:
         pending, self.pending = self.pending, []
@@ -92,37 +92,3 @@ class AccessLog:
                 continue
             except OSError:  # stdout gone: nothing to log to
                 return
-
-
-class JsonFormatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        out: dict[str, Any] = {"ts": record.created, "level": record.levelname.lower(),
-                               "logger": record.name}
-        message = record.getMessage()
-        try:  # our own messages are JSON objects already: merge them
-            parsed = orjson.loads(message)
-            if isinstance(parsed, dict):
-                out.update(parsed)
-            else:
-                out["message"] = message
-        except orjson.JSONDecodeError:
-            out["message"] = message
-        if record.exc_info:
-            out["exception"] = self.formatException(record.exc_info)
-        return orjson.dumps(out).decode()
-
-
-LOGCONFIG: dict[str, Any] = {
-    "version": 1,
-    "disable_existing_loggers": False,
-    "formatters": {"json": {"()": "gateway.logs.JsonFormatter"}},
-    "handlers": {"stdout": {"class": "logging.StreamHandler", "formatter": "json",
-                            "stream": "ext://sys.stdout"}},
-    "root": {"handlers": ["stdout"], "level": "INFO"},
-    "loggers": {
-        "gunicorn.error": {"handlers": ["stdout"], "level": "INFO", "propagate": False},
-        "gunicorn.access": {"handlers": [], "level": "CRITICAL", "propagate": False},
-        "uvicorn.error": {"handlers": ["stdout"], "level": "INFO", "propagate": False},
-        "uvicorn.access": {"handlers": [], "level": "CRITICAL", "propagate": False},
-    },
-}

@@ -19,9 +19,9 @@ from pathlib import Path
 
 from storage_c import Log
 
-STATUSES = (202, 400, 401, 403, 404, 413, 415, 429, 500, 503, 507)
+STATUSES = (202, 400, 401, 403, 404, 409, 413, 415, 429, 500, 503, 507)
 BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
-MAGIC = 0x434D4D47  # "GMMC"
+MAGIC = 0x434D4D48  # "HMMC": a new value whenever the layout below changes
 # layout (u64 words): magic, per-status counts (+1 other), buckets (+Inf last),
 # latency sum ns, events accepted, bytes received
 STATUS_AT = 1

@@ -1,19 +1,35 @@
 """The OpenAPI 3.1 description of the gateway, served at /openapi.json.
 
-Written out by hand rather than derived: it is the contract clients and the
-fuzzing test hold the gateway to, route by route and status by status.
+Its paths are the app's routes: ``document`` describes exactly the (path,
+method) pairs the router holds, each from its entry in ``OPERATIONS``, and
+fails on a route that has none, so a route cannot go undocumented.  The
+entries are written out by hand: they are the contract clients and the
+fuzzing test hold the gateway to, status by status.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable, Iterable
+
+from starlette.routing import BaseRoute, Route
 
 from .config import GatewayConfig
+
+Operation = dict[str, Any]
 
 ERROR = {"$ref": "#/components/schemas/Error"}
 STREAM_NAME = {"name": "name", "in": "path", "required": True,
                "schema": {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"},
                "description": "Stream name; anything else is refused with 400."}
+GROUP_NAME = {"name": "group", "in": "path", "required": True,
+              "schema": {"type": "string", "pattern": "^[A-Za-z0-9._-]{1,47}$"},
+              "description": "Consumer group name; anything else is refused with 400."}
+
+
+def operations(routes: Iterable[BaseRoute]) -> list[tuple[str, str]]:
+    """The (path, method) pairs a router answers, HEAD aside (it is GET without a body)."""
+    return [(route.path, method) for route in routes if isinstance(route, Route)
+            for method in sorted(route.methods or ()) if method != "HEAD"]
 
 
 def _error(description: str, retry: bool = False) -> dict[str, Any]:
@@ -29,15 +45,45 @@ def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
     return {"description": description, "content": {"application/json": {"schema": schema}}}
 
 
-def document(config: GatewayConfig) -> dict[str, Any]:
-    auth_errors = {"401": _error("No bearer token (when tokens are required)."),
-                   "403": _error("The bearer token is not accepted.")}
-    security: list[dict[str, list[str]]] = [{"bearer": []}] if config.auth_required else []
-    ingest = {
+class Context:
+    """What every operation's description shares, for one configuration."""
+
+    def __init__(self, config: GatewayConfig) -> None:
+        self.config = config
+        self.security: list[dict[str, list[str]]] = [{"bearer": []}] if config.auth_required else []
+        self.auth = {"401": _error("No bearer token (when tokens are required)."),
+                     "403": _error("The bearer token is not accepted.")}
+        self.admin = {**self.auth, "403": _error(
+            "The bearer token is not accepted, or the change needs admin = true "
+            "(error admin_disabled).")}
+        self.busy = {"503": _error("The worker is starting or draining.", retry=True)}
+
+    def stream_read(self, summary: str, answer: str, *, extra: Iterable[dict[str, Any]] = (),
+                    not_found: str = "Unknown stream.") -> Operation:
+        return {"summary": summary, "security": self.security,
+                "parameters": [STREAM_NAME, *extra],
+                "responses": {"200": _json({"type": "object"}, answer),
+                              "400": _error("Bad stream name or parameter."), **self.auth,
+                              "404": _error(not_found), **self.busy}}
+
+    def stream_change(self, summary: str, answer: str, *, extra: Iterable[dict[str, Any]] = (),
+                      not_found: str = "Unknown stream.", body: Operation | None = None) -> Operation:
+        out = {"summary": summary, "description": "Refused with 403 unless admin = true.",
+               "security": self.security, "parameters": [STREAM_NAME, *extra],
+               "responses": {"200": _json({"type": "object"}, answer),
+                             "400": _error("Bad stream or group name, or a bad body."),
+                             **self.admin, "404": _error(not_found), **self.busy}}
+        if body is not None:
+            out["requestBody"] = body
+        return out
+
+
+def _ingest(c: Context) -> Operation:
+    return {
         "summary": "Append events to a stream",
         "description": "One request is one atomic batch in one shard: every event is stored, "
                        "contiguous and in order, or none is.",
-        "security": security,
+        "security": c.security,
         "parameters": [
             STREAM_NAME,
             {"name": "key", "in": "query", "required": False, "schema": {"type": "string"},
@@ -62,56 +108,101 @@ def document(config: GatewayConfig) -> dict[str, Any]:
             "202": _json({"$ref": "#/components/schemas/Accepted"}, "Stored."),
             "400": _error("Bad stream name, empty body, or malformed JSON (with the index of the "
                           "first bad event); nothing of the request is stored."),
-            **auth_errors,
-            "404": _error("Unknown stream while auto-create is off."),
+            **c.auth,
+            "404": _error("Unknown stream while auto-create is off (or off for this name)."),
+            "409": _error("Creating the stream would pass max_streams."),
             "413": _error("Body, decompressed body or one event above its limit."),
             "415": _error("Unsupported Content-Type or Content-Encoding."),
             "429": _error("The worker's in-flight byte budget is spent.", retry=True),
-            "503": _error("The worker is starting or draining.", retry=True),
+            "503": _error("The worker is starting or draining, or the stream is being deleted.",
+                          retry=True),
             "507": _error("Storage full: retention cannot free space.", retry=True),
         },
     }
-    read_errors = {"400": _error("Bad stream name or parameter."), **auth_errors,
-                   "404": _error("Unknown stream.")}
+
+
+def _entries(c: Context) -> Operation:
+    limit = {"type": "integer", "minimum": 1, "maximum": c.config.max_entries_per_read}
+    return c.stream_read(
+        "Read entries, a page at a time",
+        "Entries (each with shard, entry, id, timestamp and value), skipped, and next: "
+        "a cursor for the next page of the whole stream, or the next entry of the one shard.",
+        extra=[{"name": "cursor", "in": "query", "schema": {"type": "string"},
+                "description": "The next of the previous page: read the whole stream on from "
+                               "there. Without cursor and shard: from the stream's start."},
+               {"name": "shard", "in": "query", "schema": {"type": "integer", "minimum": 0},
+                "description": "Read this shard only, in entry order."},
+               {"name": "from", "in": "query", "schema": {"type": "integer", "minimum": 0},
+                "description": "With shard: the first entry to read."},
+               {"name": "limit", "in": "query", "schema": limit}])
+
+
+RESET_BODY = {"required": True, "content": {"application/json": {"schema": {
+    "type": "object",
+    "description": 'Exactly one of "to", "to_entry" or "to_time"; "shard" limits it to one shard.',
+    "properties": {"to": {"type": "string", "enum": ["earliest", "latest"]},
+                   "to_entry": {"type": "integer", "minimum": 0},
+                   "to_time": {"type": ["string", "number"],
+                               "description": "ISO 8601 or unix seconds."},
+                   "shard": {"type": "integer", "minimum": 0}}}}}}
+
+
+def _simple(summary: str, answer: str, *, open_: bool = False,
+            media: str = "application/json") -> Callable[[Context], Operation]:
+    def build(c: Context) -> Operation:
+        ok = {"description": answer, "content": {media: {"schema": (
+            {"type": "object"} if media == "application/json" else {"type": "string"})}}}
+        if open_:
+            return {"summary": summary, "responses": {"200": ok}}
+        return {"summary": summary, "security": c.security, "responses": {"200": ok, **c.auth}}
+    return build
+
+
+OPERATIONS: dict[tuple[str, str], Callable[[Context], Operation]] = {
+    ("/streams/{name}", "POST"): _ingest,
+    ("/streams/{name}", "GET"): lambda c: c.stream_read(
+        "Describe a stream", "Shards, sizes, groups and lag."),
+    ("/streams/{name}", "DELETE"): lambda c: c.stream_change(
+        "Delete a stream and free its disk", "The stream deleted."),
+    ("/streams/{name}/entries", "GET"): _entries,
+    ("/streams/{name}/groups", "GET"): lambda c: c.stream_read(
+        "List consumer groups", "Each group's lag, and its offset and lag in each shard."),
+    ("/streams/{name}/groups/{group}", "GET"): lambda c: c.stream_read(
+        "Describe a consumer group", "The group's lag, and its offset and lag in each shard.",
+        extra=[GROUP_NAME], not_found="Unknown stream, or the group is not registered."),
+    ("/streams/{name}/groups/{group}", "PUT"): lambda c: c.stream_change(
+        "Move a consumer group", "The group's offsets before and after, per shard.",
+        extra=[GROUP_NAME], not_found="Unknown stream, or the group is not registered.",
+        body=RESET_BODY),
+    ("/streams/{name}/groups/{group}", "DELETE"): lambda c: c.stream_change(
+        "Unregister a consumer group", "The shards it was deleted from.", extra=[GROUP_NAME],
+        not_found="Unknown stream."),
+    ("/streams", "GET"): _simple("List streams", "Streams."),
+    ("/healthz", "GET"): _simple("Liveness", "Alive.", open_=True),
+    ("/readyz", "GET"): lambda c: {
+        "summary": "Readiness: slot claimed, storage writable",
+        "responses": {"200": _json({"type": "object"}, "Ready."),
+                      "503": _json({"type": "object"}, "Not ready, with why.")}},
+    ("/metrics", "GET"): _simple("Prometheus metrics of every worker", "Text exposition format.",
+                                 media="text/plain"),
+    ("/openapi.json", "GET"): _simple("This document", "OpenAPI 3.1."),
+}
+
+
+def document(config: GatewayConfig, routed: Iterable[tuple[str, str]]) -> dict[str, Any]:
+    """The document of the routes ``routed`` ((path, method) pairs)."""
+    context = Context(config)
+    paths: dict[str, dict[str, Operation]] = {}
+    for path, method in routed:
+        build = OPERATIONS.get((path, method))
+        if build is None:
+            raise LookupError(f"{method} {path} is routed but gateway/openapi.py does not "
+                              "describe it (OPERATIONS)")
+        paths.setdefault(path, {})[method.lower()] = build(context)
     return {
         "openapi": "3.1.0",
         "info": {"title": "Comet ingest gateway", "version": "1"},
-        "paths": {
-            "/streams/{name}": {
-                "post": ingest,
-                "get": {"summary": "Describe a stream", "security": security,
-                        "parameters": [STREAM_NAME],
-                        "responses": {"200": _json({"type": "object"}, "Shards, sizes, groups and lag."),
-                                      **read_errors}},
-            },
-            "/streams/{name}/entries": {
-                "get": {"summary": "Peek at entries (bounded)", "security": security,
-                        "parameters": [
-                            STREAM_NAME,
-                            {"name": "shard", "in": "query", "schema": {"type": "integer", "minimum": 0}},
-                            {"name": "from", "in": "query", "schema": {"type": "integer", "minimum": 0}},
-                            {"name": "limit", "in": "query",
-                             "schema": {"type": "integer", "minimum": 1,
-                                        "maximum": config.max_entries_per_read}},
-                        ],
-                        "responses": {"200": _json({"type": "object"}, "Entries with ids, times and values."),
-                                      **read_errors}},
-            },
-            "/streams": {"get": {"summary": "List streams", "security": security,
-                                 "responses": {"200": _json({"type": "object"}, "Streams."),
-                                               **auth_errors}}},
-            "/healthz": {"get": {"summary": "Liveness",
-                                 "responses": {"200": _json({"type": "object"}, "Alive.")}}},
-            "/readyz": {"get": {"summary": "Readiness: slot claimed, storage writable",
-                                "responses": {"200": _json({"type": "object"}, "Ready."),
-                                              "503": _json({"type": "object"}, "Not ready, with why.")}}},
-            "/metrics": {"get": {"summary": "Prometheus metrics of every worker", "security": security,
-                                 "responses": {"200": {"description": "Text exposition format.",
-                                                       "content": {"text/plain": {"schema": {"type": "string"}}}},
-                                               **auth_errors}}},
-            "/openapi.json": {"get": {"summary": "This document",
-                                      "responses": {"200": _json({"type": "object"}, "OpenAPI 3.1.")}}},
-        },
+        "paths": paths,
         "components": {
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
             "schemas": {

@@ -19,11 +19,12 @@ import threading
 import time
 
 from storage_c import Log, NoFreeSlot
+from storage_c.jsonlog import event
 
 from .config import GatewayConfig
 from .metrics import WorkerMetrics
 
-log = logging.getLogger("comet.gateway")
+log = logging.getLogger("comet.gateway.runtime")
 
 
 class Runtime:
@@ -66,16 +67,16 @@ class Runtime:
                 slot = self.log.claim_slot()
             except NoFreeSlot:
                 if waited == 0.0:
-                    log.info('{"event": "waiting_for_slot"}')
+                    event(log, "waiting_for_slot", slots=self.config.worker_count)
                 self._stop.wait(0.1)
                 waited += 0.1
                 continue
             except Exception as exc:  # a closed log or an I/O error: say it, stop trying
-                log.error('{"event": "slot_claim_failed", "error": %r}', str(exc))
+                event(log, "slot_claim_failed", logging.ERROR, error=str(exc))
                 return
             self._slot = slot
             self.metrics = WorkerMetrics.open(self.config.data_dir, slot)
-            log.info('{"event": "slot_claimed", "slot": %d, "waited_s": %.1f}', slot, waited)
+            event(log, "slot_claimed", slot=slot, waited_s=round(waited, 1))
             return
 
     @property

@@ -31,16 +31,21 @@ from typing import Any, Callable
 
 from gunicorn.app.base import BaseApplication
 
-from .app import Gateway, create_app
-from .config import ConfigError, GatewayConfig
-from .logs import LOGCONFIG
+from storage_c.jsonlog import capture_stray_output, dict_config, event
 
-log = logging.getLogger("comet.gateway")
+from .app import GatewayApp, create_app
+from .config import ConfigError, GatewayConfig
+
+log = logging.getLogger("comet.gateway.server")
 
 PR_SET_PDEATHSIG = 1
 M_TRIM_THRESHOLD = -1       # glibc's mallopt parameters
 HEAP_KEPT_BYTES = 64 << 20  # freed heap a worker keeps instead of giving it back to the kernel
 WORKER_CLASS = "gateway.worker.CometWorker"
+# Every line as JSON on stdout: gunicorn's own logger (whose handlers uvicorn's
+# worker copies to uvicorn's) included; the access log is ours (gateway.logs).
+LOGGING = dict_config(own_handlers=("gunicorn.error",),
+                      silenced=("gunicorn.access", "uvicorn.access"))
 
 
 class GatewayServer(BaseApplication):
@@ -50,6 +55,7 @@ class GatewayServer(BaseApplication):
         self._read_config = load_config
         self.config = load_config()  # a bad configuration fails here, before any process starts
         self._config_is_fresh = True
+        capture_stray_output()  # inherited by the workers, which are forked from here
         super().__init__(prog="comet serve")
 
     def load_config(self) -> None:
@@ -57,13 +63,13 @@ class GatewayServer(BaseApplication):
             try:
                 self.config = self._read_config()
             except ConfigError as exc:
-                log.error('{"event": "reload_config_invalid", "error": %r, '
-                          '"action": "keeping the running configuration"}', str(exc))
+                event(log, "reload_config_invalid", logging.ERROR, error=str(exc),
+                      action="keeping the running configuration")
         self._config_is_fresh = False
         for name, value in gunicorn_settings(self.config).items():
             self.cfg.set(name, value)
 
-    def load(self) -> Gateway:
+    def load(self) -> GatewayApp:
         return create_app(self.config)
 
 
@@ -77,7 +83,7 @@ def gunicorn_settings(config: GatewayConfig) -> dict[str, Any]:
         "timeout": 60,
         "keepalive": 5,
         "accesslog": None,  # ours is gateway.logs.AccessLog, written by the app
-        "logconfig_dict": LOGCONFIG,
+        "logconfig_dict": LOGGING,
         "proc_name": "comet-gateway",
         "post_worker_init": post_worker_init,
     }
@@ -90,8 +96,8 @@ def post_worker_init(worker: Any) -> None:
     if not set_parent_death_signal(signal.SIGTERM) or os.getppid() != worker.ppid:
         os.kill(os.getpid(), signal.SIGTERM)
     keep_freed_heap(HEAP_KEPT_BYTES)
-    gateway: Gateway = worker.wsgi
-    gateway.claim_slot()
+    app: GatewayApp = worker.wsgi
+    app.claim_slot()
 
 
 def keep_freed_heap(limit: int) -> bool:

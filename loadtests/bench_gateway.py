@@ -24,8 +24,8 @@ from typing import Any, Mapping
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
 import benchlib  # noqa: E402
 
+from tests.support.noloss import check_stored_count  # noqa: E402
 from tests.support.server import HOST, GatewayProcess, ServerProcess  # noqa: E402
-from storage_c import Config, Log  # noqa: E402
 
 LOADTESTS = Path(__file__).resolve().parent
 SCRATCH = LOADTESTS / ".scratch" / "gateway"
@@ -146,10 +146,7 @@ def one_run(wrk: str, case: Case, label: str, load_s: float,
     if rate:
         rec["target_rate_req_s"] = rate
     if isinstance(server, GatewayProcess):
-        with Log(str(server.data_dir), Config(background_flush=False)) as log:
-            stored = int(log.stats(STREAM).entries) if STREAM in log.streams() else 0
-        rec.update(stored_events=stored, acknowledged_events=accepted * case.events,
-                   stored_equals_acknowledged=stored == accepted * case.events)
+        rec.update(check_stored_count(server.data_dir, STREAM, accepted * case.events))
         shutil.rmtree(server.data_dir, ignore_errors=True)
     lat, found = summary["latency_us"], rec["log_findings"]
     print(f"  {label:<34} {rec['rate_req_s']:>9,.0f} req/s {rec['events_s']:>11,.0f} ev/s  p50/p99 "

@@ -1,4 +1,4 @@
-"""Locust load test of ``comet serve`` with a no-loss, no-duplicate check of every 202;
+"""Locust load test of ``comet serve`` with the no-loss check of every 202 (tests/support/noloss.py);
 ``--soak`` adds retention, `comet ship` into a directory and bounds on disk use and lag.
 
     make loadtest | make soak
@@ -17,17 +17,15 @@ import subprocess
 import sys
 import time
 from contextlib import suppress
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
-import orjson
-import zstandard
-
-from storage_c import CometError, Config, Log, StreamNotFound
+from storage_c import CometError, Log, StreamNotFound
 
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent)]  # benchlib; the repository's tests.support
+from tests.support.noloss import READ_CONFIG, NoLossReport, check, locust_acks  # noqa: E402
 from tests.support.server import COMET, GatewayProcess, scan_log  # noqa: E402
 from benchlib import machine_info, write_atomic  # noqa: E402
 from report import loadtest_summary  # noqa: E402
@@ -36,8 +34,6 @@ LOCUST_VENV = HERE.parent / ".venv-locust"
 REQUIREMENTS = HERE / "requirements-locust.txt"
 MiB = 1 << 20
 STREAM = "loadtest"
-READ_CONFIG = Config(create=False, auto_create_streams=False, background_flush=False,
-                     retention_interval_ms=0)
 
 
 def ensure_locust_venv(venv: Path = LOCUST_VENV) -> Path:
@@ -67,246 +63,6 @@ def stop_group(proc: subprocess.Popen[bytes] | None, timeout: float = 60.0) -> i
     with suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
     return proc.wait()
-
-
-@dataclass
-class Records:
-    """Every answer the locust processes recorded."""
-
-    # (stream, shard) -> [(first, last, request id, key)] of every 202
-    acks: dict[tuple[str, int], list[tuple[int, int, str, str | None]]] = field(default_factory=dict)
-    acked_rids: set[str] = field(default_factory=set)
-    failed: dict[str, int] = field(default_factory=dict)  # rid -> status (0: no answer came)
-    acked_requests: int = 0
-    acked_events: int = 0
-    bad_lines: int = 0
-
-
-def load_records(directory: Path) -> Records:
-    rec = Records()
-    for path in sorted(Path(directory).glob("acks-*.ndjson")):
-        for line in path.read_bytes().splitlines():
-            try:
-                r = orjson.loads(line)
-                rid = str(r["r"])
-                if "st" in r:
-                    rec.failed[rid] = int(r["st"])
-                    continue
-                first, last, count, key = int(r["f"]), int(r["l"]), int(r["n"]), (str(r["s"]), int(r["sh"]))
-            except (ValueError, KeyError, TypeError):
-                rec.bad_lines += 1  # a line cut short by a killed process
-                continue
-            rec.acks.setdefault(key, []).append((first, last, rid, r.get("k")))
-            rec.acked_rids.add(rid)
-            rec.acked_requests += 1
-            rec.acked_events += count
-    return rec
-
-
-PROBLEMS = (("lost", "acknowledged events lost"), ("duplicates", "events stored twice"),
-            ("stored_after_error", "events stored although the gateway answered an error"),
-            ("unanswered_stored", "events stored whose request got no answer (not a loss, but "
-                                  "stored != acknowledged)"),
-            ("foreign", "entries that no request of this run sent"),
-            ("overlapping_acks", "202s claiming the same entries"),
-            ("wrong_shard_keys", "keyed requests outside their key's shard"),
-            ("overlapping_objects", "shipped objects overlapping"),
-            ("bad_objects", "shipped objects whose line count does not match their key"),
-            ("retention_lost_entries", "entries retention deleted before shipping"),
-            ("deleted_unshipped", "entries retention deleted that no shipped object holds"),
-            ("bad_record_lines", "unreadable lines in locust's records"))
-
-
-@dataclass
-class CheckReport:
-    acked_requests: int = 0
-    acked_events: int = 0
-    stored_events: int = 0        # found in the log, plus (soak) shipped then deleted by retention
-    in_log: int = 0               # between each shard's first and next entry
-    deleted_by_retention: int = 0  # below each shard's first entry
-    shipped_only: int = 0         # of those, found in the sink
-    shipped_events: int = 0       # lines in the sink's objects
-    matched: int = 0              # acknowledged events found where their 202 said
-    lost: int = 0                 # acknowledged events not found where their 202 said
-    misplaced: int = 0            # of lost: another entry in an acknowledged position
-    missing_positions: int = 0    # entry numbers in neither the log nor the sink
-    duplicates: int = 0           # entries of an acknowledged request outside its range
-    stored_after_error: int = 0
-    unanswered_stored: int = 0    # entries of a request whose answer the client never got
-    foreign: int = 0
-    overlapping_acks: int = 0
-    wrong_shard_keys: int = 0
-    overlapping_objects: int = 0
-    bad_objects: int = 0
-    retention_deleted_segments: int = 0
-    retention_lost_entries: int = 0   # counted by the storage (force_delete_after)
-    bad_record_lines: int = 0
-    examples: list[str] = field(default_factory=list)
-
-    def note(self, text: str) -> None:
-        if len(self.examples) < 20:
-            self.examples.append(text)
-
-    @property
-    def deleted_unshipped(self) -> int:
-        return max(0, self.deleted_by_retention - self.shipped_only)
-
-    @property
-    def problems(self) -> list[str]:
-        out = [f"{getattr(self, name)} {what}" for name, what in PROBLEMS if getattr(self, name)]
-        if not out and self.stored_events != self.acked_events:
-            out.append(f"{self.stored_events} events stored != {self.acked_events} acknowledged")
-        return out + (["no request was acknowledged"] if self.acked_requests == 0 else [])
-
-    @property
-    def ok(self) -> bool:
-        return not self.problems
-
-    def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "ok": self.ok, "problems": self.problems}
-
-
-def sink_objects(sink: Path | None, stream: str) -> dict[int, list[tuple[int, int, Path]]]:
-    """shard -> [(first, last, path)] of the sink's objects of ``stream`` (under
-    ``stream=<stream>/``, or ``<stream>/`` as `comet ship` wrote before), sorted."""
-    out: dict[int, list[tuple[int, int, Path]]] = {}
-    tops = [] if sink is None else [sink / f"stream={stream}", sink / stream]
-    for path in (p for top in tops if top.is_dir() for p in top.rglob("*.ndjson.zst")):
-        first, last = (int(x) for x in path.name[: -len(".ndjson.zst")].split("-"))
-        out.setdefault(int(path.parent.name.split("=", 1)[1]), []).append((first, last, path))
-    for objects in out.values():
-        objects.sort()
-    return out
-
-
-def log_entries(log: Log, stream: str, shard: int, start: int, stop: int) -> Iterator[tuple[int, bytes]]:
-    """Stored entries of [start, stop) (retention may have deleted a prefix)."""
-    pos = start
-    while pos < stop:
-        batch = log.read(stream, shard, pos, min(4096, stop - pos))
-        if not len(batch):
-            if batch.next_entry <= pos:
-                return
-            pos = batch.next_entry  # skipped (deleted or damaged) up to there
-            continue
-        for entry, payload in zip(batch.entries, batch.payloads):
-            if entry >= stop:
-                return
-            yield entry, payload
-        pos = batch.next_entry
-
-
-def shard_entries(log: Log, stream: str, shard: int, start: int, end: int,
-                  objects: list[tuple[int, int, Path]], rep: CheckReport) -> Iterator[tuple[int, bytes]]:
-    """Entries 0..end-1 of a shard in order: from the sink where an object holds them,
-    from the log otherwise; counts positions found in neither."""
-    pos, k = 0, 0
-    while True:
-        nxt = objects[k] if k < len(objects) else None
-        if nxt is not None and nxt[0] <= pos:
-            first, last, path = nxt
-            k += 1
-            if first < pos:
-                rep.overlapping_objects += 1
-                rep.note(f"object {path.name} (shard {shard}) overlaps the one before")
-            lines = zstandard.ZstdDecompressor().decompress(path.read_bytes()).splitlines()
-            rep.shipped_events += len(lines)
-            if len(lines) != last - first + 1:
-                rep.bad_objects += 1
-                rep.note(f"object {path.name} (shard {shard}) holds {len(lines)} lines")
-            for j, line in enumerate(lines):
-                if first + j >= pos:
-                    rep.shipped_only += first + j < start
-                    yield first + j, line
-            pos = max(pos, last + 1)
-            continue
-        stop = end if nxt is None else nxt[0]
-        expect = pos
-        for entry, payload in log_entries(log, stream, shard, pos, stop):
-            rep.missing_positions += entry - expect
-            yield entry, payload
-            expect = entry + 1
-        rep.missing_positions += max(0, stop - expect)
-        pos = max(pos, stop)
-        if nxt is None:
-            return
-
-
-def check(data_dir: Path, records: Records, sink: Path | None = None) -> CheckReport:
-    """Matches the log (and the sink, when given) against locust's records."""
-    rep = CheckReport(acked_requests=records.acked_requests, acked_events=records.acked_events,
-                      bad_record_lines=records.bad_lines)
-    with Log(data_dir, READ_CONFIG) as log:
-        for stream in sorted(set(log.streams()) | {s for s, _ in records.acks}):
-            try:
-                shards = log.shard_count(stream)
-            except StreamNotFound:
-                shards = 0
-            objects = sink_objects(sink, stream)
-            for shard in sorted(set(range(shards)) | {s for (st, s) in records.acks if st == stream}):
-                check_shard(log, stream, shard, shard < shards, records, objects.get(shard, []), rep)
-            if shards:
-                stats = log.stats(stream)
-                rep.retention_deleted_segments += stats.total("retention_deleted_segments")
-                rep.retention_lost_entries += stats.total("retention_lost_entries")
-        for (stream, shard), acks in records.acks.items():
-            for _, _, rid, key in acks:
-                try:
-                    want = log.shard_for_key(stream, key) if key is not None else shard
-                except CometError:
-                    continue
-                if want != shard:
-                    rep.wrong_shard_keys += 1
-                    rep.note(f"request {rid} with key {key!r} went to shard {shard}, not {want}")
-    rep.lost = rep.acked_events - rep.matched
-    return rep
-
-
-def check_shard(log: Log, stream: str, shard: int, exists: bool, records: Records,
-                objects: list[tuple[int, int, Path]], rep: CheckReport) -> None:
-    ranges = sorted(records.acks.get((stream, shard), []))
-    for (f1, l1, r1, _), (f2, _, r2, _) in zip(ranges, ranges[1:]):
-        if f2 <= l1:
-            rep.overlapping_acks += 1
-            rep.note(f"{stream}/{shard}: 202s of {r1} [{f1}, {l1}] and {r2} [from {f2}] overlap")
-    if not exists:
-        rep.note(f"{stream}/{shard}: acknowledged, but the shard does not exist")
-        return
-    stats = log.shard_stats(stream, shard)
-    rep.in_log += stats.next_entry - stats.first_entry
-    rep.deleted_by_retention += stats.first_entry
-    j = 0
-    for entry, payload in shard_entries(log, stream, shard, stats.first_entry, stats.next_entry,
-                                        objects, rep):
-        rep.stored_events += 1
-        while j < len(ranges) and ranges[j][1] < entry:
-            j += 1
-        try:
-            event = orjson.loads(payload)
-            rid, index = str(event["r"]), int(event["i"])
-        except (ValueError, KeyError, TypeError):
-            rid, index = "", -1
-        acked_here = j < len(ranges) and ranges[j][0] <= entry
-        if acked_here:
-            first, _, want, _ = ranges[j]
-            if rid == want and index == entry - first:
-                rep.matched += 1
-                continue
-            rep.misplaced += 1
-            rep.note(f"{stream}/{shard}-{entry}: acknowledged for event {entry - first} of {want}, "
-                     f"holds {rid or payload[:60]!r} {index}")
-        where = f"{stream}/{shard}-{entry}: event {index} of {rid}"
-        if not rid:
-            rep.foreign += 1
-            rep.note(f"{stream}/{shard}-{entry}: not an event of this run: {payload[:80]!r}")
-        elif rid in records.acked_rids:
-            rep.duplicates += 1
-            rep.note(f"{where}, stored outside its 202's range")
-        elif records.failed.get(rid, 0) > 0:
-            rep.stored_after_error += 1
-            rep.note(f"{where}, answered with {records.failed[rid]}")
-        elif rid in records.failed or not acked_here:
-            rep.unanswered_stored += 1  # no answer, or no record at all: the client died
 
 
 @dataclass
@@ -360,7 +116,7 @@ def drain(args: argparse.Namespace, data_dir: Path, t0: float, samples: list[Sam
 
 
 def judge_soak(args: argparse.Namespace, samples: list[Sample], segment_bytes: int, budget: int,
-               rep: CheckReport) -> dict[str, Any]:
+               rep: NoLossReport) -> dict[str, Any]:
     # One new segment (and its index) past the budget: what a rotation racing another
     # process's rotation may add before either deletes.
     slack = segment_bytes + segment_bytes // 4096 * 16 + 4096
@@ -510,9 +266,9 @@ def run(args: argparse.Namespace) -> int:
             soak = drain(args, data_dir, t0, samples, ship)
             soak["ship_exit_code"] = stop_group(ship)
         gateway_code = gateway.stop()
-        records = load_records(records_dir)
+        acks = locust_acks(records_dir)
         t_check = time.monotonic()
-        report = check(data_dir, records, sink if args.soak else None)
+        report = check(data_dir, acks, sink if args.soak else None)
         check_s = time.monotonic() - t_check
         if args.soak:
             samples.append(take_sample(data_dir, t0, "stopped"))
@@ -546,7 +302,7 @@ def run(args: argparse.Namespace) -> int:
             "requests": total.get("requests"), "failures": total.get("failures"),
             "fail_ratio": total["failures"] / total["requests"] if total.get("requests") else None,
             "req_per_s": total.get("req_per_s"),
-            "events_per_s": round(records.acked_events / float(args.run_time), 1),
+            "events_per_s": round(acks.events / float(args.run_time), 1),
             **{k: total.get(k) for k in ("p50_ms", "p95_ms", "p99_ms", "max_ms")},
             "events_acked": report.acked_events, "events_stored": report.stored_events,
             "thresholds": {"max_fail_ratio": args.max_fail_ratio, "max_p95_ms": args.max_p95_ms},

@@ -2,13 +2,16 @@
 once with --coverage (BUILD/core), links every C test to it (BUILD/tests) and
 runs them, each adding its counts to the same .gcda files; this sums gcov's
 per-line counts over the directories under BUILD (a line is covered when any
-test ran it) and prints one row per source file of SRC plus the total.
+test ran it) and prints one row per source file of SRC plus the total.  With
+--min PERCENT it exits 1, saying so, when the total is below PERCENT (the gate
+of `make coverage`: COVERAGE_MIN in the Makefile).
 
-    python3 scripts/coverage-summary.py build/coverage storage_c/src
+    python3 scripts/coverage-summary.py build/coverage storage_c/src [--min 83.3]
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -37,7 +40,7 @@ def line_counts(test_dir: Path) -> dict[str, dict[int, int]]:
     return counts
 
 
-def main(build: str, src: str) -> int:
+def main(build: str, src: str, minimum: float | None = None) -> int:
     sources = {p.name for p in Path(src).glob("*.c")}
     total: dict[str, dict[int, int]] = defaultdict(dict)
     for test_dir in sorted(p for p in Path(build).iterdir() if p.is_dir()):
@@ -54,9 +57,21 @@ def main(build: str, src: str) -> int:
         all_run += run
         pct = 100 * run / len(lines) if lines else 0.0
         print(f"{name:<16} {len(lines):>6} {run:>6} {pct:>6.1f}%")
-    print(f"{'total':<16} {all_lines:>6} {all_run:>6} {100 * all_run / max(all_lines, 1):>6.1f}%")
+    cover = 100 * all_run / max(all_lines, 1)
+    print(f"{'total':<16} {all_lines:>6} {all_run:>6} {cover:>6.1f}%")
+    if minimum is not None and round(cover, 1) < minimum:
+        print(f"line coverage of {src} is {cover:.1f}%, below the floor of {minimum:.1f}% "
+              f"(COVERAGE_MIN in the Makefile): test the new code, or lower the floor with a "
+              f"reason", file=sys.stderr)
+        return 1
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(*sys.argv[1:3]))
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("build", help="the coverage build directory (build/coverage)")
+    parser.add_argument("src", help="the C sources (storage_c/src)")
+    parser.add_argument("--min", type=float, dest="minimum", metavar="PERCENT",
+                        help="exit 1 when the total line coverage is below PERCENT")
+    args = parser.parse_args()
+    sys.exit(main(args.build, args.src, args.minimum))

@@ -1,35 +1,11 @@
 """How entries leave the log, the same way everywhere: the envelope of a
-payload that cannot be handed out as it is, and the layout of exported objects.
+payload that cannot be handed out as it is (``envelope``, ``json_value``,
+``ndjson_line``; ``payload_of`` reads one back) and the layout of exported
+objects (``partition_path``).
 
-**The envelope** is ``{"base64": "<the payload's bytes, standard base64>"}``;
-reading back, a JSON object with the single key ``base64`` holding a string
-is an envelope (``payload_of``), anything else is the payload itself.
-
-- Where a payload is handed out as a JSON value (``GET
-  /streams/{name}/entries``, the dead-letter records of ``<stream>.dlq``):
-  a payload that is one strict JSON value on one line is given byte for
-  byte as stored; any other payload is enveloped (``json_value``).
-- In ``comet ship``'s NDJSON objects a line is the payload as stored, so
-  the envelope is for what would break the framing: a payload holding a
-  newline (``ndjson_line``).  Checking every payload for strict JSON there
-  costs 2.3 ms per 2.5 MB batch against 5.8 ms for the zstd pass (measured
-  2026-11-25): an estimated ~135 MB/s instead of the 156 MB/s last
-  measured, below the 150 MB/s target.  So a payload that is not JSON but
-  fits on one line (possible only in streams with validation off, or
-  octet-stream bodies) is shipped as it is, an empty one as an empty line.
-- Everywhere, a payload that would read back as an envelope (an object
-  with the single key ``base64`` holding a string) is enveloped itself, so
-  the reading rule has no exception.  (``comet ship``'s batch path spots
-  such payloads by the text ``"base64"``; one spelling that key with
-  ``\\u`` escapes is not spotted there.)
-
-**The layout.**  Exported objects are partitioned hive-style, by stream and
-by the UTC hour of their entries: ``stream=<s>/dt=YYYY-MM-DD/hour=HH/``
-(``partition_path``); Spark, Trino, DuckDB and pyarrow read the three
-columns from the path.  ``comet ship`` puts ``shard=NNNN/<first>-<last>.ndjson.zst``
-below it, ``comet spark-ship`` its Parquet files.
-
-README.md, "Exported data", documents both for users.
+The rules, and where each export applies them, are documented for users in
+docs/consumers-and-exported-data.md ("Exported data"); that page is their one
+description.
 """
 
 from __future__ import annotations
@@ -134,7 +110,7 @@ def ndjson_line(payload: bytes) -> bytes:
 def _substring_search() -> Callable[[bytes, bytes], bool]:
     """libc's memmem: 0.3 ms for 2.5 MB of JSON against 1.4 ms for ``in``,
     whose search skips by the needle's last character - a quote, met every
-    few bytes in JSON (measured 2026-11-25).  ``in`` where there is no memmem."""
+    few bytes in JSON (measured).  ``in`` where there is no memmem."""
     try:
         memmem = ctypes.CDLL(None).memmem
     except (OSError, AttributeError):

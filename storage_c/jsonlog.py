@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import logging
 import sys
+import threading
+from types import TracebackType
 from typing import IO, Any
 
 import orjson
@@ -26,8 +28,11 @@ import orjson
 FIELDS_ATTR = "comet_fields"
 
 
+ExcInfo = tuple[type[BaseException], BaseException, TracebackType | None]
+
+
 def event(logger: logging.Logger, name: str, level: int = logging.INFO, *,
-          exc_info: bool = False, **fields: object) -> None:
+          exc_info: bool | ExcInfo = False, **fields: object) -> None:
     """Logs the event ``name`` with ``fields`` as one JSON line."""
     if logger.isEnabledFor(level):
         logger.log(level, name, exc_info=exc_info, extra={FIELDS_ATTR: fields})
@@ -62,6 +67,31 @@ def handler(stream: IO[str] | None = None) -> logging.Handler:
     return out
 
 
+def capture_stray_output() -> None:
+    """Python's warnings and the exceptions nobody caught (in any thread) go
+    through logging too, as JSON lines, instead of as text on stderr."""
+    logging.captureWarnings(True)
+    crash_log = logging.getLogger("comet.uncaught")
+
+    def thread_hook(args: threading.ExceptHookArgs) -> None:
+        if args.exc_type is SystemExit or args.exc_value is None:
+            return
+        event(crash_log, "uncaught_exception", logging.ERROR,
+              exc_info=(args.exc_type, args.exc_value, args.exc_traceback),
+              thread=args.thread.name if args.thread is not None else None)
+
+    def main_hook(kind: type[BaseException], value: BaseException,
+                  tb: TracebackType | None) -> None:
+        if issubclass(kind, KeyboardInterrupt):
+            sys.__excepthook__(kind, value, tb)
+            return
+        event(crash_log, "uncaught_exception", logging.ERROR, exc_info=(kind, value, tb),
+              thread="MainThread")
+
+    threading.excepthook = thread_hook
+    sys.excepthook = main_hook
+
+
 def log_to(stream: IO[str] | None = None, level: int = logging.INFO,
            quiet: tuple[str, ...] = ()) -> None:
     """Makes every logger of this process write JSON lines to ``stream``
@@ -74,13 +104,20 @@ def log_to(stream: IO[str] | None = None, level: int = logging.INFO,
     root.setLevel(level)
     for name in quiet:
         logging.getLogger(name).setLevel(logging.WARNING)
+    capture_stray_output()
 
 
 def dict_config(stream: str = "ext://sys.stdout", *, silenced: tuple[str, ...] = (),
-                level: str = "INFO") -> dict[str, Any]:
+                own_handlers: tuple[str, ...] = (), level: str = "INFO") -> dict[str, Any]:
     """The same as a ``logging.config.dictConfig`` dictionary (for servers
     such as gunicorn that take one): every logger to ``stream`` as JSON lines,
-    the loggers in ``silenced`` dropped."""
+    the loggers in ``silenced`` dropped.  The loggers in ``own_handlers`` are
+    those the server gives handlers of its own and keeps from propagating
+    (gunicorn.error): the JSON handler replaces theirs."""
+    loggers: dict[str, Any] = {name: {"handlers": ["json"], "level": level, "propagate": False}
+                               for name in own_handlers}
+    loggers.update({name: {"handlers": [], "level": "CRITICAL", "propagate": False}
+                    for name in silenced})
     return {
         "version": 1,
         "disable_existing_loggers": False,
@@ -88,6 +125,5 @@ def dict_config(stream: str = "ext://sys.stdout", *, silenced: tuple[str, ...] =
         "handlers": {"json": {"class": "logging.StreamHandler", "formatter": "json",
                               "stream": stream}},
         "root": {"handlers": ["json"], "level": level},
-        "loggers": {name: {"handlers": [], "level": "CRITICAL", "propagate": False}
-                    for name in silenced},
+        "loggers": loggers,
     }

@@ -1,24 +1,67 @@
-"""Shared fixtures: scratch data directories, small configs, child processes."""
+"""Fixtures only (shared helpers are in tests/support/): scratch data directories, a
+small log, local S3 servers, one SparkSession; and the markers of the test tiers."""
 
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import pytest
 
-from storage_c import Config, Log
+from storage_c import Log
+
+from .support.storage import SMALL
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-WORKERS = Path(__file__).with_name("workers.py")
-REPO = Path(__file__).resolve().parent.parent
+# The test tiers.  `make check` (the quick tier) runs what has none of these marks;
+# `make test` runs everything.  A test gets a mark from what it uses, so a new test
+# lands in the right tier by itself: a fixture (the SparkSession, Swift, the Docker
+# daemon, the power-cut filesystem), a module named for Spark (its tests start
+# `comet spark-ship`, a JVM, without the fixture too), the tests/powercut directory.
+# SLOW names the long tests (5-55 s each on 2 shared cores): crash loops, kills and
+# reloads under load, processes racing, the fuzzers, retries against a local S3, the
+# locust run.
+MARK_BY_FIXTURE = {"spark": "spark", "swift": "swift", "s3env": "swift", "docker": "docker",
+                   "powercut": "fuse"}
+SLOW = {
+    "test_crash.py::test_crash_loop_kill_9",
+    "test_gateway_e2e.py::test_hup_reload_and_term_under_load",
+    "test_gateway_e2e.py::test_kill_9_of_a_worker_under_load",
+    "test_gateway_fuzz.py::test_api_conforms_to_its_openapi",
+    "test_http_protocol.py::test_connections_meeting_a_graceful_stop_get_a_status",
+    "test_json_fuzz.py::test_seeded_differential",
+    "test_loadtest.py::test_short_locust_run_loses_nothing",
+    "test_reload.py::test_reloads_and_stop_under_load_answer_every_request",
+    "test_ship.py::test_kill_9_twenty_times",
+    "test_ship_errors.py::test_bad_credentials_and_access_denied_are_permanent",
+    "test_ship_errors.py::test_missing_bucket_fails_at_once_then_ships_exactly_once",
+    "test_stream_limits.py::test_max_streams_holds_across_processes",
+}
 
-SMALL = Config(shards=4, segment_bytes=1 << 20, fsync_interval_ms=50)
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    listed = set()
+    for item in items:
+        path = item.path.relative_to(Path(__file__).parent)
+        marks = {MARK_BY_FIXTURE[f] for f in getattr(item, "fixturenames", ()) if f in MARK_BY_FIXTURE}
+        if "spark" in path.name:
+            marks.add("spark")
+        if path.parts[0] == "powercut":
+            marks.add("fuse")
+        name = f"{path}::{item.originalname if isinstance(item, pytest.Function) else item.name}"
+        if name in SLOW:
+            marks.add("slow")
+            listed.add(name)
+        for mark in sorted(marks):
+            item.add_marker(mark)
+    collected = {str(item.path.relative_to(Path(__file__).parent)) for item in items}
+    stale = {n for n in SLOW - listed if n.split("::")[0] in collected}
+    if stale:
+        raise pytest.UsageError(f"tests/conftest.py SLOW names tests that do not exist: {sorted(stale)}")
 
 
 @pytest.fixture
@@ -30,27 +73,6 @@ def data_dir(tmp_path: Path) -> Path:
 def log(data_dir: Path) -> Iterator[Log]:
     with Log(data_dir, SMALL) as opened:
         yield opened
-
-
-def worker(*args: object, **popen: Any) -> subprocess.Popen[bytes]:
-    """Starts tests/workers.py in a real child process (never a fork of pytest)."""
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    return subprocess.Popen([sys.executable, str(WORKERS), *map(str, args)], env=env, **popen)
-
-
-def run_worker(*args: object, timeout: float = 120) -> str:
-    proc = worker(*args, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    out, err = proc.communicate(timeout=timeout)
-    assert proc.returncode == 0, f"worker {args} failed ({proc.returncode}):\n{err.decode()}"
-    return out.decode()
-
-
-def read_all(log: Log, stream: str, shard: int) -> list[tuple[int, int, bytes]]:
-    """Every (entry, timestamp, payload) of a shard, in order."""
-    out: list[tuple[int, int, bytes]] = []
-    for batch in log.iter_entries(stream, shard):
-        out.extend(zip(batch.entries, batch.timestamps, batch.payloads))
-    return out
 
 
 @pytest.fixture
@@ -92,8 +114,8 @@ def spark() -> Iterator[SparkSession]:
 
 @pytest.fixture(scope="session")
 def swift() -> Iterator[object]:
-    """OpenStack Swift with s3api on 127.0.0.1 (tests/swift_server.py), one per run."""
-    from .swift_server import SwiftS3Server, SwiftUnavailable
+    """OpenStack Swift with s3api on 127.0.0.1 (tests/support/swift_server.py), one per run."""
+    from .support.swift_server import SwiftS3Server, SwiftUnavailable
 
     try:
         server = SwiftS3Server().start()

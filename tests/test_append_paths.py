@@ -19,7 +19,7 @@ from storage_c import Config, Log
 from storage_c.errors import (Closed, EntryTooLarge, ShardRangeError, StreamNameError, StreamNotFound,
                               WouldBlock)
 
-from .conftest import read_all
+from .support.storage import read_all
 
 CONFIG = Config(shards=2, segment_bytes=1 << 20, fsync_interval_ms=50, compression_threshold=4096)
 

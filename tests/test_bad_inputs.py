@@ -19,7 +19,7 @@ from storage_c import (
     StreamNotFound,
 )
 
-from .conftest import SMALL, read_all
+from .support.storage import SMALL, read_all
 
 
 @pytest.mark.parametrize("name", ["../x", "a/b", "", "x" * 65, "a\0b", ".hidden", "-a", "é", "a b"])

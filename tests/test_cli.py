@@ -12,10 +12,11 @@ from click.testing import CliRunner
 from storage_c import Config, Log
 from storage_c.cli import main
 
-from .test_damage import flip, offset_of
+from .support.storage import flip, offset_of
 
 
-def fill(data_dir: Path) -> None:
+def two_streams(data_dir: Path) -> None:
+    """30 events alternating over the 2 shards of "events", one binary entry in "other"."""
     with Log(data_dir, Config(shards=2, segment_bytes=1 << 20)) as log:
         for i in range(30):
             log.append("events", b'{"n": %d}' % i, shard=i % 2)
@@ -23,7 +24,7 @@ def fill(data_dir: Path) -> None:
 
 
 def test_stat(data_dir: Path) -> None:
-    fill(data_dir)
+    two_streams(data_dir)
     result = CliRunner().invoke(main, ["stat", str(data_dir), "--shards"])
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
@@ -39,7 +40,7 @@ def test_stat(data_dir: Path) -> None:
 
 
 def test_tail(data_dir: Path) -> None:
-    fill(data_dir)
+    two_streams(data_dir)
     result = CliRunner().invoke(main, ["tail", str(data_dir), "events", "-n", "3"])
     assert result.exit_code == 0, result.output
     ids = [line.split("\t")[0] for line in result.output.splitlines()]
@@ -53,7 +54,7 @@ def test_tail(data_dir: Path) -> None:
 
 
 def test_verify_and_exit_status(data_dir: Path) -> None:
-    fill(data_dir)
+    two_streams(data_dir)
     ok = CliRunner().invoke(main, ["verify", str(data_dir)])
     assert ok.exit_code == 0 and "31 good entries" in ok.output and "0 damaged" in ok.output
     items = [b'{"n": %d}' % i for i in range(0, 30, 2)]
@@ -73,7 +74,7 @@ def test_errors_are_clear(tmp_path: Path) -> None:
 
 
 def test_installed_entry_point(data_dir: Path) -> None:
-    fill(data_dir)
+    two_streams(data_dir)
     comet = Path(sys.executable).with_name("comet")
     out = subprocess.run([str(comet), "stat", str(data_dir)], capture_output=True, text=True,
                          check=True).stdout

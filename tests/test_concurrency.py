@@ -7,7 +7,8 @@ from pathlib import Path
 
 from storage_c import Config, Log
 
-from .conftest import SMALL, read_all, worker
+from .support.processes import worker
+from .support.storage import SMALL, read_all
 
 
 def test_eight_threads_one_shard(data_dir: Path) -> None:

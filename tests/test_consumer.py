@@ -14,7 +14,8 @@ import pytest
 from consumers import Consumer, ProcessingError
 from storage_c import Config, Log, ReadBatch
 
-from .conftest import SMALL, read_all, worker
+from .support.processes import worker
+from .support.storage import SMALL, read_all
 
 
 def test_retries_then_success(log: Log) -> None:

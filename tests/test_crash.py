@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import os
 import random
+import select
 import signal
 import time
 from pathlib import Path
 
 from storage_c import Config, Log
 
-from .conftest import worker
+from .support.processes import worker
 from .workers import batch_payloads
 
 CFG = Config(shards=1, segment_bytes=1 << 20, background_flush=False)
@@ -45,10 +46,13 @@ def test_crash_loop_kill_9(data_dir: Path) -> None:
         r, w = os.pipe()
         child = worker("crash_appender", data_dir, w, seq, rng.choice([1, 20, 400]), pass_fds=(w,))
         os.close(w)
-        time.sleep(rng.uniform(0.25, 0.6))  # startup, then a random moment of appending
+        # once the child has acknowledged its first batch, a random moment of appending
+        ready, _, _ = select.select([r], [], [], 60)
+        assert ready, "the appender acknowledged nothing within 60 s"
+        acks = os.read(r, 1 << 16)
+        time.sleep(rng.uniform(0.0, 0.3))
         child.send_signal(signal.SIGKILL)
         child.wait()
-        acks = b""
         while chunk := os.read(r, 1 << 16):
             acks += chunk
         os.close(r)

@@ -10,17 +10,16 @@ import pytest
 
 from storage_c import Config, Log
 
-from .conftest import read_all
+from .support.storage import ENTRY_HEADER, fill, flip, offset_of, read_all
 
 CFG = Config(shards=1, segment_bytes=1 << 20, background_flush=False)
-SEGMENT_HEADER, ENTRY_HEADER = 64, 20
 
 
-def fill(data_dir: Path, n: int = 100) -> list[bytes]:
+def write_items(data_dir: Path, n: int = 100) -> list[bytes]:
+    """``n`` entries of varied size in shard 0 of stream "d", an append each; their payloads."""
     items = [b"entry %03d " % i + bytes([i % 251]) * (i % 37) for i in range(n)]
     with Log(data_dir, CFG) as log:
-        for p in items:
-            log.append("d", p, shard=0)
+        fill(log, "d", items, shard=0, batch=1)
     return items
 
 
@@ -32,24 +31,12 @@ def segment(data_dir: Path) -> Path:
     return shard_dir(data_dir) / f"{0:020d}.log"
 
 
-def offset_of(items: list[bytes], i: int) -> int:
-    return SEGMENT_HEADER + sum(ENTRY_HEADER + len(p) for p in items[:i])
-
-
-def flip(path: Path, at: int) -> None:
-    with open(path, "r+b") as f:
-        f.seek(at)
-        byte = f.read(1)
-        f.seek(at)
-        f.write(bytes([byte[0] ^ 0x5A]))
-
-
 def reopen(data_dir: Path) -> Log:
     return Log(data_dir, CFG)
 
 
 def test_truncated_last_entry_is_cut_exactly(data_dir: Path) -> None:
-    items = fill(data_dir)
+    items = write_items(data_dir)
     end_of_99 = offset_of(items, 99) + ENTRY_HEADER + len(items[99])
     os.truncate(segment(data_dir), end_of_99 - 3)  # the file lost the last entry's tail
     with reopen(data_dir) as log:
@@ -62,7 +49,7 @@ def test_truncated_last_entry_is_cut_exactly(data_dir: Path) -> None:
 
 
 def test_garbage_after_the_last_entry_is_cut(data_dir: Path) -> None:
-    items = fill(data_dir)
+    items = write_items(data_dir)
     end = offset_of(items, 100)
     with open(segment(data_dir), "r+b") as f:
         f.seek(end)
@@ -79,7 +66,7 @@ def test_garbage_after_the_last_entry_is_cut(data_dir: Path) -> None:
 
 
 def test_flipped_byte_in_the_last_entry_cuts_there(data_dir: Path) -> None:
-    items = fill(data_dir)
+    items = write_items(data_dir)
     flip(segment(data_dir), offset_of(items, 99) + ENTRY_HEADER + 2)
     with reopen(data_dir) as log:
         stats = log.shard_stats("d", 0)
@@ -89,7 +76,7 @@ def test_flipped_byte_in_the_last_entry_cuts_there(data_dir: Path) -> None:
 
 @pytest.mark.parametrize("where", ["payload", "length"])
 def test_flipped_byte_in_the_middle_is_skipped_and_reported(data_dir: Path, where: str) -> None:
-    items = fill(data_dir)
+    items = write_items(data_dir)
     at = offset_of(items, 50) + (ENTRY_HEADER + 3 if where == "payload" else 5)
     flip(segment(data_dir), at)
     with reopen(data_dir) as log:
@@ -128,7 +115,7 @@ def test_damage_spanning_several_entries_resyncs_on_the_index(data_dir: Path) ->
 
 @pytest.mark.parametrize("damage", ["missing", "garbage"])
 def test_state_file_is_rebuilt(data_dir: Path, damage: str) -> None:
-    items = fill(data_dir)
+    items = write_items(data_dir)
     state = shard_dir(data_dir) / "state"
     if damage == "missing":
         state.unlink()

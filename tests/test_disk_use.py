@@ -15,7 +15,7 @@ import pytest
 
 from storage_c import Config, Log
 
-from .conftest import read_all
+from .support.storage import read_all
 
 MiB = 1 << 20
 

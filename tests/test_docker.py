@@ -33,7 +33,7 @@ SCRIPTS = REPO / "scripts"
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 BASE_IMAGE = os.environ.get("COMET_BASE_IMAGE", "comet-base:bookworm")
 TOKEN = secrets.token_hex(8)
-NO_TOKENS = "auth is on but no tokens are configured"  # docker/README.md, docker/Dockerfile
+NO_TOKENS = "auth is on but no tokens are configured"  # docs/docker.md, docker/Dockerfile
 
 pytestmark = pytest.mark.timeout(900)  # a cold image build downloads from Debian and PyPI
 

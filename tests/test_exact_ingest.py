@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
-import orjson
 import pytest
 import zstandard
 from starlette.testclient import TestClient
@@ -21,8 +20,8 @@ from starlette.testclient import TestClient
 from gateway.app import create_app
 from storage_c import Config, EntryTooLarge, Log
 
+from .support.gateway_app import JSON, NDJSON, config, stored
 from .support.server import SMALL, GatewayProcess
-from .test_gateway import JSON, NDJSON, STORAGE, config, stored
 
 if TYPE_CHECKING:
     import httpx2

@@ -13,6 +13,8 @@ import pytest
 from storage_c import Config, Log, StorageFull, StorageIOError
 from storage_c.testing import MAP, NAME, OPEN, SIZE, SYNC, faults
 
+from .support.storage import fill
+
 SEG = 64 << 10
 
 
@@ -32,15 +34,9 @@ def all_entries(log: Log) -> list[tuple[int, bytes]]:
     return out
 
 
-def fill(log: Log, n: int) -> None:
-    log.create_stream("s", 1)
-    for e in range(n):
-        assert log.append("s", payload(e), shard=0) == (0, e)
-
-
 def test_a_failing_fdatasync_is_an_io_error_and_the_data_stays(data_dir: Path) -> None:
     with Log(data_dir, cfg()) as log:
-        fill(log, 50)
+        fill(log, "s", map(payload, range(50)), batch=1)
         with faults(SYNC, persist=True) as plan:
             with pytest.raises(StorageIOError, match="Input/output error"):
                 log.sync("s")
@@ -55,7 +51,7 @@ def test_a_failing_fdatasync_is_an_io_error_and_the_data_stays(data_dir: Path) -
 def test_a_rotation_that_cannot_create_its_segment_fails_cleanly(
         data_dir: Path, kind: int, err: int, error: type[Exception]) -> None:
     with Log(data_dir, cfg()) as log:
-        fill(log, 150)  # about 47 KiB: the next 200 entries need a new segment
+        fill(log, "s", map(payload, range(150)), batch=1)  # about 47 KiB: the next 200 entries need a new segment
         stored = 150
         with faults(kind, err=err, persist=True):
             with pytest.raises(error):
@@ -72,7 +68,7 @@ def test_a_rotation_that_cannot_create_its_segment_fails_cleanly(
 
 def test_a_segment_that_cannot_be_mapped_is_an_error_not_a_skip(data_dir: Path) -> None:
     with Log(data_dir, cfg()) as log:
-        fill(log, 600)  # several segments
+        fill(log, "s", map(payload, range(600)), batch=1)  # several segments
         assert log.shard_stats("s", 0).segments > 2
     with Log(data_dir, cfg()) as log:
         log.open_stream("s")

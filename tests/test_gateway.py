@@ -22,39 +22,16 @@ from gateway.config import GatewayConfig, StreamPolicy
 from gateway.ingest import store_off_loop
 from storage_c import BatchResult, Config, Log
 
-from .conftest import read_all
+from .support.gateway_app import JSON, NDJSON, STORAGE, config, in_shard, stored
 
 if TYPE_CHECKING:
     import httpx2
-
-STORAGE = Config(shards=4, segment_bytes=1 << 20)
-JSON = {"content-type": "application/json"}
-NDJSON = {"content-type": "application/x-ndjson"}
-
-
-def config(data_dir: Path, **kw: Any) -> GatewayConfig:
-    base: dict[str, Any] = dict(data_dir=str(data_dir), workers=1, storage=STORAGE, slot_wait_s=5.0,
-                                   access_log=False)
-    base.update(kw)
-    return GatewayConfig(**base)
 
 
 @pytest.fixture
 def client(data_dir: Path) -> Iterator[TestClient]:
     with TestClient(create_app(config(data_dir))) as c:
         yield c
-
-
-def stored(data_dir: Path, stream: str) -> list[bytes]:
-    with Log(data_dir, STORAGE) as log:
-        if stream not in log.streams():
-            return []
-        return [p for shard in range(log.shard_count(stream)) for _, _, p in read_all(log, stream, shard)]
-
-
-def in_shard(data_dir: Path, stream: str, shard: int) -> list[bytes]:
-    with Log(data_dir, STORAGE) as log:
-        return [p for _, _, p in read_all(log, stream, shard)]
 
 
 # ---- what goes in comes out -------------------------------------------------------------
@@ -209,10 +186,21 @@ def test_media_types_and_encodings(client: TestClient, data_dir: Path) -> None:
     still_works(client)
 
 
-@pytest.mark.parametrize("path", ["/streams/..%2Fetc", "/streams/a/b", "/streams/" + "x" * 65,
-                                  "/streams/.hidden", "/streams/a%00b"])
+@pytest.mark.parametrize("path", ["/streams/..%2Fetc", "/streams/a%2Fb", "/streams/" + "x" * 65,
+                                  "/streams/.hidden", "/streams/a%00b", "/streams/"])
 def test_bad_stream_names(client: TestClient, data_dir: Path, path: str) -> None:
-    assert_error(client.post(path, content=b"{}", headers=JSON), 400, "invalid_stream_name")
+    for method in ("POST", "GET"):
+        assert_error(client.request(method, path, content=b"{}", headers=JSON), 400,
+                     "invalid_stream_name")
+    assert sorted(p.name for p in data_dir.iterdir() if not p.name.startswith(".")) == []
+    still_works(client)
+
+
+def test_a_path_below_a_stream_that_is_no_route_is_404(client: TestClient, data_dir: Path) -> None:
+    for method in ("POST", "GET"):
+        body = assert_error(client.request(method, "/streams/a/b", content=b"{}", headers=JSON),
+                            404, "not_found")
+        assert body["detail"] == f"no route for {method} /streams/a/b"
     assert sorted(p.name for p in data_dir.iterdir() if not p.name.startswith(".")) == []
     still_works(client)
 
@@ -322,6 +310,16 @@ def test_inflight_budget_is_429(data_dir: Path) -> None:
 
 
 # ---- reads and metrics --------------------------------------------------------------
+
+
+def test_a_stream_deleted_while_streams_are_listed_is_left_out(
+        client: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    client.post("/streams/ev", content=b"{}", headers=JSON)
+    listed = Log.streams
+    monkeypatch.setattr(Log, "streams", lambda self: [*listed(self), "gone"])
+    r = client.get("/streams")
+    assert r.status_code == 200
+    assert [s["name"] for s in r.json()["streams"]] == ["ev"]
 
 
 def test_reads(client: TestClient) -> None:

@@ -11,16 +11,15 @@ from consumers import Consumer
 from storage_c import AckGapError, GroupNameError, GroupNotFound, InvalidArgument, Log
 from storage_c import TooManyGroups
 
-from .conftest import SMALL, run_worker, worker
+from .support.processes import run_worker, worker
+from .support.storage import SMALL, fill
 
 
-def fill(log: Log, stream: str = "ev", shard: int = 0, n: int = 10) -> None:
-    log.create_stream(stream, 2)
-    log.append_batch(stream, [b"e%d" % i for i in range(n)], shard=shard)
+TEN = [b"e%d" % i for i in range(10)]
 
 
 def test_read_without_ack_repeats_and_ack_moves_on(log: Log) -> None:
-    fill(log)
+    fill(log, "ev", TEN, shards=2, shard=0)
     c = Consumer(log, "ev", "g")
     first = c.read(4, shard=0)
     assert list(first.entries) == [0, 1, 2, 3]
@@ -36,7 +35,7 @@ def test_read_without_ack_repeats_and_ack_moves_on(log: Log) -> None:
 
 def test_groups_are_isolated_persistent_and_shared(data_dir: Path) -> None:
     with Log(data_dir, SMALL) as log:
-        fill(log)
+        fill(log, "ev", TEN, shards=2, shard=0)
         a, b = Consumer(log, "ev", "a"), Consumer(log, "ev", "b")
         a.ack(0, 5)
         assert (a.offset(0), b.offset(0)) == (6, 0)
@@ -50,7 +49,7 @@ def test_groups_are_isolated_persistent_and_shared(data_dir: Path) -> None:
 
 
 def test_reset_and_ack_range(log: Log) -> None:
-    fill(log)
+    fill(log, "ev", TEN, shards=2, shard=0)
     c = Consumer(log, "ev", "g")
     c.ack(0, 9)
     assert c.reset_offset(0, -3) == 7
@@ -65,7 +64,7 @@ def test_reset_and_ack_range(log: Log) -> None:
 
 
 def test_512_groups_and_bad_names(log: Log) -> None:
-    fill(log)
+    fill(log, "ev", TEN, shards=2, shard=0)
     for i in range(512):
         log.group("ev", 1, f"group.{i:03d}")
     with pytest.raises(TooManyGroups, match="all 512 group slots"):
@@ -89,7 +88,7 @@ def test_512_groups_and_bad_names(log: Log) -> None:
 
 def test_offsets_survive_kill_9(data_dir: Path) -> None:
     with Log(data_dir, SMALL) as log:
-        fill(log)
+        fill(log, "ev", TEN, shards=2, shard=0)
     proc = worker("group_offset", data_dir, "ev", "k", 0, 4, "--then-die")
     assert proc.wait(timeout=60) < 0  # killed itself with SIGKILL after the ack
     with Log(data_dir, SMALL) as log:

@@ -19,9 +19,9 @@ from gateway.app import create_app
 from storage_c import Config, Log
 from storage_c.cli import main as comet
 
-from .support.server import COMET, SMALL, GatewayProcess
+from .support.gateway_app import JSON, config
 from .support.noloss import Poster, check_stored_once
-from .test_gateway import JSON, config
+from .support.server import COMET, SMALL, GatewayProcess
 
 TOOL = Config.inspector()
 

@@ -1,6 +1,6 @@
-"""The locust load test (loadtests/loadtest.py, loadtests/locustfile.py): its
-no-loss check on made-up logs and records that hold a loss, a duplicate, a
-misplaced batch..., then a short real run against `comet serve`."""
+"""The locust load test (loadtests/loadtest.py, loadtests/locustfile.py): the no-loss
+check (tests/support/noloss.py) on made-up logs and locust records that hold a loss, a
+duplicate, a misplaced batch..., then a short real run against `comet serve`."""
 
 from __future__ import annotations
 
@@ -11,17 +11,14 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from types import ModuleType
-from typing import TYPE_CHECKING
-
+from types import ModuleType, SimpleNamespace
 import orjson
 import pytest
 import zstandard
 
 from storage_c import Config, Log
 
-if TYPE_CHECKING:  # loaded from its path by load_runner(), as comet_loadtest
-    from loadtest import CheckReport
+from .support.noloss import NoLossReport, check, check_stored_once, locust_acks
 
 REPO = Path(__file__).resolve().parent.parent
 RUNNER = REPO / "loadtests" / "loadtest.py"
@@ -73,12 +70,12 @@ class Fake:
             self.lines.append({"r": rid, "s": "ev", "n": n, "st": status})
         return rid, (res.shard if res else -1), (res.first if res else -1)
 
-    def check(self, sink: Path | None = None) -> CheckReport:
+    def check(self, sink: Path | None = None) -> NoLossReport:
         self.log.close()
         with open(self.records / "acks-1.ndjson", "w") as f:
             for line in self.lines:
                 f.write(json.dumps(line) + "\n")
-        return lt.check(self.data, lt.load_records(self.records), sink)
+        return check(self.data, locust_acks(self.records), sink)
 
 
 @pytest.fixture
@@ -138,6 +135,28 @@ def test_stored_without_an_answer_breaks_the_identity(fake: Fake) -> None:
     fake.post(4, shard=1, record=False)  # the client died before recording anything
     rep = fake.check()
     assert rep.unanswered_stored == 7 and rep.lost == 0 and rep.duplicates == 0 and not rep.ok
+
+
+def test_an_unanswered_request_stored_twice_is_a_duplicate(fake: Fake) -> None:
+    fake.post(2, shard=0)
+    fake.post(3, shard=1, status=0, store=2)  # no answer, and the batch twice in the log
+    rep = fake.check()
+    assert rep.duplicates == 3 and rep.unanswered_stored == 3 and not rep.ok
+
+
+def test_without_exact_an_unanswered_request_may_be_stored_once(fake: Fake) -> None:
+    fake.post(2, shard=0)
+    fake.post(3, shard=1, status=0)
+    fake.check()
+    acks = locust_acks(fake.records)
+    assert check(fake.data, acks, exact=False).ok
+    client = SimpleNamespace(acks=acks)
+    assert check_stored_once(fake.data, [client]) == 2
+    with pytest.raises(AssertionError, match="stored != acknowledged"):
+        check_stored_once(fake.data, [client], exact=True)
+    acks.acknowledged("ev", 0, 2, 1, "nothing.there")  # a 202 for an entry never stored
+    with pytest.raises(AssertionError, match="1 acknowledged events lost"):
+        check_stored_once(fake.data, [client])
 
 
 def test_keyed_request_in_the_wrong_shard(fake: Fake) -> None:

@@ -16,7 +16,8 @@ import pytest
 
 from storage_c import Config, Log, crc32c
 
-from .conftest import read_all, worker
+from .support.processes import worker
+from .support.storage import read_all
 
 MUTEX_AT, BOOT_ID_AT = 64, 16
 

@@ -14,7 +14,8 @@ import pytest
 from storage_c import Config, Log, StorageFull
 from storage_c.testing import clock_shifted
 
-from .conftest import read_all, worker
+from .support.processes import worker
+from .support.storage import fill, read_all
 
 SEG = 64 << 10
 
@@ -26,10 +27,9 @@ def cfg(**kw: Any) -> Config:
     return Config(**base)
 
 
-def fill(log: Log, n: int, stream: str = "r") -> None:
-    log.create_stream(stream, 1)
-    for i in range(0, n, 100):
-        log.append_batch(stream, [b"%08d" % e + b"." * 200 for e in range(i, min(n, i + 100))], shard=0)
+def numbered(n: int) -> list[bytes]:
+    """Payloads 0..n-1 of 208 bytes, each starting with its number."""
+    return [b"%08d" % e + b"." * 200 for e in range(n)]
 
 
 def entries(log: Log, stream: str = "r") -> list[int]:
@@ -38,7 +38,7 @@ def entries(log: Log, stream: str = "r") -> list[int]:
 
 def test_by_age_keeps_the_active_segment_and_the_numbers(data_dir: Path) -> None:
     with Log(data_dir, cfg(retention_max_age_ms=300)) as log:
-        fill(log, 3000)
+        fill(log, "r", numbered(3000), batch=100)
         segments = log.shard_stats("r", 0).segments
         assert segments > 5
         assert log.run_retention().deleted_segments == 0  # nothing old enough yet
@@ -56,7 +56,7 @@ def test_by_age_keeps_the_active_segment_and_the_numbers(data_dir: Path) -> None
 
 def test_by_shard_size_and_min_segments(data_dir: Path) -> None:
     with Log(data_dir, cfg(retention_max_shard_bytes=4 * SEG, retention_min_segments=1)) as log:
-        fill(log, 3000)
+        fill(log, "r", numbered(3000), batch=100)
         log.run_retention()
         stats = log.shard_stats("r", 0)
         assert stats.disk_bytes <= 5 * SEG and stats.segments <= 4
@@ -68,8 +68,8 @@ def test_by_shard_size_and_min_segments(data_dir: Path) -> None:
 
 def test_by_total_size_across_streams(data_dir: Path) -> None:
     with Log(data_dir, cfg(retention_max_total_bytes=10 * SEG)) as log:
-        fill(log, 3000, "a")
-        fill(log, 3000, "b")
+        fill(log, "a", numbered(3000), batch=100)
+        fill(log, "b", numbered(3000), batch=100)
         log.run_retention()
         used = sum(log.shard_stats(s, 0).disk_bytes for s in ("a", "b"))
         assert used <= 11 * SEG
@@ -80,7 +80,7 @@ def test_unconsumed_data_is_protected_until_forced(data_dir: Path) -> None:
     config = cfg(retention_max_age_ms=100, retention_protect_unconsumed=True,
                  retention_force_delete_after_ms=1500)
     with Log(data_dir, config) as log:
-        fill(log, 3000)
+        fill(log, "r", numbered(3000), batch=100)
         slow = log.group("r", 0, "slow")
         fast = log.group("r", 0, "fast")
         fast.ack(2999)
@@ -125,7 +125,7 @@ def test_storage_full_with_protected_data(data_dir: Path) -> None:
 
 def test_reader_in_another_process_is_unharmed(data_dir: Path, tmp_path: Path) -> None:
     with Log(data_dir, cfg()) as log:
-        fill(log, 4000)
+        fill(log, "r", numbered(4000), batch=100)
     with Log(data_dir, cfg(retention_max_shard_bytes=3 * SEG)) as log:
         ready = tmp_path / "ready"
         reader = worker("read_through_deletion", data_dir, "r", 4000, ready, stdout=subprocess.PIPE)
@@ -144,7 +144,7 @@ def test_background_retention_runs_by_itself(data_dir: Path) -> None:
     config = cfg(retention_max_age_ms=200, retention_interval_ms=100, background_flush=True,
                  fsync_interval_ms=50)
     with Log(data_dir, config) as log:
-        fill(log, 3000)
+        fill(log, "r", numbered(3000), batch=100)
         with clock_shifted(0.3):
             log.append("r", b"fresh", shard=0)  # the newest segment holds a fresh entry
             deadline = time.monotonic() + 10

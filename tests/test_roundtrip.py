@@ -11,7 +11,7 @@ import zstandard
 
 from storage_c import Config, Log
 
-from .conftest import read_all
+from .support.storage import read_all
 
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 

@@ -5,27 +5,13 @@ serving instead of stopping on a typo)."""
 
 from __future__ import annotations
 
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from .support.server import SMALL, GatewayProcess
 
 JSON = {"content-type": "application/json"}
-
-
-def reload_workers(server: GatewayProcess) -> None:
-    """HUP, then wait until none of the old workers is left and the new ones are ready."""
-    old = set(server.worker_pids())
-    server.proc.send_signal(signal.SIGHUP)
-    deadline = time.monotonic() + 60
-    while old & set(server.worker_pids()):
-        assert time.monotonic() < deadline, f"old workers still running:\n{server.tail()}"
-        assert server.proc.poll() is None, f"the master exited:\n{server.tail()}"
-        time.sleep(0.05)
-    server.wait_ready()
 
 
 def post(server: GatewayProcess, size: int) -> int:
@@ -43,11 +29,11 @@ def test_hup_rereads_the_file_and_keeps_the_running_config_when_it_is_broken(tmp
         assert post(server, 500) == 202
 
         conf.write_text("max_body_bytes = 100000\n")
-        reload_workers(server)
+        server.reload_workers()
         assert post(server, 2000) == 202
 
         conf.write_text("max_body_bytes = [not toml\n")
-        reload_workers(server)
+        server.reload_workers()
         assert post(server, 2000) == 202           # still the last good configuration
         assert post(server, 200_000) == 413
         assert server.stop() == 0

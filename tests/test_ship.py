@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import random
-import re
 import signal
 import subprocess
-import sys
 import time
 from array import array
 from pathlib import Path
@@ -17,65 +15,24 @@ import zstandard
 
 from consumers import Consumer, DirectorySink, S3Sink, ShipConfig, Shipper, object_key
 from consumers.ship import HOUR_NS
-from storage_c import Config, Log, ReadBatch
+from storage_c import Log, ReadBatch
 from storage_c.export import payload_of
 
-from .conftest import read_all
-
-KEY = re.compile(r"^stream=(?P<stream>[^/]+)/dt=(?P<dt>\d{4}-\d\d-\d\d)/hour=(?P<hour>\d\d)/"
-                 r"shard=(?P<shard>\d{4})/(?P<first>\d{20})-(?P<last>\d{20})\.ndjson\.zst$")
-CFG = Config(shards=4, segment_bytes=1 << 20)
-COMET = Path(sys.executable).with_name("comet")
-
-
-def events(shard: int, start: int, n: int) -> list[bytes]:
-    rng = random.Random(shard * 100_000 + start)
-    return [orjson.dumps({"shard": shard, "n": start + i, "msg": "x" * rng.randrange(50, 400)})
-            for i in range(n)]
-
-
-def fill(log: Log, per_shard: int, start: int = 0) -> None:
-    log.create_stream("ev", 4)
-    for shard in range(4):
-        log.append_batch("ev", events(shard, start, per_shard), shard=shard)
-
-
-def check_objects(log: Log, sink: DirectorySink | S3Sink, stream: str = "ev") -> int:
-    """Objects cover every shipped entry once, in order, with nothing overlapping."""
-    by_shard: dict[int, list[tuple[int, int, list[bytes]]]] = {}
-    for key in sink.keys(f"stream={stream}/"):
-        m = KEY.match(key)
-        assert m, f"unexpected key {key}"
-        lines = zstandard.ZstdDecompressor().decompress(sink.get(key)).split(b"\n")
-        assert lines[-1] == b""
-        by_shard.setdefault(int(m["shard"]), []).append((int(m["first"]), int(m["last"]), lines[:-1]))
-    total = 0
-    for shard, objects in by_shard.items():
-        objects.sort()
-        shipped = [line for _, _, lines in objects for line in lines]
-        expect = 0
-        for first, last, lines in objects:
-            assert first == expect, f"shard {shard}: gap or overlap before {first}"
-            assert len(lines) == last - first + 1
-            expect = last + 1
-        stored = [p for _, _, p in read_all(log, stream, shard)][: len(shipped)]
-        assert shipped == stored, f"shard {shard}: objects differ from the log"
-        assert log.group(stream, shard, "ship").offset == expect
-        total += len(shipped)
-    return total
+from .support.server import COMET
+from .support.ship import CFG, check_objects, fill_shards
 
 
 def test_ship_to_a_directory(data_dir: Path, tmp_path: Path) -> None:
     sink = DirectorySink(tmp_path / "lake")
     with Log(data_dir, CFG) as log:
-        fill(log, 3000)
+        fill_shards(log, 3000)
         with Consumer(log, "ev", "ship") as c:
             stats = Shipper(c, sink, ShipConfig(max_object_bytes=100_000)).run(once=True)
         assert check_objects(log, sink) == 12_000
         assert stats.objects == len(sink.keys()) > 12
         assert all(len(zstandard.ZstdDecompressor().decompress(sink.get(k))) <= 100_000
                    for k in sink.keys())
-        fill(log, 500, start=3000)  # a second run ships only what is new
+        fill_shards(log, 500, start=3000)  # a second run ships only what is new
         with Consumer(log, "ev", "ship") as c:
             Shipper(c, sink, ShipConfig(max_object_bytes=100_000)).run(once=True)
         assert check_objects(log, sink) == 14_000
@@ -158,7 +115,7 @@ class FlakySink(DirectorySink):
 def test_sink_failures_are_retried(tmp_path: Path, data_dir: Path) -> None:
     sink = FlakySink(tmp_path / "lake", failures=3)
     with Log(data_dir, CFG) as log:
-        fill(log, 100)
+        fill_shards(log, 100)
         with Consumer(log, "ev", "ship") as c:
             stats = Shipper(c, sink, ShipConfig(retry_backoff_s=0.01)).run(once=True)
         assert stats.upload_errors == 3
@@ -170,7 +127,7 @@ def test_ship_to_s3(moto_s3: str, data_dir: Path, aws_env: None) -> None:
 
     boto3.client("s3", endpoint_url=moto_s3).create_bucket(Bucket="edge")
     with Log(data_dir, CFG) as log:
-        fill(log, 1000)
+        fill_shards(log, 1000)
     out = subprocess.run([str(COMET), "ship", str(data_dir), "ev", "s3://edge/lake",
                           "--endpoint-url", moto_s3, "--max-object-bytes", "50000", "--once"],
                          capture_output=True, text=True, timeout=120)
@@ -197,12 +154,12 @@ def test_kill_9_twenty_times(data_dir: Path, tmp_path: Path) -> None:
     rng = random.Random(11)
     start = 0
     with Log(data_dir, CFG) as log:
-        fill(log, 400)
+        fill_shards(log, 400)
         start = 400
         for _ in range(20):
             shipper = subprocess.Popen(ship_command(data_dir, lake), stderr=subprocess.DEVNULL)
             time.sleep(rng.uniform(0.3, 0.9))
-            fill(log, 150, start=start)  # the log keeps growing meanwhile
+            fill_shards(log, 150, start=start)  # the log keeps growing meanwhile
             start += 150
             time.sleep(rng.uniform(0.0, 0.3))
             shipper.send_signal(signal.SIGKILL)
@@ -220,7 +177,7 @@ def test_kill_9_twenty_times(data_dir: Path, tmp_path: Path) -> None:
 def test_sigterm_finishes_the_current_object(data_dir: Path, tmp_path: Path) -> None:
     lake = tmp_path / "lake"
     with Log(data_dir, CFG) as log:
-        fill(log, 200)
+        fill_shards(log, 200)
         shipper = subprocess.Popen([str(COMET), "ship", str(data_dir), "ev", str(lake),
                                     "--max-object-age", "3600"], stderr=subprocess.PIPE)
         time.sleep(1.5)  # everything read, nothing old enough to cut yet

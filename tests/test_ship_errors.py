@@ -27,8 +27,9 @@ from consumers.errors import EXIT_PERMANENT, EXIT_RETRIES
 from storage_c import Log
 from storage_c.jsonlog import JsonFormatter
 
-from .conftest import REPO
-from .test_ship import CFG, COMET, check_objects, fill
+from .support.processes import REPO
+from .support.server import COMET
+from .support.ship import CFG, check_objects, fill_shards
 
 FAST = ShipConfig(retry_backoff_s=0.01, max_backoff_s=0.05)
 
@@ -104,7 +105,7 @@ def test_missing_bucket_fails_at_once_then_ships_exactly_once(moto_s3: str, data
 
     moto_api(moto_s3, "reset")  # moto's state is per process: start from nothing
     with Log(data_dir, CFG) as log:
-        fill(log, 300)
+        fill_shards(log, 300)
     args = ("--endpoint-url", moto_s3, "--max-object-bytes", "20000")
     rc, lines, seconds = ship(data_dir, "s3://missing/lake", *args)
     assert rc == EXIT_PERMANENT
@@ -162,7 +163,7 @@ def test_bad_credentials_and_access_denied_are_permanent(moto_auth: dict, data_d
     url = moto_auth["url"]
     shipper, admin = moto_auth["shipper"], moto_auth["admin"]
     with Log(data_dir, CFG) as log:
-        fill(log, 100)
+        fill_shards(log, 100)
     cases = [
         (aws(url, "AKIAIOSFODNN7WRONG00", "x"), "InvalidAccessKeyId", "AWS_ACCESS_KEY_ID"),
         (aws(url, shipper["AccessKeyId"], "wrong"), "SignatureDoesNotMatch", "AWS_SECRET_ACCESS_KEY"),
@@ -194,7 +195,7 @@ def test_bad_credentials_and_access_denied_are_permanent(moto_auth: dict, data_d
 
 def test_invalid_bucket_name(data_dir: Path) -> None:
     with Log(data_dir, CFG) as log:
-        fill(log, 10)
+        fill_shards(log, 10)
     rc, lines, seconds = ship(data_dir, "s3://no!such_name/lake")
     assert rc == EXIT_PERMANENT
     assert lines == ["Error: comet ship: s3://no!such_name/: 'no!such_name' is not a valid bucket "
@@ -212,7 +213,7 @@ def test_directory_sink_that_is_a_file(data_dir: Path, tmp_path: Path) -> None:
     lake = tmp_path / "lake"
     lake.write_text("not a directory")
     with Log(data_dir, CFG) as log:
-        fill(log, 100)
+        fill_shards(log, 100)
     rc, lines, seconds = ship(data_dir, str(lake))
     assert rc == EXIT_PERMANENT
     assert_one_error_line(lines, f"directory {lake}", "ENOTDIR",
@@ -231,7 +232,7 @@ def test_directory_sink_not_writable(data_dir: Path, tmp_path: Path) -> None:
     lake.mkdir()
     lake.chmod(0o555)
     with Log(data_dir, CFG) as log:
-        fill(log, 100)
+        fill_shards(log, 100)
     prefix: list[str] = []
     if os.geteuid() == 0:  # root writes anywhere: run without the capabilities that allow it
         setpriv = shutil.which("setpriv")
@@ -265,7 +266,7 @@ def closed_port() -> int:
 def test_max_retries_ends_a_run_on_a_transient_error(data_dir: Path, tmp_path: Path,
                                                      aws_env: None) -> None:
     with Log(data_dir, CFG) as log:
-        fill(log, 100)
+        fill_shards(log, 100)
     # a real process against an endpoint nobody listens on: connection refused
     url = f"http://127.0.0.1:{closed_port()}"
     env = dict(os.environ, AWS_MAX_ATTEMPTS="1")
@@ -302,7 +303,7 @@ def test_max_retries_ends_a_run_on_a_transient_error(data_dir: Path, tmp_path: P
 def test_once_retries_transient_errors_five_times_and_permanent_ones_never(
         data_dir: Path, tmp_path: Path) -> None:
     with Log(data_dir, CFG) as log:
-        fill(log, 50)
+        fill_shards(log, 50)
         transient = FakeSink(tmp_path / "a", lambda: ConnectionResetError(104, "reset by peer"))
         with Consumer(log, "ev", "ship") as c, pytest.raises(ShipError) as caught:
             Shipper(c, transient, FAST).run(once=True)
@@ -324,7 +325,7 @@ def test_continuous_mode_retries_permanent_errors_and_counts_them(
     caplog.set_level("INFO", logger="comet.ship")
     sink = FakeSink(tmp_path / "lake", lambda: client_error("AccessDenied", 403), failures=4)
     with Log(data_dir, CFG) as log:
-        fill(log, 100)
+        fill_shards(log, 100)
         with Consumer(log, "ev", "ship") as c:
             shipper = Shipper(c, sink, ShipConfig(retry_backoff_s=0.05, max_backoff_s=0.1,
                                                   max_object_age_s=0, status_interval_s=0.02))
@@ -346,7 +347,7 @@ def test_continuous_cli_logs_status_and_stops_on_sigterm(
     lake = tmp_path / "lake"
     lake.write_text("a file")
     with Log(data_dir, CFG) as log:
-        fill(log, 20)
+        fill_shards(log, 20)
     proc = subprocess.Popen([str(COMET), "ship", str(data_dir), "ev", str(lake), "--max-object-age",
                              "0", "--status-interval", "0.2"], stderr=subprocess.PIPE, text=True)
     children.append(proc)  # type: ignore[arg-type]  # a text-mode one: only killed
@@ -472,7 +473,7 @@ def test_kill_9_mid_upload_leaves_nothing_behind(data_dir: Path, tmp_path: Path,
     state = data_dir / ".ship"
     args = (str(data_dir), "ev", str(lake), "--max-object-bytes", "20000", "--once")
     with Log(data_dir, CFG) as log:
-        fill(log, 400)  # ~5 objects per shard
+        fill_shards(log, 400)  # ~5 objects per shard
 
         # 1: killed while the third object's temporary file is being written
         proc, tmp1 = blocked_shipper(children, tmp_path, lake, 3, *args)
@@ -525,7 +526,7 @@ def test_a_failed_write_leaves_no_temp_file(data_dir: Path, tmp_path: Path) -> N
 
     lake = tmp_path / "lake"
     with Log(data_dir, CFG) as log:
-        fill(log, 20)
+        fill_shards(log, 20)
         with Consumer(log, "ev", "ship") as c, pytest.raises(ShipError) as caught:
             Shipper(c, Full(lake), ShipConfig(retry_backoff_s=0.01, max_retries=1,
                                               max_object_age_s=0)).run()
@@ -540,7 +541,7 @@ def test_stop_during_retries_keeps_the_intent(data_dir: Path, tmp_path: Path) ->
     stop = threading.Event()
     sink = FakeSink(tmp_path / "lake", lambda: client_error("NoSuchBucket", 404))
     with Log(data_dir, CFG) as log:
-        fill(log, 30)
+        fill_shards(log, 30)
         with Consumer(log, "ev", "ship") as c:
             shipper = Shipper(c, sink, ShipConfig(retry_backoff_s=0.01, max_backoff_s=0.02,
                                                   stop_retries=1, max_object_age_s=0))

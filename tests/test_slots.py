@@ -10,7 +10,7 @@ import pytest
 
 from storage_c import Config, Log, NoFreeSlot, ProcessCountMismatch, SlotAlreadyHeld
 
-from .conftest import worker
+from .support.processes import worker
 
 
 def start_holder(data_dir: Path, count: int) -> tuple[subprocess.Popen[bytes], str]:

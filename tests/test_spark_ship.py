@@ -22,23 +22,23 @@ from spark_jobs.lakefs import Lake, LakeError
 from spark_jobs.plan import manifest_runs, manifests, plan_runs
 from spark_jobs.ship import ShipOptions, ship
 
-from .conftest import REPO, read_all
+from .support.processes import REPO
+from .support.server import COMET
+from .support.storage import fill, read_all
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 CFG = Config(shards=4, segment_bytes=1 << 20, compression_threshold=512)
-COMET = Path(sys.executable).with_name("comet")
 HOUR_MS = 3_600_000
 T0_MS = 1_763_700_000_000  # 2025-11-21T04:40Z
 
 
-def fill(log: Log, n: int, start: int = 0) -> None:
+def events(n: int, start: int = 0) -> list[bytes]:
     """Events whose event time walks over several hours; some are large (compressed)."""
-    for i in range(start, start + n):
-        event = {"id": i, "device": f"dev-{i % 5}", "temp": 20.0 + i % 10,
-                 "at": T0_MS + i * 37_000, "note": "n" * (i % 900)}
-        log.append_batch("ev", [orjson.dumps(event)], key=f"k{i}")
+    return [orjson.dumps({"id": i, "device": f"dev-{i % 5}", "temp": 20.0 + i % 10,
+                          "at": T0_MS + i * 37_000, "note": "n" * (i % 900)})
+            for i in range(start, start + n)]
 
 
 def log_events(data_dir: Path) -> dict[tuple[int, int], Any]:
@@ -94,7 +94,7 @@ def options(data_dir: Path, lake: Lake, **kw: Any) -> ShipOptions:
 def test_ship_to_a_local_lake(spark: SparkSession, data_dir: Path, tmp_path: Path) -> None:
     lake = Lake(str(tmp_path / "lake"))
     with Log(data_dir, CFG) as log:
-        fill(log, 3000)
+        fill(log, "ev", events(3000), batch=1)
     first = ship(options(data_dir, lake), lambda: spark)  # schema inferred from a sample
     assert (first.run, first.rows, first.rejects, first.missing) == (1, 3000, 0, 0)
     check_lake(lake, data_dir)
@@ -104,7 +104,7 @@ def test_ship_to_a_local_lake(spark: SparkSession, data_dir: Path, tmp_path: Pat
     assert behind.count() == 0
     assert ship(options(data_dir, lake), lambda: spark).run is None  # nothing new: no run
     with Log(data_dir, CFG) as log:
-        fill(log, 500, start=3000)
+        fill(log, "ev", events(500, start=3000), batch=1)
     second = ship(options(data_dir, lake), lambda: spark)
     assert (second.run, second.rows) == (2, 500)
     check_lake(lake, data_dir)
@@ -121,7 +121,7 @@ def test_ship_to_s3(spark: SparkSession, data_dir: Path, moto_s3: str, aws_env: 
     boto3.client("s3", endpoint_url=moto_s3).create_bucket(Bucket="edge")
     lake = Lake("s3://edge/lake", endpoint_url=moto_s3, access_key="test", secret_key="test")
     with Log(data_dir, CFG) as log:
-        fill(log, 2000)
+        fill(log, "ev", events(2000), batch=1)
     report = ship(options(data_dir, lake, value_schema="id long, device string, temp double, "
                                  "at long, note string", max_entries=1200), lambda: spark)
     assert (report.run, report.rows) == (1, 1200)  # bounded run
@@ -138,10 +138,10 @@ def test_ship_to_s3(spark: SparkSession, data_dir: Path, moto_s3: str, aws_env: 
 def test_rejects_keep_bad_entries_and_lose_nothing(spark: SparkSession, data_dir: Path, tmp_path: Path) -> None:
     lake = Lake(str(tmp_path / "lake"))
     with Log(data_dir, CFG) as log:
-        fill(log, 400)
+        fill(log, "ev", events(400), batch=1)
         bad = {log.append("ev", b"\xff not json", shard=1), log.append("ev", b'{"id": "x"}', shard=2),
                log.append("ev", b"[1, 2]", shard=3)}
-        fill(log, 100, start=400)
+        fill(log, "ev", events(100, start=400), batch=1)
     report = ship(options(data_dir, lake, value_schema="id long, device string, temp double, "
                                  "at long"), lambda: spark)
     assert (report.rows, report.rejects, report.missing) == (500, 3, 0)
@@ -156,7 +156,7 @@ def test_rejects_keep_bad_entries_and_lose_nothing(spark: SparkSession, data_dir
 
 def test_clear_errors_and_nothing_acked(spark: SparkSession, data_dir: Path, tmp_path: Path, aws_env: None) -> None:
     with Log(data_dir, CFG) as log:
-        fill(log, 50)
+        fill(log, "ev", events(50), batch=1)
     lake = Lake(str(tmp_path / "lake"))
     with pytest.raises(ValueError, match="stream 'nope' does not exist"):
         ship(ShipOptions(str(data_dir), "nope", lake), no_spark)
@@ -198,7 +198,7 @@ def test_nothing_new_needs_no_spark_and_the_time_includes_spark_start(
     """A run starts Spark only for work, and its reported time counts Spark's start."""
     lake = Lake(str(tmp_path / "lake"))
     with Log(data_dir, CFG) as log:
-        fill(log, 100)
+        fill(log, "ev", events(100), batch=1)
 
     def slow_start() -> SparkSession:
         time.sleep(1.5)  # as a JVM starting
@@ -283,10 +283,10 @@ def test_a_run_removes_what_killed_runs_left(spark: SparkSession, data_dir: Path
     lake = Lake(str(lake_dir))
     meta = lake_dir / "_comet" / "ev"
     with Log(data_dir, CFG) as log:
-        fill(log, 1200)
+        fill(log, "ev", events(1200), batch=1)
     assert ship(options(data_dir, lake, entries_per_task=200), lambda: spark).run == 1
     with Log(data_dir, CFG) as log:
-        fill(log, 1200, start=1200)
+        fill(log, "ev", events(1200, start=1200), batch=1)
 
     # Run 2 stops dead halfway through publishing (in-process, as a SIGKILL there
     # would): its plan, staged files and half of its files under their final names.
@@ -335,7 +335,7 @@ def test_a_bad_schema_is_one_line_and_starts_no_python_worker(data_dir: Path, tm
     it before any job, so no Python worker exists to print anything as Spark
     stops: stderr is exactly the one line, nothing is written."""
     with Log(data_dir, CFG) as log:
-        fill(log, 300)
+        fill(log, "ev", events(300), batch=1)
     workers = tmp_path / "python-workers"  # a line per Python worker Spark starts
     python = tmp_path / "python"
     python.write_text(f"#!/bin/sh\necho \"$@\" >> {workers}\nexec {sys.executable} \"$@\"\n")
@@ -365,7 +365,7 @@ def test_the_command_with_relative_paths(data_dir: Path, tmp_path: Path) -> None
     import pyspark
 
     with Log(data_dir, CFG) as log:
-        fill(log, 300)
+        fill(log, "ev", events(300), batch=1)
     work = tmp_path / "work"
     work.mkdir()
     # local-cluster's worker puts the executors' directories under
@@ -384,8 +384,8 @@ def test_the_command_with_relative_paths(data_dir: Path, tmp_path: Path) -> None
     assert good.returncode == 0, good.stderr
     assert orjson.loads(good.stdout)["rows"] == 300
     lines = [orjson.loads(line) for line in good.stderr.splitlines()]
-    events = [line["event"] for line in lines if line.get("logger") == "comet.spark_ship"]
-    assert events == ["run_start", "done"], good.stderr
+    ours = [line["event"] for line in lines if line.get("logger") == "comet.spark_ship"]
+    assert ours == ["run_start", "done"], good.stderr
     assert all({"ts", "level", "logger"} <= line.keys() for line in lines)
     check_lake(Lake(str(work / "lake")), data_dir)
     executor_dirs = [d for d in (spark_home / "work").glob("app-*/*") if d.is_dir()]
@@ -409,7 +409,7 @@ def test_cheap_checks_and_a_run_with_nothing_new_start_no_jvm(data_dir: Path, tm
     """Mistakes that need no Spark to find, and a run with nothing to ship,
     end in about a second without starting Spark's JVM."""
     with Log(data_dir, CFG) as log:
-        fill(log, 40)
+        fill(log, "ev", events(40), batch=1)
         for shard in range(4):  # the group has shipped everything
             log.group("ev", shard, "spark-ship").ack(log.shard_stats("ev", shard).next_entry - 1)
     env, record = fake_java(tmp_path)
@@ -445,7 +445,7 @@ def test_cheap_checks_and_a_run_with_nothing_new_start_no_jvm(data_dir: Path, tm
     assert not lake.exists()
     # With something new to ship, Spark starts: here its java fails, in one line.
     with Log(data_dir, CFG) as log:
-        fill(log, 1, start=40)
+        fill(log, "ev", events(1, start=40), batch=1)
     out = subprocess.run([str(COMET), "spark-ship", str(data_dir), "ev", str(lake)], env=env,
                          capture_output=True, text=True, timeout=120)
     *logged, error = out.stderr.splitlines()
@@ -513,7 +513,7 @@ def test_exactly_once_under_sigkill(data_dir: Path, tmp_path: Path) -> None:
     lake = Lake(str(lake_dir))
     rng = random.Random(20261121)
     with Log(data_dir, CFG) as log:
-        fill(log, 3000)
+        fill(log, "ev", events(3000), batch=1)
     started = time.monotonic()
     assert run_job(data_dir, lake_dir) == 0
     full_run_s = time.monotonic() - started
@@ -524,7 +524,7 @@ def test_exactly_once_under_sigkill(data_dir: Path, tmp_path: Path) -> None:
     produced = 3000
     for crash in kills:
         with Log(data_dir, CFG) as log:
-            fill(log, 700, start=produced)
+            fill(log, "ev", events(700, start=produced), batch=1)
         produced += 700
         if crash:
             assert run_job(data_dir, lake_dir, crash=crash) == -signal.SIGKILL

@@ -16,7 +16,7 @@ from storage_c import Config, Log
 from spark_jobs.offsets import SourceOptions, cap, resolve_start
 from spark_jobs.source import CometStreamReader
 
-from .conftest import read_all
+from .support.storage import fill, read_all
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -24,11 +24,10 @@ if TYPE_CHECKING:
 CFG = Config(shards=4, segment_bytes=1 << 20, compression_threshold=256)
 
 
-def fill(log: Log, n: int, start: int = 0) -> None:
+def events(n: int, start: int = 0) -> list[bytes]:
     """Events of varied size: the large ones are stored compressed."""
-    for i in range(start, start + n):
-        event = {"n": i, "device": f"dev-{i % 7}", "pad": "x" * (i % 600)}
-        log.append_batch("ev", [orjson.dumps(event)], key=f"k{i}")
+    return [orjson.dumps({"n": i, "device": f"dev-{i % 7}", "pad": "x" * (i % 600)})
+            for i in range(start, start + n)]
 
 
 def expected_rows(log: Log, shards: range | list[int]) -> list[tuple[int, int, int, bytes]]:
@@ -54,7 +53,7 @@ def comet(spark: SparkSession, data_dir: Path, **options: str) -> DataFrame:
 
 def test_batch_read_equals_the_storage_api(spark: SparkSession, data_dir: Path) -> None:
     with Log(data_dir, CFG) as log:
-        fill(log, 2000)
+        fill(log, "ev", events(2000), batch=1)
         assert sum(log.shard_stats("ev", s).compressed_entries for s in range(4)) > 100
         want = sorted(expected_rows(log, range(4)))
     df = comet(spark, data_dir)
@@ -66,7 +65,7 @@ def test_batch_read_equals_the_storage_api(spark: SparkSession, data_dir: Path) 
 
 def test_offsets_shards_and_partition_size(spark: SparkSession, data_dir: Path) -> None:
     with Log(data_dir, CFG) as log:
-        fill(log, 800)
+        fill(log, "ev", events(800), batch=1)
         everything = expected_rows(log, range(4))
         group = log.group("ev", 2, "lake")
         group.ack(49)  # shard 2 consumed up to 49
@@ -90,7 +89,7 @@ def test_a_group_start_needs_a_registered_group(spark: SparkSession, data_dir: P
     from consumers import Consumer
 
     with Log(data_dir, CFG) as log:
-        fill(log, 300)
+        fill(log, "ev", events(300), batch=1)
         everything = expected_rows(log, range(4))
     opts = SourceOptions.parse({"path": str(data_dir), "stream": "ev", "startingOffsets": "group:lake"})
     with Log(data_dir, Config.inspector()) as log:  # the check batch reads and streams' first offsets share
@@ -121,7 +120,7 @@ def test_a_group_start_needs_a_registered_group(spark: SparkSession, data_dir: P
 
 def test_parsed_values_and_rejects(spark: SparkSession, data_dir: Path) -> None:
     with Log(data_dir, CFG) as log:
-        fill(log, 300)
+        fill(log, "ev", events(300), batch=1)
         bad = [log.append("ev", payload, shard=shard)
                for shard, payload in enumerate([b"not json", b"", b'{"n": "text"}',
                                                 b'{"n": 1}\n{"n": 2}'])]
@@ -140,7 +139,7 @@ def test_parsed_values_and_rejects(spark: SparkSession, data_dir: Path) -> None:
 
 def test_bad_options_are_clear_errors(spark: SparkSession, data_dir: Path) -> None:
     with Log(data_dir, CFG) as log:
-        fill(log, 10)
+        fill(log, "ev", events(10), batch=1)
     cases = {
         "does not exist": dict(stream="nope"),
         "neither earliest": dict(startingOffsets="{bad json"),
@@ -172,14 +171,14 @@ def test_streaming_read_with_a_checkpoint_reads_only_new_rows(spark: SparkSessio
         assert query.exception() is None
 
     with Log(data_dir, CFG) as log:
-        fill(log, 400)
+        fill(log, "ev", events(400), batch=1)
     run_until_caught_up()
     first = rows_of(spark.read.parquet(str(out)))
     batches = len(list((checkpoint / "offsets").iterdir()))
     assert batches >= 3  # 400 entries, at most 150 per micro-batch
     with Log(data_dir, CFG) as log:
         assert first == sorted(expected_rows(log, range(4)))
-        fill(log, 250, start=400)
+        fill(log, "ev", events(250, start=400), batch=1)
         want = sorted(expected_rows(log, range(4)))
     run_until_caught_up()
     assert rows_of(spark.read.parquet(str(out))) == want  # exactly the new rows were added
@@ -190,7 +189,7 @@ def test_stream_reader_works_without_4_2_arguments(data_dir: Path) -> None:
     from pyspark.sql.types import StructType
 
     with Log(data_dir, CFG) as log:
-        fill(log, 100)
+        fill(log, "ev", events(100), batch=1)
         ends = {str(s): log.shard_stats("ev", s).next_entry for s in range(4)}
     schema = StructType.fromJson(json.loads(
         '{"type":"struct","fields":[{"name":"stream","type":"string","nullable":true,"metadata":{}},'

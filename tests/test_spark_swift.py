@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,15 +18,15 @@ from storage_c import Config, Log
 from spark_jobs.lake import read_table, unmanifested_files
 from spark_jobs.lakefs import Lake
 
-from .swift_server import SwiftS3Server
+from .support.server import COMET
+from .support.storage import fill
+from .support.swift_server import SwiftS3Server
 
-COMET = Path(sys.executable).with_name("comet")
 CFG = Config(shards=3, segment_bytes=1 << 20)
 
 
-def fill(log: Log, start: int, n: int) -> None:
-    log.append_batch("ev", [orjson.dumps({"id": i, "site": f"s{i % 4}", "v": i * 0.5})
-                            for i in range(start, start + n)], key=str(start))
+def readings(start: int, n: int) -> list[bytes]:
+    return [orjson.dumps({"id": i, "site": f"s{i % 4}", "v": i * 0.5}) for i in range(start, start + n)]
 
 
 def ship(swift: SwiftS3Server, data_dir: Path) -> dict[str, Any]:
@@ -52,10 +51,10 @@ def test_ship_to_swift(s3env: SwiftS3Server, data_dir: Path) -> None:
                 access_key=swift.access_key, secret_key=swift.secret_key)
     with Log(data_dir, CFG) as log:
         for start in range(0, 3000, 100):
-            fill(log, start, 100)
+            fill(log, "ev", readings(start, 100), key=str(start))
     assert ship(swift, data_dir)["rows"] == 3000
     with Log(data_dir, CFG) as log:
-        fill(log, 3000, 500)
+        fill(log, "ev", readings(3000, 500), key="3000")
     assert ship(swift, data_dir)["rows"] == 500
     rows = read_table(lake, "ev").to_pylist()
     assert sorted(r["id"] for r in rows) == list(range(3500))

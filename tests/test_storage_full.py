@@ -7,7 +7,8 @@ from pathlib import Path
 
 from storage_c import Config, Log
 
-from .conftest import read_all, run_worker
+from .support.processes import run_worker
+from .support.storage import read_all
 
 
 def test_preallocation_failure_is_storage_full_and_recovers(data_dir: Path) -> None:

@@ -13,7 +13,7 @@ from gateway.app import create_app
 from gateway.config import ConfigError, load
 from storage_c import Config, Log, StreamLimit
 
-from .test_gateway import JSON, config, stored
+from .support.gateway_app import JSON, config, stored
 
 
 def names(data_dir: Path) -> list[str]:
@@ -29,6 +29,8 @@ def test_max_streams_refuses_a_new_stream_with_409(data_dir: Path) -> None:
         assert r.status_code == 409 and r.json()["error"] == "too_many_streams"
         assert "max_streams is 3" in r.json()["detail"]
         assert c.post("/streams/a", content=b'{"more":1}', headers=JSON).status_code == 202
+        metrics = c.get("/metrics").text
+    assert 'comet_http_requests_total{slot="0",code="409"} 1' in metrics
     assert names(data_dir) == ["a", "b", "c"]
     assert not (data_dir / "d").exists()
     assert stored(data_dir, "a") == [b"{}", b'{"more":1}']

@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import subprocess
 from pathlib import Path
 from typing import Iterator
 
 import pytest
 
-from .harness import PowerCutFS, Writer
-
-CUTS = int(os.environ.get("POWERCUT_CUTS", "30"))
+from .harness import PowerCutFS
 
 
 def _fuse_problem() -> str | None:
@@ -40,33 +36,3 @@ def powercut(tmp_path: Path) -> Iterator[PowerCutFS]:
         yield fs
     finally:
         fs.close()
-
-
-def read_state(proc: Writer) -> dict:
-    """The first line of a writer: what survived (``S``), or why opening failed (``E``)."""
-    assert proc.stdout
-    line = proc.stdout.readline()
-    if line.startswith("E "):
-        raise AssertionError(f"reopening after the cut failed: {json.loads(line[2:])}")
-    assert line.startswith("S "), (f"writer said {line!r} (exit {proc.wait()}):\n"
-                                   f"{proc.stderr_path.read_text()}")
-    return json.loads(line[2:])
-
-
-def read_lines(proc: Writer, count: int) -> list[list[str]]:
-    assert proc.stdout
-    out = []
-    for _ in range(count):
-        line = proc.stdout.readline()
-        assert line.endswith("\n"), (f"writer ended early (exit {proc.wait()}): {line!r}\n"
-                                      f"{proc.stderr_path.read_text()}")
-        out.append(line.split())
-    return out
-
-
-def drain(proc: subprocess.Popen[str]) -> list[list[str]]:
-    """What a killed writer had written to its pipe: complete lines only."""
-    assert proc.stdout
-    rest = proc.stdout.read()
-    proc.stdout.close()
-    return [line.split() for line in rest.split("\n")[:-1]]

@@ -16,6 +16,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -24,6 +25,7 @@ REPO = Path(__file__).resolve().parents[2]
 FS = Path(__file__).with_name("fs.py")
 WRITER = Path(__file__).with_name("writer.py")
 FUSECTL = Path("/sys/fs/fuse/connections")
+CUTS = int(os.environ.get("POWERCUT_CUTS", "30"))  # per scenario
 
 
 class Writer(subprocess.Popen[str]):
@@ -229,3 +231,46 @@ def make_synced_dir(path: Path) -> Path:
     finally:
         os.close(fd)
     return path
+
+
+def read_state(proc: Writer) -> dict:
+    """The first line of a writer: what survived (``S``), or why opening failed (``E``)."""
+    assert proc.stdout
+    line = proc.stdout.readline()
+    if line.startswith("E "):
+        raise AssertionError(f"reopening after the cut failed: {json.loads(line[2:])}")
+    assert line.startswith("S "), (f"writer said {line!r} (exit {proc.wait()}):\n"
+                                   f"{proc.stderr_path.read_text()}")
+    return json.loads(line[2:])
+
+
+def read_lines(proc: Writer, count: int) -> list[list[str]]:
+    assert proc.stdout
+    out = []
+    for _ in range(count):
+        line = proc.stdout.readline()
+        assert line.endswith("\n"), (f"writer ended early (exit {proc.wait()}): {line!r}\n"
+                                      f"{proc.stderr_path.read_text()}")
+        out.append(line.split())
+    return out
+
+
+def drain(proc: subprocess.Popen[str]) -> list[list[str]]:
+    """What a killed writer had written to its pipe: complete lines only."""
+    assert proc.stdout
+    rest = proc.stdout.read()
+    proc.stdout.close()
+    return [line.split() for line in rest.split("\n")[:-1]]
+
+
+def discard_output(proc: Writer) -> threading.Thread:
+    """Reads a writer's acknowledgements away (this scenario looks at what
+    survived, not at what was acknowledged), so that its pipe never fills."""
+    def run() -> None:
+        assert proc.stdout
+        for _ in proc.stdout:
+            pass
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread

@@ -16,8 +16,7 @@ import time
 import pytest
 
 from .checks import check_acked_survived
-from .conftest import CUTS, drain, read_lines, read_state
-from .harness import PowerCutFS, make_synced_dir, writeback
+from .harness import CUTS, PowerCutFS, drain, make_synced_dir, read_lines, read_state, writeback
 
 
 @pytest.mark.parametrize("mode", ["clean", "pages"])
@@ -27,7 +26,7 @@ def test_always_appends_survive_power_cuts(powercut: PowerCutFS, mode: str) -> N
     acked: dict[tuple[int, int], str] = {}
     started = time.monotonic()
     # The stream and its shard directories exist durably before the first cut:
-    # creating them is not crash-safe (test_bugs.py), and this test is about appends.
+    # creating them under a cut is test_regressions.py's, and this test is about appends.
     setup = powercut.spawn("append", data, 0, 0, "always", 2)
     read_state(setup)
     for line in read_lines(setup, 2):

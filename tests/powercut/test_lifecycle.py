@@ -9,7 +9,7 @@ opens and verifies, its entries run without a hole from the first kept one to
 the commit point, a stream whose creation was acknowledged exists, one whose
 deletion was acknowledged does not, and no temporary or ``.deleted-*`` leftover
 is visible as a stream.  (Whether the acknowledged appends of a stream created
-during the run survive is test_bugs.py's first test.)
+during the run survive is test_regressions.py's first test.)
 """
 
 from __future__ import annotations
@@ -18,8 +18,7 @@ import random
 import time
 
 from .checks import shard_entries
-from .conftest import CUTS, drain, read_lines, read_state
-from .harness import PowerCutFS, make_synced_dir
+from .harness import CUTS, PowerCutFS, drain, make_synced_dir, read_lines, read_state
 
 
 def test_create_rotate_retain_delete_survive_power_cuts(powercut: PowerCutFS) -> None:

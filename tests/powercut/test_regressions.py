@@ -1,6 +1,6 @@
 """Power-cut scenarios that found storage bugs, kept as regression tests.
 
-Each docstring says what failed before the fix; the fixes (2026-11-25):
+Each docstring says what failed before the fix; the fixes:
 shard and data directories synced when created; a segment's file synced
 before its name is linked; recovery after a restart trusts the durable point
 only, scans from it, and ends the log before segments that were created but
@@ -16,10 +16,8 @@ import json
 from pathlib import Path
 
 from .checks import check_acked_survived
-from .conftest import drain, read_lines, read_state
-from .harness import PowerCutFS, make_synced_dir
-from .test_groups import run_groups
-from .test_interval import ALLOWANCE_S, INTERVAL_S, lost_batches, run_interval
+from .harness import PowerCutFS, drain, make_synced_dir, read_lines, read_state
+from .scenarios import ALLOWANCE_S, INTERVAL_S, lost_batches, run_groups, run_interval
 
 
 def always_appends_survive_one_cut(powercut: PowerCutFS, data: Path) -> None:
@@ -66,7 +64,7 @@ def test_group_offsets_never_ahead_of_surviving_data_pages(powercut: PowerCutFS)
 
 
 def test_interval_loss_window_within_twice_the_interval(powercut: PowerCutFS) -> None:
-    """Was a bug (README's bound for ``interval``: "2 x fsync_interval_ms at most").
+    """Was a bug (the documented bound for ``interval``: "2 x fsync_interval_ms at most").
 
     - after a reopen the durable point is 0 and the durable segment the first
       one, so the flusher's first sync of each shard fdatasyncs every segment
@@ -122,7 +120,7 @@ def test_interval_loss_window_within_twice_the_interval(powercut: PowerCutFS) ->
             first_syncs = [x for x in syncs if x[1][1].endswith(".log")]
             raise AssertionError(
                 f"cut {rnd}: {len(lost)} acknowledged batches lost, the oldest acknowledged "
-                f"{window * 1000:.0f} ms before the cut (README: at most "
+                f"{window * 1000:.0f} ms before the cut (documented: at most "
                 f"{2 * INTERVAL_S * 1000:.0f} ms); segment fdatasyncs in the second before the "
                 f"cut (ms before the cut, file): {len(first_syncs)}, from {first_syncs[:3]} "
                 f"to {first_syncs[-3:]}")

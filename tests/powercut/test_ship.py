@@ -31,7 +31,6 @@ import json
 import random
 import re
 import subprocess
-import threading
 import time
 from pathlib import Path
 
@@ -39,8 +38,9 @@ import pytest
 import zstandard
 
 from .checks import shard_entries
-from .conftest import CUTS, drain, read_lines, read_state
-from .harness import PowerCutFS, Writer, make_synced_dir
+from .harness import (
+    CUTS, PowerCutFS, Writer, discard_output, drain, make_synced_dir, read_lines, read_state)
+from .scenarios import durable_stream
 
 KEY = re.compile(r"^stream=events/dt=\d{4}-\d\d-\d\d/hour=\d\d/shard=(?P<shard>\d{4})/"
                  r"(?P<first>\d{20})-(?P<last>\d{20})\.ndjson\.zst$")
@@ -123,19 +123,6 @@ def shipped_events(proc: Writer, count: int) -> tuple[int, bool]:
     return seen, False
 
 
-def discard_output(proc: Writer) -> threading.Thread:
-    """Reads a writer's acknowledgements away (this scenario looks at what
-    survived, not at what was acknowledged), so that its pipe never fills."""
-    def run() -> None:
-        assert proc.stdout
-        for _ in proc.stdout:
-            pass
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    return thread
-
-
 def finish(proc: Writer, where: str, ended: bool) -> None:
     """Waits for a ``--once`` shipper to end (``ended``: its ``X`` line was
     read already); it must end well."""
@@ -145,20 +132,6 @@ def finish(proc: Writer, where: str, ended: bool) -> None:
     assert code == 0 and (ended or "\nX\n" in "\n" + rest), (
         f"{where}: comet ship --once failed (exit {code}): {rest[-2000:]}\n"
         f"{proc.stderr_path.read_text()[-3000:]}")
-
-
-def durable_stream(powercut: PowerCutFS, data: Path, durability: str, env: dict[str, str]) -> None:
-    """A writer creates the stream and appends for a moment; everything is made
-    durable and the power goes: the stream and its shard directories exist
-    durably before the scenario's first cut (as in test_always.py: these
-    scenarios are about shipping)."""
-    setup = powercut.spawn("append", data, 0, 0, durability, 2, env=env)
-    read_state(setup)
-    drained = discard_output(setup)
-    time.sleep(0.05)
-    powercut.checkpoint()
-    powercut.cut("clean", 0)
-    drained.join()
 
 
 def run_ship(powercut: PowerCutFS, mode: str, cuts: int) -> None:

@@ -39,9 +39,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from .checks import shard_entries
-from .conftest import drain, read_state
-from .harness import PowerCutFS, Writer, make_synced_dir
-from .test_ship import discard_output, durable_stream
+from .harness import PowerCutFS, Writer, discard_output, drain, make_synced_dir, read_state
+from .scenarios import durable_stream
 
 SPARK_CUTS = int(os.environ.get("POWERCUT_SPARK_CUTS", "15"))
 POINTS = ["planned", "written", "publishing", "published", "manifested", "acking", "end"]

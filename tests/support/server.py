@@ -198,6 +198,18 @@ class GatewayProcess(ServerProcess):
         super().__init__(argv, port, workers=workers, env=env,
                          log_path=log_path or data_dir.parent / f"serve-{port}.log")
 
+    def reload_workers(self, timeout: float = 60) -> None:
+        """HUP, then until none of the old workers is left and the new ones are ready."""
+        old = set(self.worker_pids())
+        self.proc.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + timeout
+        while old & set(self.worker_pids()):
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                raise RuntimeError(f"old workers {sorted(old)} still running after the HUP, or "
+                                   f"the master exited; {self.log_path}:\n{self.tail()}")
+            time.sleep(0.05)
+        self.wait_ready()
+
     def slots_all_held(self) -> bool:
         """Every process slot of the data directory is claimed (by the workers)."""
         with Log(self.data_dir, Config(process_count=self.workers, background_flush=False)) as log:

@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 PACKAGES = ("swift", "swift-proxy", "swift-object", "swift-container", "swift-account")
 SERVERS = ("account", "container", "object", "proxy")
 HOST = "127.0.0.1"

@@ -4,6 +4,9 @@ The command reads the configuration (the file, then COMET_* variables, then
 the command line's options, which win) and runs gunicorn in this process
 (gateway.server.GatewayServer), so signals reach the master directly: HUP
 reloads the configuration and the workers gracefully, TERM drains and stops.
+It first checks that the installed uvicorn, gunicorn and uvicorn-worker are
+versions the gateway is tested with (gateway.versions), and stops with one
+line if not, before any process starts.
 
 ``serve`` is this package's ``comet`` command, found by ``comet`` through the
 ``comet.commands`` entry points (pyproject.toml).  This module imports no
@@ -19,6 +22,7 @@ from typing import Callable, Mapping
 
 import click
 
+from . import versions
 from .config import ConfigError, GatewayConfig, load
 
 
@@ -51,6 +55,9 @@ def serve(config_file: str | None, data_dir: str | None, host: str | None, port:
     """Runs the HTTP ingest gateway (gunicorn + uvicorn workers).
 
     HUP reloads the workers gracefully; TERM drains and stops."""
+    unsupported = versions.check()
+    if unsupported is not None:
+        raise click.ClickException(unsupported)
     read = config_reader(config_file, {"data_dir": data_dir, "host": host, "port": port,
                                        "workers": workers})
     from .server import GatewayServer  # the web stack, only for this command

@@ -1,0 +1,26 @@
+"""tests/workers.py's programs in child processes of their own (never a fork of pytest)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+WORKERS = REPO / "tests" / "workers.py"
+
+
+def worker(*args: object, **popen: Any) -> subprocess.Popen[bytes]:
+    """Starts ``tests/workers.py <args>`` in a real child process."""
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    return subprocess.Popen([sys.executable, str(WORKERS), *map(str, args)], env=env, **popen)
+
+
+def run_worker(*args: object, timeout: float = 120) -> str:
+    """Runs ``tests/workers.py <args>`` to its end; its stdout (it must exit 0)."""
+    proc = worker(*args, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out, err = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, f"worker {args} failed ({proc.returncode}):\n{err.decode()}"
+    return out.decode()

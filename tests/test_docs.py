@@ -1,0 +1,173 @@
+"""The docs cannot go stale unnoticed: the site builds strictly, every link of
+the README resolves, and the README's first-screen example runs against a
+real gateway and answers what the README shows."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import pytest
+
+from tests.support.server import SMALL, GatewayProcess
+
+REPO = Path(__file__).resolve().parent.parent
+README = REPO / "README.md"
+DOCS = REPO / "docs"
+MKDOCS = Path(sys.executable).with_name("mkdocs")
+FIRST_SCREEN_LINES = 40
+EXAMPLE_MARK = "<!-- first-screen-example"
+README_PORT = "localhost:8080"
+
+_spec = importlib.util.spec_from_file_location("doc_links", DOCS / "hooks" / "links.py")
+assert _spec is not None and _spec.loader is not None
+doc_links = sys.modules["doc_links"] = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(doc_links)
+links: Callable[[str], list[str]] = doc_links.links
+problem: Callable[[Path, str, Path], str | None] = doc_links.problem
+prose_lines: Callable[[str], list[str]] = doc_links.prose_lines
+
+
+def test_the_site_builds_strictly(tmp_path: Path) -> None:
+    """A page missing from mkdocs.yml's nav, a broken link or anchor between pages,
+    or a broken link from a page to a file outside docs/ fails the build."""
+    out = subprocess.run([str(MKDOCS), "build", "--strict", "--site-dir", str(tmp_path / "site")],
+                         cwd=REPO, capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+    assert out.returncode == 0, f"mkdocs build --strict failed:\n{out.stderr}{out.stdout}"
+    assert (tmp_path / "site" / "index.html").exists()
+
+
+def test_every_readme_link_resolves() -> None:
+    """README.md is outside docs/: its relative links name files that exist and
+    anchors their Markdown has (as GitHub and the site both spell them)."""
+    text = README.read_text(encoding="utf-8")
+    targets = links(text)
+    assert len(targets) > 10, "the README's links were not found"
+    broken = [why for target in targets if (why := problem(README, target, REPO)) is not None]
+    assert broken == []
+
+
+def test_the_link_checker_reports_what_is_broken(tmp_path: Path) -> None:
+    (tmp_path / "other.md").write_text("# Other\n\n## Part `A`\n\n```\n## not a heading\n```\n")
+    page = tmp_path / "page.md"
+    page.write_text("[ok](other.md#part-a) [gone](missing.md) [no anchor](other.md#not-a-heading)"
+                    " [here](#page) [out](../elsewhere.md) `[code](x.md)` [web](https://example.org)\n"
+                    "# Page\n")
+    found = {target: problem(page, target, tmp_path) for target in links(page.read_text())}
+    assert found == {
+        "other.md#part-a": None,
+        "missing.md": "'missing.md': missing.md does not exist",
+        "other.md#not-a-heading": "'other.md#not-a-heading': other.md has no heading with the anchor #not-a-heading",
+        "#page": None,
+        "../elsewhere.md": "'../elsewhere.md' leaves the repository",
+        "https://example.org": None,
+    }
+
+
+DATE = re.compile(r"\b20\d\d-[01]\d-[0-3]\d\b")
+COMMIT = re.compile(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{7,40}\b")
+
+
+def test_no_dates_or_commits_outside_the_changelog() -> None:
+    """History lives in CHANGELOG.md; the README and the pages say what is. (Example
+    output in code blocks may show timestamps.)"""
+    found = []
+    for path in [README, *sorted(DOCS.glob("*.md"))]:
+        for line in prose_lines(path.read_text(encoding="utf-8")):
+            found += [f"{path.relative_to(REPO)}: {m.group(0)!r} in {line.strip()[:80]!r}"
+                      for m in [*DATE.finditer(line), *COMMIT.finditer(line)]]
+    assert found == []
+
+
+# --- the README's first screen ------------------------------------------------------
+
+def first_screen_example() -> list[tuple[str, str]]:
+    """(command, the output the README shows) for each ``$ `` line of the fenced block
+    after the marker comment, which must lie within the README's first screen."""
+    lines = README.read_text(encoding="utf-8").splitlines()
+    mark = next((i for i, line in enumerate(lines) if line.startswith(EXAMPLE_MARK)), None)
+    assert mark is not None, f"README.md has no {EXAMPLE_MARK} ... --> marker"
+    assert lines[mark + 1].startswith("```"), "the marker must stand right before a fenced block"
+    end = next(i for i in range(mark + 2, len(lines)) if lines[i].startswith("```"))
+    assert end < FIRST_SCREEN_LINES, f"the example ends on line {end + 1}, past the first screen"
+    steps: list[tuple[str, str]] = []
+    for line in lines[mark + 2:end]:
+        if line.startswith("$ "):
+            steps.append((line[2:], ""))
+        else:
+            assert steps, f"output before any command: {line!r}"
+            command, shown = steps[-1]
+            steps[-1] = (command, (shown + "\n" + line).strip())
+    return steps
+
+
+class Matcher:
+    """Compares an answer with the README's: equal, but for what a run cannot repeat
+    (timestamps, cursors) and the shard a worker chose, which must be the same shard
+    wherever the README shows the same one."""
+
+    VOLATILE: dict[str, type | tuple[type, ...]] = {"timestamp": int, "next": (str, int)}
+
+    def __init__(self) -> None:
+        self.shards: dict[int, int] = {}
+
+    def same(self, shown: Any, real: Any, where: str = "") -> Iterator[str]:
+        if isinstance(shown, dict) and isinstance(real, dict):
+            if set(shown) != set(real):
+                yield f"{where or 'the answer'}: keys {sorted(real)}, the README shows {sorted(shown)}"
+                return
+            for key, value in shown.items():
+                yield from self.field(key, value, real[key], f"{where}.{key}")
+        elif isinstance(shown, list) and isinstance(real, list):
+            if len(shown) != len(real):
+                yield f"{where}: {len(real)} items, the README shows {len(shown)}"
+                return
+            for i, (a, b) in enumerate(zip(shown, real)):
+                yield from self.same(a, b, f"{where}[{i}]")
+        elif shown != real:
+            yield f"{where}: {real!r}, the README shows {shown!r}"
+
+    def field(self, key: str, shown: Any, real: Any, where: str) -> Iterator[str]:
+        if key in self.VOLATILE:
+            if not isinstance(real, self.VOLATILE[key]):
+                yield f"{where}: {real!r} is not a {key}"
+        elif key == "shard" and isinstance(shown, int) and isinstance(real, int):
+            if self.shards.setdefault(shown, real) != real:
+                yield f"{where}: shard {real}, where the README's shard {shown} was {self.shards[shown]}"
+        elif key == "id" and isinstance(shown, str) and isinstance(real, str):
+            shard, _, entry = shown.partition("-")
+            yield from self.field("shard", int(shard), int(real.partition("-")[0]), where)
+            yield from self.same(entry, real.partition("-")[2], where)
+        else:
+            yield from self.same(shown, real, where)
+
+
+def test_the_readme_first_screen_example_works(tmp_path: Path) -> None:
+    """The README's first request and its read-back, run as shown against a gateway with
+    the default of several workers, answer what the README shows."""
+    steps = first_screen_example()
+    assert [command.split()[0] for command, _ in steps] == ["curl"] * len(steps)
+    assert any("-X POST" in command for command, _ in steps) and "-X POST" not in steps[-1][0]
+    curl = shutil.which("curl")
+    assert curl is not None, "the README's example needs curl"
+    with GatewayProcess(tmp_path / "data", workers=2, env=SMALL) as gateway:
+        gateway.wait_ready()
+        matcher = Matcher()
+        for command, shown in steps:
+            real_command = command.replace(README_PORT, f"127.0.0.1:{gateway.port}")
+            assert real_command != command, f"the example does not use {README_PORT}: {command}"
+            out = subprocess.run(["bash", "-c", real_command], capture_output=True, text=True,
+                                 timeout=30)
+            assert out.returncode == 0, f"{command}\nfailed ({out.returncode}): {out.stderr}"
+            answer = json.loads(out.stdout)
+            differences = list(matcher.same(json.loads(shown), answer))
+            assert differences == [], f"$ {command}\n{out.stdout}\n" + "\n".join(differences)
+        gateway.stop()
