@@ -190,7 +190,6 @@ _BY_CODE: dict[int, type[CometError]] = {
     )
 }
 _BY_CODE[lib.COMET_E_NOMEM] = CometError
-_BY_CODE[lib.COMET_E_BAD_FRAMING] = InvalidArgument
 
 
 def error_for(code: int) -> CometError:

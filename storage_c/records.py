@@ -149,13 +149,6 @@ class ShardStats:
         return self.next_entry - self.first_entry
 
 
-SUMMED_FIELDS = tuple(
-    name for name in ShardStats.__dataclass_fields__
-    if name not in ("shard", "first_entry", "next_entry", "durable_entry", "oldest_timestamp",
-                    "newest_timestamp", "append_latency_max_ns")
-)
-
-
 @dataclass(frozen=True)
 class StreamStats:
     stream: str

@@ -50,7 +50,7 @@ enum {
     COMET_E_BUFFER_TOO_SMALL = -15,  /* read buffer cannot hold the next entry */
     COMET_E_BATCH_TOO_LARGE = -16,   /* batch above COMET_MAX_BATCH_BYTES or entries */
     COMET_E_WANTS_COMPRESSION = -17, /* an entry is above raw_limit: compress it and retry */
-    COMET_E_BAD_FRAMING = -18,       /* no longer returned (was: a malformed marshal batch) */
+    /* -18 is retired: never returned, never to be given another meaning */
     COMET_E_DECOMPRESS = -19,        /* a compressed entry failed to decompress */
     COMET_E_SLOT_HELD = -20,         /* this handle already holds a slot */
     COMET_E_GROUP_NAME = -21,        /* group name outside [A-Za-z0-9._-]{1,47} */

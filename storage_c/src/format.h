@@ -79,6 +79,8 @@ typedef struct segment_header {
     uint32_t header_crc;
 } segment_header;
 static_assert(sizeof(segment_header) == FILE_HEADER_BYTES, "segment header is 64 bytes");
+static_assert(offsetof(segment_header, header_crc) == FILE_HEADER_CRC_OFFSET,
+              "every header's checksum is at byte 60");
 
 /* The file is a recycled one: past what this segment wrote lie the entries of
  * the segment it was before, not zeros.  They never check out as this
@@ -214,7 +216,7 @@ static_assert(ATOMIC_LLONG_LOCK_FREE == 2, "64-bit atomics must be lock-free to 
 #define OFFSETS_GROUPS 512
 #define OFFSETS_SLOTS_OFFSET 4096
 #define OFFSETS_FILE_BYTES (OFFSETS_SLOTS_OFFSET + OFFSETS_GROUPS * 128)
-#define GROUP_NAME_MAX 47
+#define GROUP_NAME_MAX COMET_GROUP_NAME_MAX
 
 typedef struct offsets_header {
     uint32_t magic;

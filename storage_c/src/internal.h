@@ -98,11 +98,6 @@ int segment_grow(segment *seg, const char *dir, uint64_t capacity, int empty, in
 uint64_t segment_refresh_capacity(segment *seg, const char *dir);
 void segment_path(char *out, const char *dir, uint64_t base, const char *suffix);
 
-static inline const entry_header *segment_entry_at(const segment *seg, uint64_t off)
-{
-    return (const entry_header *)(seg->map + off);
-}
-
 static inline index_record *index_records(const segment *seg)
 {
     return (index_record *)(seg->index_map + INDEX_RECORDS_OFFSET);
