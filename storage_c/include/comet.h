@@ -146,7 +146,10 @@ typedef struct comet_shard_stats {
     uint64_t rotations;
     uint64_t syncs;
     uint64_t lock_owner_died;     /* times a locker found the previous holder dead */
-    uint64_t recoveries;          /* tail checks (after a dead lock holder, a rebuilt state), repairing or not */
+    /* Tail checks after a dead lock holder, a rebuilt state or a restart
+     * (repairing or not), and checks at open that repaired something: opening
+     * a healthy shard, as every process and tool does, counts nothing. */
+    uint64_t recoveries;
     uint64_t truncated_bytes;     /* garbage cut from tails on recovery */
     uint64_t truncated_entries;   /* whole entries cut (torn batches, damaged tail) */
     uint64_t orphaned_segments;   /* segments beyond a cut, set aside as *.orphan */

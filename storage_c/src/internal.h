@@ -272,7 +272,11 @@ uint64_t retention_free_oldest(comet_db *db, const shard *requester, uint64_t ne
 
 /* Scans the tail from the committed point, keeps whole batches, cuts the rest.
  * Called with the append lock held. */
-int recovery_repair_tail(shard *sh, int how); /* how: 0, STATE_REBUILT or STATE_REBOOTED */
+/* how: 0, STATE_REBUILT or STATE_REBOOTED.  due: the check has a cause (a
+ * dead lock holder, recovery_pending, a rebuilt or rebooted state); without
+ * one it is the check every opener makes, counted in recoveries only when it
+ * repaired something, so that opening a healthy shard changes no counter. */
+int recovery_repair_tail(shard *sh, int how, int due);
 
 /* ---- state.c ------------------------------------------------------------- */
 
