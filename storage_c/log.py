@@ -22,7 +22,7 @@ import zstandard
 from . import _fastpath
 from ._comet import ffi, lib
 from .config import DURABILITY_CODES, Config
-from .errors import (BodyFault, Closed, CometError, ShardRangeError, WouldBlock, error_for,
+from .errors import (Closed, ShardRangeError, WouldBlock, body_error, error_for, ingest_error,
                      raise_for)
 from .groups import Group
 from .records import (
@@ -36,7 +36,9 @@ from .records import (
     ShardStats,
     StreamStats,
     VerifyReport,
+    as_bytes,
 )
+from .split import BODY_FORMATS, body_format
 
 
 def _address(name: str) -> int:
@@ -53,9 +55,6 @@ _BUFFER_TOO_SMALL = lib.COMET_E_BUFFER_TOO_SMALL
 _NO_STREAM = lib.COMET_E_NO_STREAM
 _COMPRESSED = lib.COMET_ENTRY_COMPRESSED
 _STAT_FIELDS = tuple(f for f in ShardStats.__dataclass_fields__ if f != "shard")
-
-_BODY_FORMATS = {"json": lib.COMET_BODY_JSON, "ndjson": lib.COMET_BODY_NDJSON}
-_BODY_ERRORS = (lib.COMET_E_BAD_JSON, lib.COMET_E_ENTRY_TOO_LARGE, lib.COMET_E_NO_EVENTS)
 
 DEFAULT_READ_BYTES = 4 << 20
 MAX_SCRATCH_BYTES = 64 << 20  # larger entries grow the buffer on demand
@@ -148,53 +147,6 @@ class _IngestCall(threading.local):
         self.res = ffi.new("comet_ingest_result *")
 
 
-def _body_format(name: str) -> int:
-    try:
-        return _BODY_FORMATS[name]
-    except KeyError:
-        raise ValueError(f"body format {name!r} is not 'json' or 'ndjson'") from None
-
-
-def _body_error(rc: int, res: Any) -> CometError:
-    """The exception for a failed ingest, with where the body went wrong."""
-    index = None if res.error_index == lib.COMET_NO_INDEX else int(res.error_index)
-    return _body_fault_error(rc, index, int(res.error_line), int(res.error_offset),
-                             ffi.string(res.error_reason).decode("utf-8", "replace"))
-
-
-def _body_fault_error(rc: int, index: int | None, line: int, offset: int,
-                      reason: str) -> CometError:
-    if rc not in _BODY_ERRORS:
-        return error_for(rc)
-    fault = BodyFault(index, line, offset, reason)
-    exc = error_for(rc)
-    return type(exc)(str(fault), rc, fault)
-
-
-def split_json(body: Buffer, format: str = "json", max_entry_bytes: int = 0) -> list[bytes]:
-    """The events ``Log.ingest`` would store for ``body``, without storing
-    anything: validated, split, insignificant whitespace removed.  Raises
-    InvalidJSON, EntryTooLarge or NoEvents with ``fault`` set."""
-    body = _as_bytes(body)
-    req = ffi.new("comet_ingest_request *")
-    res = ffi.new("comet_ingest_result *")
-    keep = ffi.from_buffer(body)
-    req.body = keep
-    req.len = len(body)
-    req.format = _body_format(format)
-    out = bytearray(len(body))
-    lens = array("I", bytes(4 * (len(body) // 2 + 2)))
-    rc = lib.comet_json_split(req, max_entry_bytes, ffi.from_buffer(out), len(out),
-                              ffi.from_buffer("uint32_t[]", lens), len(lens), res)
-    if rc < 0:
-        raise _body_error(rc, res)
-    events, at = [], 0
-    for n in lens[:rc]:
-        events.append(bytes(out[at:at + n]))
-        at += n
-    return events
-
-
 class _Codec(threading.local):
     """Per-thread zstd compressor (instances must not be shared by threads)."""
 
@@ -208,14 +160,6 @@ def check_stream_name(name: str) -> None:
     rc = lib.comet_validate_stream_name(raw, len(raw))
     if rc < 0:
         raise_for(rc)
-
-
-def _as_bytes(payload: object) -> bytes:
-    if isinstance(payload, bytes):
-        return payload
-    if isinstance(payload, (bytearray, memoryview)):
-        return bytes(payload)
-    raise TypeError(f"payloads are bytes-like, not {type(payload).__name__}")
 
 
 class Log(_fastpath.Appender):
@@ -417,7 +361,7 @@ class Log(_fastpath.Appender):
 
     def _append_slow(self, s: _Stream, shard: int, payload: object,
                      durability: str | None, wait: bool) -> int:
-        payload = _as_bytes(payload)
+        payload = as_bytes(payload)
         flags = 0
         if self._threshold <= len(payload) <= self.config.max_entry_bytes:
             payload, flags = self._compress(payload)
@@ -452,7 +396,7 @@ class Log(_fastpath.Appender):
         if shard is None:
             shard = s.pick(key)
         if type(buffer) is not bytes:
-            buffer = _as_bytes(buffer)
+            buffer = as_bytes(buffer)
         count = ffi.new("uint32_t *")
         try:
             append = lib.comet_append_delimited if wait else lib.comet_append_delimited_nowait
@@ -499,7 +443,7 @@ class Log(_fastpath.Appender):
         keep = ffi.from_buffer(body)
         req.body = keep
         req.len = len(keep)
-        req.format = _BODY_FORMATS.get(format) or _body_format(format)
+        req.format = BODY_FORMATS.get(format) or body_format(format)
         req.durability = DURABILITY_CODES[durability]
         try:
             rc = (lib.comet_ingest if wait else lib.comet_ingest_nowait)(s.ptr, shard, req, res)
@@ -511,7 +455,7 @@ class Log(_fastpath.Appender):
             self._raise(stream, rc, shard)
         if rc < 0:
             self._forget_if_deleted(stream, rc)
-            raise _body_error(rc, res)
+            raise ingest_error(rc, res)
         return BatchResult(shard, rc, res.count)
 
     _ingest_general.__qualname__ = "Log.ingest"
@@ -520,7 +464,7 @@ class Log(_fastpath.Appender):
                        reason: str) -> NoReturn:
         """Raises the error of a fast ingest (the fields of comet_ingest_result)."""
         self._forget_if_deleted(stream, rc)
-        raise _body_fault_error(rc, index, line, offset, reason)
+        raise body_error(rc, index, line, offset, reason)
 
     def _compress(self, payload: bytes) -> tuple[bytes, int]:
         packed = self._codec.compressor.compress(payload)
@@ -534,7 +478,7 @@ class Log(_fastpath.Appender):
         items: list[bytes] = []
         flags = bytearray(len(payloads))
         for i, p in enumerate(payloads):
-            p = _as_bytes(p)
+            p = as_bytes(p)
             if threshold <= len(p) <= self.config.max_entry_bytes:
                 p, flags[i] = self._compress(p)
             items.append(p)
