@@ -19,8 +19,8 @@ from typing import Any, Iterable, Iterator, NoReturn, Sequence
 
 import zstandard
 
-from . import _fastpath
 from ._comet import ffi, lib
+from ._native import Appender, StreamBase
 from .config import DURABILITY_CODES, Config
 from .errors import (Closed, ShardRangeError, WouldBlock, body_error, error_for, ingest_error,
                      raise_for)
@@ -40,15 +40,6 @@ from .records import (
 )
 from .split import BODY_FORMATS, body_format
 
-
-def _address(name: str) -> int:
-    return int(ffi.cast("uintptr_t", ffi.addressof(lib, name)))
-
-
-# the entry points Log.append and Log.append_batch call from C (_fastpath.c)
-_FAST_ENTRY_POINTS = (_address("comet_append_to"), _address("comet_append_to_nowait"),
-                      _address("comet_append_vector"), _address("comet_append_vector_nowait"),
-                      _address("comet_ingest"), _address("comet_ingest_nowait"))
 _WANTS_COMPRESSION = lib.COMET_E_WANTS_COMPRESSION
 _WOULD_BLOCK = lib.COMET_E_WOULD_BLOCK
 _BUFFER_TOO_SMALL = lib.COMET_E_BUFFER_TOO_SMALL
@@ -56,15 +47,19 @@ _NO_STREAM = lib.COMET_E_NO_STREAM
 _COMPRESSED = lib.COMET_ENTRY_COMPRESSED
 _STAT_FIELDS = tuple(f for f in ShardStats.__dataclass_fields__ if f != "shard")
 
+
+def _mode(wait: bool) -> int:
+    return lib.COMET_APPEND_WAIT if wait else lib.COMET_APPEND_NOWAIT
+
+
 DEFAULT_READ_BYTES = 4 << 20
 MAX_SCRATCH_BYTES = 64 << 20  # larger entries grow the buffer on demand
 
 
-class _Stream(_fastpath.StreamBase):
-    """A stream opened in this process: its C handle, shard handles, and the
-    rotation over this process's own shards for unkeyed writes (the fields
-    Log.append reads in C are StreamBase's: addr, shards, rotation, the
-    shard handles)."""
+class _Stream(StreamBase):
+    """A stream opened in this process: its C handle and the rotation over
+    this process's own shards for unkeyed writes (the fields Log.append
+    reads in C are StreamBase's: the handle, shards, rotation)."""
 
     __slots__ = ("name", "ptr")
 
@@ -87,20 +82,6 @@ class _Stream(_fastpath.StreamBase):
 
     def reset_rotation(self, owned: Sequence[int]) -> None:
         self.rotation = itertools.cycle(owned or range(self.shards))
-
-    def open_handle(self, shard: int) -> None:
-        """Opens the shard's handle for the fast appends (ShardRangeError when
-        there is no such shard)."""
-        out = ffi.new("comet_shard **")
-        try:
-            rc = lib.comet_shard_open(self.ptr, shard, out)
-        except OverflowError:
-            rc = lib.COMET_E_SHARD_RANGE
-        if rc < 0:
-            if rc == lib.COMET_E_SHARD_RANGE:
-                raise self.out_of_range(shard)
-            raise_for(rc)
-        self.set_handle(shard, int(ffi.cast("uintptr_t", out[0])))
 
 
 class _Scratch(threading.local):
@@ -162,7 +143,7 @@ def check_stream_name(name: str) -> None:
         raise_for(rc)
 
 
-class Log(_fastpath.Appender):
+class Log(Appender):
     """A data directory: streams of shards of entries.
 
     >>> with Log("/var/lib/comet") as log:
@@ -185,8 +166,8 @@ class Log(_fastpath.Appender):
         self._lock = threading.Lock()
         self._threshold = self.config.compression_threshold or (1 << 62)
         self._raw_limit = self.config.compression_threshold - 1 if self.config.compression_threshold else 0
-        self._fast_init(self._streams, _Stream, BatchResult, *_FAST_ENTRY_POINTS, self._threshold,
-                        self._raw_limit, self.config.compression_level)
+        self._fast_init(self._streams, _Stream, BatchResult, self._threshold, self._raw_limit,
+                        self.config.compression_level)
         self._codec = _Codec(self.config.compression_level)
         self._ingest = _IngestCall(self._raw_limit, self.config.compression_level)
         self._scratch = _Scratch()
@@ -348,8 +329,6 @@ class Log(_fastpath.Appender):
         s = self._streams.get(stream) or self._open_stream(stream)
         if shard is None:
             shard = s.pick(key)
-        elif durability is None and key is None and not s.has_handle(shard):
-            s.open_handle(shard)  # the fast way from now on
         rc = self._append_slow(s, shard, payload, durability, wait)
         if rc < 0:
             self._raise(stream, rc, shard)
@@ -366,8 +345,8 @@ class Log(_fastpath.Appender):
         if self._threshold <= len(payload) <= self.config.max_entry_bytes:
             payload, flags = self._compress(payload)
         try:
-            append = lib.comet_append if wait else lib.comet_append_nowait
-            return append(s.ptr, shard, payload, len(payload), flags, DURABILITY_CODES[durability])
+            return lib.comet_append(s.ptr, shard, payload, len(payload), flags,
+                                    DURABILITY_CODES[durability], _mode(wait))
         except OverflowError:
             raise s.out_of_range(shard) from None
 
@@ -399,9 +378,9 @@ class Log(_fastpath.Appender):
             buffer = as_bytes(buffer)
         count = ffi.new("uint32_t *")
         try:
-            append = lib.comet_append_delimited if wait else lib.comet_append_delimited_nowait
-            rc = append(s.ptr, shard, buffer, len(buffer), delimiter[0], 1 if skip_empty else 0,
-                        self._raw_limit, DURABILITY_CODES[durability], count)
+            rc = lib.comet_append_delimited(s.ptr, shard, buffer, len(buffer), delimiter[0],
+                                            1 if skip_empty else 0, self._raw_limit,
+                                            DURABILITY_CODES[durability], _mode(wait), count)
         except OverflowError:
             raise s.out_of_range(shard) from None
         if rc == _WANTS_COMPRESSION:
@@ -445,8 +424,9 @@ class Log(_fastpath.Appender):
         req.len = len(keep)
         req.format = BODY_FORMATS.get(format) or body_format(format)
         req.durability = DURABILITY_CODES[durability]
+        req.mode = _mode(wait)
         try:
-            rc = (lib.comet_ingest if wait else lib.comet_ingest_nowait)(s.ptr, shard, req, res)
+            rc = lib.comet_ingest(s.ptr, shard, req, res)
         except OverflowError:
             raise s.out_of_range(shard) from None
         finally:
@@ -485,9 +465,9 @@ class Log(_fastpath.Appender):
         lens = array("I", map(len, items))
         data = b"".join(items)
         try:
-            append = lib.comet_append_batch if wait else lib.comet_append_batch_nowait
-            rc = append(s.ptr, shard, data, ffi.from_buffer("uint32_t[]", lens),
-                        ffi.from_buffer("uint8_t[]", flags), len(items), DURABILITY_CODES[durability])
+            rc = lib.comet_append_batch(s.ptr, shard, data, ffi.from_buffer("uint32_t[]", lens),
+                                        ffi.from_buffer("uint8_t[]", flags), len(items),
+                                        DURABILITY_CODES[durability], _mode(wait))
         except OverflowError:
             raise s.out_of_range(shard) from None
         if rc < 0:
