@@ -96,3 +96,17 @@ def test_stat_changes_no_counter(data_dir: Path) -> None:
     assert table[at].split()[-3] == "RECOVERIES"  # then LOCK DIED, two words, one value
     assert [row.split()[-2] for row in table[at + 1:]] == ["0"] * 4  # events and other
 
+
+def test_version(tmp_path: Path) -> None:
+    """``comet --version``: the installed package's version and the core's API and
+    on-disk format versions."""
+    from importlib.metadata import version
+
+    from storage_c._comet import lib
+
+    result = CliRunner().invoke(main, ["--version"])
+    assert result.exit_code == 0, result.output
+    assert result.output == (f"comet-edge {version('comet-edge')}: storage core API "
+                             f"{lib.COMET_API_VERSION}, data format {lib.COMET_FORMAT_VERSION}, "
+                             f"segment format {lib.COMET_SEGMENT_VERSION}\n")
+    assert lib.COMET_API_VERSION == 2 and lib.COMET_FORMAT_VERSION == 1

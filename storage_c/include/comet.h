@@ -29,6 +29,10 @@ extern "C" {
 #endif
 
 #define COMET_API_VERSION 2
+/* Version of the files this build writes (storage_c/FORMAT.md).  Segment
+ * files have their own; this build also reads segment version 1. */
+#define COMET_FORMAT_VERSION 1
+#define COMET_SEGMENT_VERSION 2
 
 /* Stable error codes. 0 is success; every error is negative. */
 enum {

@@ -16,10 +16,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define FORMAT_VERSION 1
+#include "comet.h"
+
+#define FORMAT_VERSION COMET_FORMAT_VERSION
 /* Segment files have their own version: 2 since entry checksums cover the
  * whole entry number (recycled segments); version 1 is still read. */
-#define SEGMENT_VERSION 2
+#define SEGMENT_VERSION COMET_SEGMENT_VERSION
 #define SEGMENT_VERSION_OLDEST 1
 
 /* File magics: four ASCII letters read as a little-endian u32. */
