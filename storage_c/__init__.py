@@ -37,8 +37,9 @@ from .errors import (
     WouldBlock,
     StreamNotFound,
 )
-from .groups import Group, ResetResult, ResetTo, check_group_name, delete_group, reset_group
-from .log import Log, check_stream_name, split_json
+from .group_admin import ResetResult, ResetTo, delete_group, reset_group
+from .groups import Group, check_group_name
+from .log import Log, check_stream_name
 from .records import (
     BatchResult,
     Entry,
@@ -51,6 +52,7 @@ from .records import (
     StreamStats,
     VerifyReport,
 )
+from .split import split_json
 
 __all__ = [
     "AckGapError",

@@ -2,7 +2,11 @@
 
 The declarations come from ``include/comet.h`` itself, with the preprocessor
 lines turned into what cffi understands, so the header stays the one source of
-truth for the interface.
+truth for the interface.  The fast appends (``_fastpath.c``, a CPython module
+of their own, loaded by ``_native.py``) are compiled into the same shared
+object: they call the core directly, and the process holds one copy of it.
+They use CPython's full API, so the module is built for this Python version
+rather than for the stable ABI.
 """
 
 from __future__ import annotations
@@ -14,7 +18,8 @@ from cffi import FFI
 
 HERE = Path(__file__).resolve().parent
 HEADER = HERE / "include" / "comet.h"
-SOURCES = sorted(str(p.relative_to(HERE.parent)) for p in (HERE / "src").glob("*.c"))
+SOURCES = [*sorted(str(p.relative_to(HERE.parent)) for p in (HERE / "src").glob("*.c")),
+           str((HERE / "_fastpath.c").relative_to(HERE.parent))]
 CFLAGS = ["-std=c11", "-D_GNU_SOURCE", "-O2", "-Wall", "-Wextra", "-Werror", "-fvisibility=hidden"]
 
 
@@ -43,6 +48,7 @@ ffibuilder.set_source(
     include_dirs=[str(HERE / "include"), str(HERE / "src")],
     extra_compile_args=CFLAGS,
     libraries=["zstd", "pthread"],
+    py_limited_api=False,
 )
 
 if __name__ == "__main__":

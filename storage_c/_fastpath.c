@@ -1,18 +1,18 @@
 /*
  * _fastpath.c - Log.append, Log.append_batch and Log.ingest, the Python
- * API's hottest calls, as C methods next to the cffi module.
+ * API's hottest calls, as C methods.
  *
- * Why not Python over cffi for these two: at a few hundred nanoseconds per
- * call, the wrapper was the cost.  A Python method frame with keyword
- * arguments, its dictionary lookups and cffi's generic argument conversion
- * took ~200 ns of a ~500 ns single append; cffi cannot take a Python list,
- * so append_batch framed its list with marshal first (a copy of every
- * payload); and releasing the GIL around a ~150 ns append costs ~70 ns more.
+ * Why not Python over cffi for these: at a few hundred nanoseconds per call,
+ * the wrapper was the cost.  A Python method frame with keyword arguments,
+ * its dictionary lookups and cffi's generic argument conversion took ~200 ns
+ * of a ~500 ns single append; cffi cannot take a Python list, so
+ * append_batch framed its list with marshal first (a copy of every payload);
+ * and releasing the GIL around a ~150 ns append costs ~70 ns more.
  *
  * So two small types:
  *   - StreamBase, the base of storage_c.log._Stream: the stream's C handle,
- *     its shard count, the shard handles opened so far, the rotation over
- *     this process's shards - read here as struct fields;
+ *     its shard count and the rotation over this process's shards, read
+ *     here as struct fields;
  *   - Appender, the base of storage_c.log.Log: append, append_batch and
  *     ingest (a request body: the gateway's call; its cffi wrapper, with a
  *     request struct filled field by field, cost ~1.8 us of a ~2.1 us
@@ -24,23 +24,24 @@
  * with the very same arguments, which does everything else and raises the
  * errors.  A body that fails validation is reported by Log._ingest_failed.
  *
- * The fast way first calls the core's *_nowait entry point with the GIL held:
- * it appends only when nothing has to wait (comet.h).  Otherwise the GIL is
- * let go for the blocking call, as cffi would: an append may wait for the
- * shard lock, a rotation or an fdatasync.  Payloads are kept alive by a
- * reference each while the GIL is let go (another thread may change the
- * list meanwhile); while it is held nothing can.  With wait=False there is
- * no blocking call: the general way makes the call with wait=False (the
- * core's no-sleep twins, which do short I/O themselves), and raises the
- * core's COMET_E_WOULD_BLOCK as WouldBlock, nothing stored, for a caller on
- * an event loop to make the call again on a thread.
+ * The fast way appends with COMET_APPEND_NOWAIT holding the GIL: it stores
+ * only what needs no sleeping (comet.h, Appends).  Otherwise, with wait=True,
+ * the GIL is let go for the same call with COMET_APPEND_WAIT, as cffi would:
+ * an append may wait for the shard lock, a rotation or an fdatasync.
+ * Payloads are kept alive by a reference each while the GIL is let go
+ * (another thread may change the list meanwhile); while it is held nothing
+ * can.  With wait=False there is no second call: COMET_E_WOULD_BLOCK is
+ * raised as WouldBlock, nothing stored, for a caller on an event loop to
+ * make the call again on a thread.
  *
  * comet_ingest always runs with the GIL let go: it validates the whole body
  * first, which for a large one takes long enough to matter.
  *
- * The core is linked once, in the cffi module: storage_c.log passes the
- * addresses of the six entry points (ffi.addressof) to Appender._fast_init,
- * and each stream's handles as integers.
+ * This file is compiled into the cffi module storage_c._comet with the core
+ * (storage_c/_build.py), so it calls the core's functions directly and the
+ * process holds one copy of the core; storage_c/_native.py loads it from
+ * that shared object as the module storage_c._fastpath.  Each stream's
+ * handle comes as an integer (the addr argument of StreamBase).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -48,12 +49,6 @@
 #include <structmember.h>
 
 #include "comet.h"
-
-typedef int64_t (*append_vector_fn)(comet_stream *, uint32_t, const comet_payload *, uint32_t,
-                                    uint32_t, int);
-typedef int64_t (*append_to_fn)(comet_shard *, const char *, uint32_t);
-typedef int64_t (*ingest_fn)(comet_stream *, uint32_t, const comet_ingest_request *,
-                             comet_ingest_result *);
 
 #define STACK_ITEMS 64
 
@@ -63,8 +58,7 @@ typedef struct {
     PyObject_HEAD
     comet_stream *stream;
     uint32_t shards;
-    comet_shard **handles; /* [shards]; NULL until set_handle */
-    PyObject *rotation;    /* iterator over this process's shards (unkeyed appends) */
+    PyObject *rotation; /* iterator over this process's shards (unkeyed appends) */
 } StreamBase;
 
 static int stream_init(StreamBase *self, PyObject *args, PyObject *kwds)
@@ -74,13 +68,6 @@ static int stream_init(StreamBase *self, PyObject *args, PyObject *kwds)
     static char *names[] = {"addr", "shards", NULL};
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "KI", names, &addr, &shards))
         return -1;
-    comet_shard **handles = PyMem_Calloc(shards ? shards : 1, sizeof *handles);
-    if (!handles) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    PyMem_Free(self->handles);
-    self->handles = handles;
     self->stream = (comet_stream *)(uintptr_t)addr;
     self->shards = shards;
     return 0;
@@ -104,52 +91,9 @@ static void stream_dealloc(StreamBase *self)
     PyTypeObject *type = Py_TYPE(self);
     PyObject_GC_UnTrack(self);
     stream_clear(self);
-    PyMem_Free(self->handles);
     type->tp_free((PyObject *)self);
     Py_DECREF(type);
 }
-
-static PyObject *stream_set_handle(StreamBase *self, PyObject *const *args, Py_ssize_t nargs)
-{
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "set_handle(shard, handle)");
-        return NULL;
-    }
-    unsigned long shard = PyLong_AsUnsignedLong(args[0]);
-    void *handle = PyLong_AsVoidPtr(args[1]);
-    if (PyErr_Occurred())
-        return NULL;
-    if (shard >= self->shards) {
-        PyErr_SetString(PyExc_IndexError, "set_handle: shard out of range");
-        return NULL;
-    }
-    self->handles[shard] = handle;
-    Py_RETURN_NONE;
-}
-
-static PyObject *stream_has_handle(StreamBase *self, PyObject *arg)
-{
-    unsigned long shard = PyLong_AsUnsignedLong(arg);
-    if (shard == (unsigned long)-1 && PyErr_Occurred()) {
-        PyErr_Clear(); /* not a shard: it has none */
-        Py_RETURN_FALSE;
-    }
-    return PyBool_FromLong(shard < self->shards && self->handles[shard] != NULL);
-}
-
-static PyObject *stream_get_addr(StreamBase *self, void *closure)
-{
-    (void)closure;
-    return PyLong_FromVoidPtr(self->stream);
-}
-
-static PyMethodDef stream_methods[] = {
-    {"set_handle", (PyCFunction)(void (*)(void))stream_set_handle, METH_FASTCALL,
-     "set_handle(shard, handle): the comet_shard * of a shard, for the fast appends"},
-    {"has_handle", (PyCFunction)stream_has_handle, METH_O,
-     "has_handle(shard): whether the shard's handle is set"},
-    {NULL, NULL, 0, NULL},
-};
 
 static PyMemberDef stream_members[] = {
     {"shards", T_UINT, offsetof(StreamBase, shards), READONLY, "shard count"},
@@ -158,21 +102,14 @@ static PyMemberDef stream_members[] = {
     {NULL, 0, 0, 0, NULL},
 };
 
-static PyGetSetDef stream_getset[] = {
-    {"addr", (getter)stream_get_addr, NULL, "the comet_stream * as an integer", NULL},
-    {NULL, NULL, NULL, NULL, NULL},
-};
-
 static PyType_Slot stream_slots[] = {
-    {Py_tp_doc, "A stream's handles as the fast appends read them (base of log._Stream)."},
+    {Py_tp_doc, "A stream's handle as the fast appends read it (base of log._Stream)."},
     {Py_tp_new, PyType_GenericNew},
     {Py_tp_init, stream_init},
     {Py_tp_dealloc, stream_dealloc},
     {Py_tp_traverse, stream_traverse},
     {Py_tp_clear, stream_clear},
-    {Py_tp_methods, stream_methods},
     {Py_tp_members, stream_members},
-    {Py_tp_getset, stream_getset},
     {0, NULL},
 };
 
@@ -188,11 +125,8 @@ typedef struct {
     PyObject *streams;        /* the Log's dict: name -> _Stream (a StreamBase) */
     PyTypeObject *stream_type;
     PyTypeObject *batch_result;
-    append_to_fn to, to_nowait;
-    append_vector_fn vector, vector_nowait;
     uint64_t threshold;       /* payloads this long or longer go the general way (compression) */
     uint32_t raw_limit;       /* the same, for the core's check of a batch */
-    ingest_fn ingest, ingest_nowait;
     int32_t compress_level;   /* zstd level of events ingested above raw_limit */
 } Appender;
 
@@ -228,31 +162,22 @@ static void appender_dealloc(Appender *self)
     Py_DECREF(type);
 }
 
-/* _fast_init(streams, stream_type, batch_result, to, to_nowait, vector,
- *            vector_nowait, ingest, ingest_nowait, threshold, raw_limit,
- *            compress_level) */
-#define ENTRY_POINTS 6
+/* _fast_init(streams, stream_type, batch_result, threshold, raw_limit, compress_level) */
 static PyObject *appender_fast_init(Appender *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 3 + ENTRY_POINTS + 3 || !PyDict_CheckExact(args[0]) || !PyType_Check(args[1]) ||
+    if (nargs != 6 || !PyDict_CheckExact(args[0]) || !PyType_Check(args[1]) ||
         !PyType_Check(args[2])) {
-        PyErr_SetString(PyExc_TypeError, "_fast_init(streams, stream_type, batch_result, to, "
-                                         "to_nowait, vector, vector_nowait, ingest, ingest_nowait, "
+        PyErr_SetString(PyExc_TypeError, "_fast_init(streams, stream_type, batch_result, "
                                          "threshold, raw_limit, compress_level)");
         return NULL;
     }
-    void *fns[ENTRY_POINTS];
-    int missing = 0;
-    for (int i = 0; i < ENTRY_POINTS; i++)
-        missing |= !(fns[i] = PyLong_AsVoidPtr(args[3 + i]));
-    unsigned long long threshold = PyLong_AsUnsignedLongLong(args[3 + ENTRY_POINTS]);
-    unsigned long raw_limit = PyLong_AsUnsignedLong(args[4 + ENTRY_POINTS]);
-    long level = PyLong_AsLong(args[5 + ENTRY_POINTS]);
+    unsigned long long threshold = PyLong_AsUnsignedLongLong(args[3]);
+    unsigned long raw_limit = PyLong_AsUnsignedLong(args[4]);
+    long level = PyLong_AsLong(args[5]);
     if (PyErr_Occurred())
         return NULL;
-    if (missing || raw_limit > UINT32_MAX || level < INT32_MIN || level > INT32_MAX) {
-        PyErr_SetString(PyExc_ValueError, "_fast_init: null entry point, or raw_limit or "
-                                          "compress_level out of range");
+    if (raw_limit > UINT32_MAX || level < INT32_MIN || level > INT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "_fast_init: raw_limit or compress_level out of range");
         return NULL;
     }
     Py_INCREF(args[0]);
@@ -261,12 +186,6 @@ static PyObject *appender_fast_init(Appender *self, PyObject *const *args, Py_ss
     Py_XSETREF(self->stream_type, (PyTypeObject *)args[1]);
     Py_INCREF(args[2]);
     Py_XSETREF(self->batch_result, (PyTypeObject *)args[2]);
-    self->to = (append_to_fn)fns[0];
-    self->to_nowait = (append_to_fn)fns[1];
-    self->vector = (append_vector_fn)fns[2];
-    self->vector_nowait = (append_vector_fn)fns[3];
-    self->ingest = (ingest_fn)fns[4];
-    self->ingest_nowait = (ingest_fn)fns[5];
     self->threshold = threshold;
     self->raw_limit = (uint32_t)raw_limit;
     self->compress_level = (int32_t)level;
@@ -440,20 +359,21 @@ static PyObject *appender_append(Appender *self, PyObject *const *args, Py_ssize
     if (fast_target(self, args, nargs, kwnames, &c) < 0)
         return NULL;
     PyObject *payload = nargs == 2 ? args[1] : NULL;
-    comet_shard *h = c.s && payload ? c.s->handles[c.shard] : NULL;
-    if (!h || !PyBytes_CheckExact(payload) || (uint64_t)PyBytes_GET_SIZE(payload) >= self->threshold ||
+    if (!c.s || !payload || !PyBytes_CheckExact(payload) ||
+        (uint64_t)PyBytes_GET_SIZE(payload) >= self->threshold ||
         (uint64_t)PyBytes_GET_SIZE(payload) > UINT32_MAX) {
         return fallback(self, str_append_general, args, nargs, kwnames, &c, 2);
     }
+    comet_stream *stream = c.s->stream; /* read before the GIL goes (see vector_waiting) */
     const char *data = PyBytes_AS_STRING(payload);
     uint32_t len = (uint32_t)PyBytes_GET_SIZE(payload);
-    int64_t rc = self->to_nowait(h, data, len);
-    if (rc == COMET_E_WOULD_BLOCK && c.nowait) /* the general way does the short I/O */
-        return fallback(self, str_append_general, args, nargs, kwnames, &c, 2);
-    if (rc == COMET_E_WOULD_BLOCK) {
+    int64_t rc = comet_append(stream, c.shard, data, len, 0, COMET_DURABILITY_DEFAULT,
+                              COMET_APPEND_NOWAIT);
+    if (rc == COMET_E_WOULD_BLOCK && !c.nowait) {
         Py_INCREF(payload);
         Py_BEGIN_ALLOW_THREADS
-        rc = self->to(h, data, len);
+        rc = comet_append(stream, c.shard, data, len, 0, COMET_DURABILITY_DEFAULT,
+                          COMET_APPEND_WAIT);
         Py_END_ALLOW_THREADS
         Py_DECREF(payload);
     }
@@ -475,12 +395,12 @@ static int gather(PyObject *seq, Py_ssize_t n, comet_payload *items)
     return 1;
 }
 
-/* The blocking call, the GIL let go; every item held by a reference.  The
- * stream's handle is read before: once the GIL is let go, another thread may
- * drop the StreamBase (Log.close); the comet_stream itself stays valid
- * (comet_close keeps the handles' small structs). */
-static int64_t vector_blocking(Appender *self, comet_stream *stream, uint32_t shard, PyObject *seq,
-                               Py_ssize_t n, const comet_payload *items)
+/* The call with COMET_APPEND_WAIT, the GIL let go; every item held by a
+ * reference.  The stream's handle is read before: once the GIL is let go,
+ * another thread may drop the StreamBase (Log.close); the comet_stream itself
+ * stays valid (comet_close keeps the handles' small structs). */
+static int64_t vector_waiting(Appender *self, comet_stream *stream, uint32_t shard, PyObject *seq,
+                              Py_ssize_t n, const comet_payload *items)
 {
     PyObject **src = PySequence_Fast_ITEMS(seq), *held_local[STACK_ITEMS], **held = held_local;
     if (n > STACK_ITEMS && !(held = PyMem_Malloc((size_t)n * sizeof *held))) {
@@ -493,7 +413,8 @@ static int64_t vector_blocking(Appender *self, comet_stream *stream, uint32_t sh
     }
     int64_t rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = self->vector(stream, shard, items, (uint32_t)n, self->raw_limit, COMET_DURABILITY_DEFAULT);
+    rc = comet_append_vector(stream, shard, items, (uint32_t)n, self->raw_limit,
+                             COMET_DURABILITY_DEFAULT, COMET_APPEND_WAIT);
     Py_END_ALLOW_THREADS
     for (Py_ssize_t i = 0; i < n; i++)
         Py_DECREF(held[i]);
@@ -519,12 +440,10 @@ static PyObject *appender_append_batch(Appender *self, PyObject *const *args, Py
             return PyErr_NoMemory();
         }
         if (gather(seq, n, items)) {
-            rc = self->vector_nowait(c.s->stream, c.shard, items, (uint32_t)n, self->raw_limit,
-                                     COMET_DURABILITY_DEFAULT);
-            if (rc == COMET_E_WOULD_BLOCK && c.nowait)
-                rc = COMET_E_WANTS_COMPRESSION; /* the general way does the short I/O */
-            else if (rc == COMET_E_WOULD_BLOCK)
-                rc = vector_blocking(self, c.s->stream, c.shard, seq, n, items);
+            rc = comet_append_vector(c.s->stream, c.shard, items, (uint32_t)n, self->raw_limit,
+                                     COMET_DURABILITY_DEFAULT, COMET_APPEND_NOWAIT);
+            if (rc == COMET_E_WOULD_BLOCK && !c.nowait)
+                rc = vector_waiting(self, c.s->stream, c.shard, seq, n, items);
         }
         if (items != local)
             PyMem_Free(items);
@@ -598,12 +517,13 @@ static PyObject *appender_ingest(Appender *self, PyObject *const *args, Py_ssize
     comet_ingest_request req = {.body = view.buf, .len = (size_t)view.len, .format = format,
                                 .compress_above = self->raw_limit,
                                 .compress_level = self->compress_level,
-                                .durability = COMET_DURABILITY_DEFAULT};
+                                .durability = COMET_DURABILITY_DEFAULT,
+                                .mode = c.nowait ? COMET_APPEND_NOWAIT : COMET_APPEND_WAIT};
     comet_ingest_result res;
-    comet_stream *stream = c.s->stream; /* read before the GIL goes (see vector_blocking) */
+    comet_stream *stream = c.s->stream; /* read before the GIL goes (see vector_waiting) */
     int64_t rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = (c.nowait ? self->ingest_nowait : self->ingest)(stream, c.shard, &req, &res);
+    rc = comet_ingest(stream, c.shard, &req, &res);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&view); /* the view held the body (a bytearray cannot resize meanwhile) */
     if (rc == COMET_E_WOULD_BLOCK)
@@ -617,15 +537,14 @@ static PyObject *appender_ingest(Appender *self, PyObject *const *args, Py_ssize
 
 static PyMethodDef appender_methods[] = {
     {"_fast_init", (PyCFunction)(void (*)(void))appender_fast_init, METH_FASTCALL,
-     "_fast_init(streams, stream_type, batch_result, to, to_nowait, vector, vector_nowait, "
-     "ingest, threshold, raw_limit, compress_level)"},
+     "_fast_init(streams, stream_type, batch_result, threshold, raw_limit, compress_level)"},
     {"append", (PyCFunction)(void (*)(void))appender_append, METH_FASTCALL | METH_KEYWORDS,
      "append(stream, payload, *, shard=None, key=None, durability=None, wait=True)"
      " -> (shard, entry)\n\n"
      "Appends one entry; returns its id as (shard, entry).\n\n"
      "Without shard or key the entry goes to this process's own shards in turn;\n"
      "with key to hash(key) % shards.  wait=False: WouldBlock, nothing stored,\n"
-     "where the append would first have to wait (lock, rotation, sync)."},
+     "where the append would first have to wait (lock, rotation, sync; comet.h)."},
     {"append_batch", (PyCFunction)(void (*)(void))appender_append_batch,
      METH_FASTCALL | METH_KEYWORDS,
      "append_batch(stream, payloads, *, shard=None, key=None, durability=None, wait=True)"

@@ -1,4 +1,4 @@
-"""Types of the ``_fastpath`` extension (storage_c/_fastpath.c)."""
+"""Types of the fast appends (storage_c/_fastpath.c, loaded by storage_c/_native.py)."""
 
 from typing import Any, Iterable, Iterator
 
@@ -7,17 +7,11 @@ from .records import BatchResult, Buffer
 class StreamBase:
     shards: int
     rotation: Iterator[int]
-    @property
-    def addr(self) -> int: ...
     def __init__(self, addr: int, shards: int) -> None: ...
-    def set_handle(self, shard: int, handle: int) -> None: ...
-    def has_handle(self, shard: int) -> bool: ...
 
 class Appender:
     def _fast_init(self, streams: dict[str, Any], stream_type: type, batch_result: type,
-                   to: int, to_nowait: int, vector: int, vector_nowait: int, ingest: int,
-                   ingest_nowait: int, threshold: int, raw_limit: int, compress_level: int
-                   ) -> None: ...
+                   threshold: int, raw_limit: int, compress_level: int) -> None: ...
     def append(self, stream: str, payload: Buffer, *, shard: int | None = None,
                key: str | bytes | None = None, durability: str | None = None,
                wait: bool = True) -> tuple[int, int]: ...

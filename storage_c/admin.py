@@ -22,7 +22,7 @@ import click
 
 from .clikit import human, iso, open_log, render
 from .errors import CometError
-from .groups import ResetTo, delete_group, reset_group
+from .group_admin import ResetTo, delete_group, reset_group
 
 
 @click.group()

@@ -1,5 +1,6 @@
 """The ``comet`` command line.
 
+    comet --version
     comet stat    <data-dir> [--stream S] [--shards] [--json]
     comet tail    <data-dir> <stream> [--shard N] [-n 10] [--from-entry E] [-f] [--raw]
     comet verify  <data-dir> [--stream S]
@@ -34,6 +35,7 @@ from typing import Iterator
 import click
 
 from . import admin
+from ._comet import lib
 from .clikit import human, iso, open_log, render, show
 from .errors import CometError
 from .log import Log
@@ -41,6 +43,11 @@ from .records import Entry, ShardStats, StreamStats
 
 ENTRY_POINT_GROUP = "comet.commands"
 """Entry points ``name = "package.module:click_command"`` of the other packages."""
+DISTRIBUTION = "comet-edge"
+"""The installed package whose version ``comet --version`` prints (pyproject.toml)."""
+VERSION_MESSAGE = (f"%(package)s %(version)s: storage core API {lib.COMET_API_VERSION}, "
+                   f"data format {lib.COMET_FORMAT_VERSION}, "
+                   f"segment format {lib.COMET_SEGMENT_VERSION}")
 
 
 class CometGroup(click.Group):
@@ -83,6 +90,7 @@ def _unavailable(name: str, reason: str) -> click.Command:
 
 
 @click.group(cls=CometGroup)
+@click.version_option(package_name=DISTRIBUTION, message=VERSION_MESSAGE)
 def main() -> None:
     """Comet: an HTTP ingest gateway with an embedded segmented log."""
 

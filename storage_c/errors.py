@@ -1,13 +1,15 @@
-"""Exceptions raised by the storage API, one per stable C error code.
+"""Exceptions raised by the storage API, one per stable C error code, and
+the translation of a C return code into one.
 
 Each carries ``code`` (the C code) and a message naming what was wrong: the
-stream, the shard, the limit, the file.
+stream, the shard, the limit, the file; a refused request body also carries
+where it went wrong (``fault``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from ._comet import ffi, lib
 
@@ -190,7 +192,7 @@ _BY_CODE: dict[int, type[CometError]] = {
     )
 }
 _BY_CODE[lib.COMET_E_NOMEM] = CometError
-_BY_CODE[lib.COMET_E_BAD_FRAMING] = InvalidArgument
+_BODY_CODES = (lib.COMET_E_BAD_JSON, lib.COMET_E_ENTRY_TOO_LARGE, lib.COMET_E_NO_EVENTS)
 
 
 def error_for(code: int) -> CometError:
@@ -203,3 +205,21 @@ def error_for(code: int) -> CometError:
 
 def raise_for(code: int) -> NoReturn:
     raise error_for(code)
+
+
+def body_error(code: int, index: int | None, line: int, offset: int, reason: str) -> CometError:
+    """The exception for a request body the core refused (InvalidJSON,
+    EntryTooLarge, NoEvents), its message and ``fault`` saying where: the
+    fields of a comet_ingest_result.  Any other code as error_for."""
+    if code not in _BODY_CODES:
+        return error_for(code)
+    fault = BodyFault(index, line, offset, reason)
+    exc = error_for(code)
+    return type(exc)(str(fault), code, fault)
+
+
+def ingest_error(code: int, res: Any) -> CometError:
+    """body_error from a ``comet_ingest_result *``."""
+    index = None if res.error_index == lib.COMET_NO_INDEX else int(res.error_index)
+    return body_error(code, index, int(res.error_line), int(res.error_offset),
+                      ffi.string(res.error_reason).decode("utf-8", "replace"))

@@ -19,10 +19,10 @@ from typing import Any, Iterable, Iterator, NoReturn, Sequence
 
 import zstandard
 
-from . import _fastpath
 from ._comet import ffi, lib
+from ._native import Appender, StreamBase
 from .config import DURABILITY_CODES, Config
-from .errors import (BodyFault, Closed, CometError, ShardRangeError, WouldBlock, error_for,
+from .errors import (Closed, ShardRangeError, WouldBlock, body_error, error_for, ingest_error,
                      raise_for)
 from .groups import Group
 from .records import (
@@ -36,17 +36,10 @@ from .records import (
     ShardStats,
     StreamStats,
     VerifyReport,
+    as_bytes,
 )
+from .split import BODY_FORMATS, body_format
 
-
-def _address(name: str) -> int:
-    return int(ffi.cast("uintptr_t", ffi.addressof(lib, name)))
-
-
-# the entry points Log.append and Log.append_batch call from C (_fastpath.c)
-_FAST_ENTRY_POINTS = (_address("comet_append_to"), _address("comet_append_to_nowait"),
-                      _address("comet_append_vector"), _address("comet_append_vector_nowait"),
-                      _address("comet_ingest"), _address("comet_ingest_nowait"))
 _WANTS_COMPRESSION = lib.COMET_E_WANTS_COMPRESSION
 _WOULD_BLOCK = lib.COMET_E_WOULD_BLOCK
 _BUFFER_TOO_SMALL = lib.COMET_E_BUFFER_TOO_SMALL
@@ -54,18 +47,19 @@ _NO_STREAM = lib.COMET_E_NO_STREAM
 _COMPRESSED = lib.COMET_ENTRY_COMPRESSED
 _STAT_FIELDS = tuple(f for f in ShardStats.__dataclass_fields__ if f != "shard")
 
-_BODY_FORMATS = {"json": lib.COMET_BODY_JSON, "ndjson": lib.COMET_BODY_NDJSON}
-_BODY_ERRORS = (lib.COMET_E_BAD_JSON, lib.COMET_E_ENTRY_TOO_LARGE, lib.COMET_E_NO_EVENTS)
+
+def _mode(wait: bool) -> int:
+    return lib.COMET_APPEND_WAIT if wait else lib.COMET_APPEND_NOWAIT
+
 
 DEFAULT_READ_BYTES = 4 << 20
 MAX_SCRATCH_BYTES = 64 << 20  # larger entries grow the buffer on demand
 
 
-class _Stream(_fastpath.StreamBase):
-    """A stream opened in this process: its C handle, shard handles, and the
-    rotation over this process's own shards for unkeyed writes (the fields
-    Log.append reads in C are StreamBase's: addr, shards, rotation, the
-    shard handles)."""
+class _Stream(StreamBase):
+    """A stream opened in this process: its C handle and the rotation over
+    this process's own shards for unkeyed writes (the fields Log.append
+    reads in C are StreamBase's: the handle, shards, rotation)."""
 
     __slots__ = ("name", "ptr")
 
@@ -88,20 +82,6 @@ class _Stream(_fastpath.StreamBase):
 
     def reset_rotation(self, owned: Sequence[int]) -> None:
         self.rotation = itertools.cycle(owned or range(self.shards))
-
-    def open_handle(self, shard: int) -> None:
-        """Opens the shard's handle for the fast appends (ShardRangeError when
-        there is no such shard)."""
-        out = ffi.new("comet_shard **")
-        try:
-            rc = lib.comet_shard_open(self.ptr, shard, out)
-        except OverflowError:
-            rc = lib.COMET_E_SHARD_RANGE
-        if rc < 0:
-            if rc == lib.COMET_E_SHARD_RANGE:
-                raise self.out_of_range(shard)
-            raise_for(rc)
-        self.set_handle(shard, int(ffi.cast("uintptr_t", out[0])))
 
 
 class _Scratch(threading.local):
@@ -148,53 +128,6 @@ class _IngestCall(threading.local):
         self.res = ffi.new("comet_ingest_result *")
 
 
-def _body_format(name: str) -> int:
-    try:
-        return _BODY_FORMATS[name]
-    except KeyError:
-        raise ValueError(f"body format {name!r} is not 'json' or 'ndjson'") from None
-
-
-def _body_error(rc: int, res: Any) -> CometError:
-    """The exception for a failed ingest, with where the body went wrong."""
-    index = None if res.error_index == lib.COMET_NO_INDEX else int(res.error_index)
-    return _body_fault_error(rc, index, int(res.error_line), int(res.error_offset),
-                             ffi.string(res.error_reason).decode("utf-8", "replace"))
-
-
-def _body_fault_error(rc: int, index: int | None, line: int, offset: int,
-                      reason: str) -> CometError:
-    if rc not in _BODY_ERRORS:
-        return error_for(rc)
-    fault = BodyFault(index, line, offset, reason)
-    exc = error_for(rc)
-    return type(exc)(str(fault), rc, fault)
-
-
-def split_json(body: Buffer, format: str = "json", max_entry_bytes: int = 0) -> list[bytes]:
-    """The events ``Log.ingest`` would store for ``body``, without storing
-    anything: validated, split, insignificant whitespace removed.  Raises
-    InvalidJSON, EntryTooLarge or NoEvents with ``fault`` set."""
-    body = _as_bytes(body)
-    req = ffi.new("comet_ingest_request *")
-    res = ffi.new("comet_ingest_result *")
-    keep = ffi.from_buffer(body)
-    req.body = keep
-    req.len = len(body)
-    req.format = _body_format(format)
-    out = bytearray(len(body))
-    lens = array("I", bytes(4 * (len(body) // 2 + 2)))
-    rc = lib.comet_json_split(req, max_entry_bytes, ffi.from_buffer(out), len(out),
-                              ffi.from_buffer("uint32_t[]", lens), len(lens), res)
-    if rc < 0:
-        raise _body_error(rc, res)
-    events, at = [], 0
-    for n in lens[:rc]:
-        events.append(bytes(out[at:at + n]))
-        at += n
-    return events
-
-
 class _Codec(threading.local):
     """Per-thread zstd compressor (instances must not be shared by threads)."""
 
@@ -210,15 +143,7 @@ def check_stream_name(name: str) -> None:
         raise_for(rc)
 
 
-def _as_bytes(payload: object) -> bytes:
-    if isinstance(payload, bytes):
-        return payload
-    if isinstance(payload, (bytearray, memoryview)):
-        return bytes(payload)
-    raise TypeError(f"payloads are bytes-like, not {type(payload).__name__}")
-
-
-class Log(_fastpath.Appender):
+class Log(Appender):
     """A data directory: streams of shards of entries.
 
     >>> with Log("/var/lib/comet") as log:
@@ -241,8 +166,8 @@ class Log(_fastpath.Appender):
         self._lock = threading.Lock()
         self._threshold = self.config.compression_threshold or (1 << 62)
         self._raw_limit = self.config.compression_threshold - 1 if self.config.compression_threshold else 0
-        self._fast_init(self._streams, _Stream, BatchResult, *_FAST_ENTRY_POINTS, self._threshold,
-                        self._raw_limit, self.config.compression_level)
+        self._fast_init(self._streams, _Stream, BatchResult, self._threshold, self._raw_limit,
+                        self.config.compression_level)
         self._codec = _Codec(self.config.compression_level)
         self._ingest = _IngestCall(self._raw_limit, self.config.compression_level)
         self._scratch = _Scratch()
@@ -404,8 +329,6 @@ class Log(_fastpath.Appender):
         s = self._streams.get(stream) or self._open_stream(stream)
         if shard is None:
             shard = s.pick(key)
-        elif durability is None and key is None and not s.has_handle(shard):
-            s.open_handle(shard)  # the fast way from now on
         rc = self._append_slow(s, shard, payload, durability, wait)
         if rc < 0:
             self._raise(stream, rc, shard)
@@ -417,13 +340,13 @@ class Log(_fastpath.Appender):
 
     def _append_slow(self, s: _Stream, shard: int, payload: object,
                      durability: str | None, wait: bool) -> int:
-        payload = _as_bytes(payload)
+        payload = as_bytes(payload)
         flags = 0
         if self._threshold <= len(payload) <= self.config.max_entry_bytes:
             payload, flags = self._compress(payload)
         try:
-            append = lib.comet_append if wait else lib.comet_append_nowait
-            return append(s.ptr, shard, payload, len(payload), flags, DURABILITY_CODES[durability])
+            return lib.comet_append(s.ptr, shard, payload, len(payload), flags,
+                                    DURABILITY_CODES[durability], _mode(wait))
         except OverflowError:
             raise s.out_of_range(shard) from None
 
@@ -452,12 +375,12 @@ class Log(_fastpath.Appender):
         if shard is None:
             shard = s.pick(key)
         if type(buffer) is not bytes:
-            buffer = _as_bytes(buffer)
+            buffer = as_bytes(buffer)
         count = ffi.new("uint32_t *")
         try:
-            append = lib.comet_append_delimited if wait else lib.comet_append_delimited_nowait
-            rc = append(s.ptr, shard, buffer, len(buffer), delimiter[0], 1 if skip_empty else 0,
-                        self._raw_limit, DURABILITY_CODES[durability], count)
+            rc = lib.comet_append_delimited(s.ptr, shard, buffer, len(buffer), delimiter[0],
+                                            1 if skip_empty else 0, self._raw_limit,
+                                            DURABILITY_CODES[durability], _mode(wait), count)
         except OverflowError:
             raise s.out_of_range(shard) from None
         if rc == _WANTS_COMPRESSION:
@@ -499,10 +422,11 @@ class Log(_fastpath.Appender):
         keep = ffi.from_buffer(body)
         req.body = keep
         req.len = len(keep)
-        req.format = _BODY_FORMATS.get(format) or _body_format(format)
+        req.format = BODY_FORMATS.get(format) or body_format(format)
         req.durability = DURABILITY_CODES[durability]
+        req.mode = _mode(wait)
         try:
-            rc = (lib.comet_ingest if wait else lib.comet_ingest_nowait)(s.ptr, shard, req, res)
+            rc = lib.comet_ingest(s.ptr, shard, req, res)
         except OverflowError:
             raise s.out_of_range(shard) from None
         finally:
@@ -511,7 +435,7 @@ class Log(_fastpath.Appender):
             self._raise(stream, rc, shard)
         if rc < 0:
             self._forget_if_deleted(stream, rc)
-            raise _body_error(rc, res)
+            raise ingest_error(rc, res)
         return BatchResult(shard, rc, res.count)
 
     _ingest_general.__qualname__ = "Log.ingest"
@@ -520,7 +444,7 @@ class Log(_fastpath.Appender):
                        reason: str) -> NoReturn:
         """Raises the error of a fast ingest (the fields of comet_ingest_result)."""
         self._forget_if_deleted(stream, rc)
-        raise _body_fault_error(rc, index, line, offset, reason)
+        raise body_error(rc, index, line, offset, reason)
 
     def _compress(self, payload: bytes) -> tuple[bytes, int]:
         packed = self._codec.compressor.compress(payload)
@@ -534,16 +458,16 @@ class Log(_fastpath.Appender):
         items: list[bytes] = []
         flags = bytearray(len(payloads))
         for i, p in enumerate(payloads):
-            p = _as_bytes(p)
+            p = as_bytes(p)
             if threshold <= len(p) <= self.config.max_entry_bytes:
                 p, flags[i] = self._compress(p)
             items.append(p)
         lens = array("I", map(len, items))
         data = b"".join(items)
         try:
-            append = lib.comet_append_batch if wait else lib.comet_append_batch_nowait
-            rc = append(s.ptr, shard, data, ffi.from_buffer("uint32_t[]", lens),
-                        ffi.from_buffer("uint8_t[]", flags), len(items), DURABILITY_CODES[durability])
+            rc = lib.comet_append_batch(s.ptr, shard, data, ffi.from_buffer("uint32_t[]", lens),
+                                        ffi.from_buffer("uint8_t[]", flags), len(items),
+                                        DURABILITY_CODES[durability], _mode(wait))
         except OverflowError:
             raise s.out_of_range(shard) from None
         if rc < 0:

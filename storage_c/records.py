@@ -1,4 +1,5 @@
-"""Plain result types of the storage API."""
+"""Plain result types of the storage API, and the type of what it takes as a
+payload or body."""
 
 from __future__ import annotations
 
@@ -8,6 +9,15 @@ from typing import Iterator, NamedTuple, TypeAlias
 
 Buffer: TypeAlias = bytes | bytearray | memoryview
 """What the append and ingest methods of ``Log`` take as a payload or body."""
+
+
+def as_bytes(payload: object) -> bytes:
+    """A Buffer as bytes (TypeError for anything else)."""
+    if isinstance(payload, bytes):
+        return payload
+    if isinstance(payload, (bytearray, memoryview)):
+        return bytes(payload)
+    raise TypeError(f"payloads are bytes-like, not {type(payload).__name__}")
 
 
 class BatchResult(NamedTuple):
@@ -147,13 +157,6 @@ class ShardStats:
     def entries(self) -> int:
         """Entries stored now."""
         return self.next_entry - self.first_entry
-
-
-SUMMED_FIELDS = tuple(
-    name for name in ShardStats.__dataclass_fields__
-    if name not in ("shard", "first_entry", "next_entry", "durable_entry", "oldest_timestamp",
-                    "newest_timestamp", "append_latency_max_ns")
-)
 
 
 @dataclass(frozen=True)

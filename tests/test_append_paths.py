@@ -1,7 +1,8 @@
 """Log.append and Log.append_batch take a fast way in C (storage_c/_fastpath.c) in the
 common case and the general way (Python) otherwise; both must store the same entries,
 number them the same way and raise the same errors.  The fast way appends holding the
-GIL unless the append would wait; then it lets the GIL go."""
+GIL unless the append would wait (the core's COMET_APPEND_NOWAIT); then it lets the GIL
+go.  wait=False means that same thing in every append method."""
 
 from __future__ import annotations
 
@@ -76,7 +77,7 @@ def test_unkeyed_and_keyed_appends_choose_their_shard(data_dir: Path) -> None:
 def test_bad_calls_raise_the_same_errors(data_dir: Path) -> None:
     with Log(data_dir, Config(shards=2, max_entry_bytes=1000)) as log:
         log.create_stream("s", 2)
-        log.append("s", b"x", shard=0)  # the shard handles are open: the fast way
+        log.append("s", b"x", shard=0)  # the shard is open: the fast way stores without waiting
         for shard in (2, -1, 1 << 40):
             with pytest.raises(ShardRangeError, match="out of range"):
                 log.append("s", b"x", shard=shard)
@@ -228,9 +229,10 @@ def test_ingest_fast_and_general_ways_agree(data_dir: Path) -> None:
 
 def test_wait_false_stores_only_what_needs_no_waiting(data_dir: Path) -> None:
     """wait=False, for a caller on an event loop: an append that would first wait (the
-    first segment to create, a chunk to grow, a rotation; durability "always") raises
-    WouldBlock and stores nothing; the same call with wait=True then stores it.  Every
-    way - fast and general, each append method - and the entries come out exact."""
+    shard to open in this process, the first segment to create, a rotation; durability
+    "always") raises WouldBlock and stores nothing; the same call with wait=True then
+    stores it.  Growing the segment by a chunk and zero-filling ahead it does itself.
+    Every way - fast and general, each append method - and the entries come out exact."""
     cfg = Config(shards=1, segment_bytes=1 << 20, segment_chunk_bytes=256 << 10,
                  compression_threshold=4096)
     big = b"c" * 5000  # above the compression threshold: the general way

@@ -79,3 +79,35 @@ def test_installed_entry_point(data_dir: Path) -> None:
     out = subprocess.run([str(comet), "stat", str(data_dir)], capture_output=True, text=True,
                          check=True).stdout
     assert "events" in out and "other" in out
+
+
+def test_stat_changes_no_counter(data_dir: Path) -> None:
+    """An inspector's open checks every shard's tail; on a healthy directory that
+    counts no recovery, nor anything else: three runs of ``comet stat`` print the
+    same counters, RECOVERIES 0."""
+    fill(data_dir)
+    comet = Path(sys.executable).with_name("comet")
+    runs = [subprocess.run([str(comet), "stat", str(data_dir), "--json"], capture_output=True,
+                           text=True, check=True).stdout for _ in range(3)]
+    assert runs[0] == runs[1] == runs[2]
+    shards = json.loads(runs[0])["events"]["shards"]
+    assert [s["recoveries"] for s in shards] == [0, 0]
+    table = CliRunner().invoke(main, ["stat", str(data_dir), "--shards"]).output.splitlines()
+    at = next(i for i, line in enumerate(table) if "RECOVERIES" in line)
+    assert table[at].split()[-3] == "RECOVERIES"  # then LOCK DIED, two words, one value
+    assert [row.split()[-2] for row in table[at + 1:]] == ["0"] * 4  # events and other
+
+
+def test_version(tmp_path: Path) -> None:
+    """``comet --version``: the installed package's version and the core's API and
+    on-disk format versions."""
+    from importlib.metadata import version
+
+    from storage_c._comet import lib
+
+    result = CliRunner().invoke(main, ["--version"])
+    assert result.exit_code == 0, result.output
+    assert result.output == (f"comet-edge {version('comet-edge')}: storage core API "
+                             f"{lib.COMET_API_VERSION}, data format {lib.COMET_FORMAT_VERSION}, "
+                             f"segment format {lib.COMET_SEGMENT_VERSION}\n")
+    assert lib.COMET_API_VERSION == 2 and lib.COMET_FORMAT_VERSION == 1

@@ -80,3 +80,21 @@ def test_a_segment_that_cannot_be_mapped_is_an_error_not_a_skip(data_dir: Path) 
                 log.read("s", 0, 0, 1000)
         assert all_entries(log) == [(e, payload(e)) for e in range(600)]
         assert log.shard_stats("s", 0).skipped_entries == 0
+
+
+def test_the_fast_appends_reach_the_one_core(data_dir: Path) -> None:
+    """Log.append and Log.append_batch are C methods compiled into the cffi module with
+    the core: a fault armed through storage_c.testing (a cffi call) fails them too, so
+    the process holds one copy of the core's fault table.  Nothing is stored meanwhile,
+    and the same calls go through once the fault is gone."""
+    with Log(data_dir, cfg()) as log:
+        log.create_stream("s", 1)
+        with faults(OPEN, err=errno.EMFILE, persist=True) as plan:
+            with pytest.raises(StorageIOError, match="Too many open files"):
+                log.append("s", payload(0), shard=0)
+            with pytest.raises(StorageIOError, match="Too many open files"):
+                log.append_batch("s", [payload(0)], shard=0)
+        assert plan.fired >= 2
+        assert log.append("s", payload(0), shard=0) == (0, 0)
+        assert log.append_batch("s", [payload(1)], shard=0).first == 1
+        assert all_entries(log) == [(0, payload(0)), (1, payload(1))]

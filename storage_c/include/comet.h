@@ -28,7 +28,11 @@
 extern "C" {
 #endif
 
-#define COMET_API_VERSION 1
+#define COMET_API_VERSION 2
+/* Version of the files this build writes (storage_c/FORMAT.md).  Segment
+ * files have their own; this build also reads segment version 1. */
+#define COMET_FORMAT_VERSION 1
+#define COMET_SEGMENT_VERSION 2
 
 /* Stable error codes. 0 is success; every error is negative. */
 enum {
@@ -50,7 +54,7 @@ enum {
     COMET_E_BUFFER_TOO_SMALL = -15,  /* read buffer cannot hold the next entry */
     COMET_E_BATCH_TOO_LARGE = -16,   /* batch above COMET_MAX_BATCH_BYTES or entries */
     COMET_E_WANTS_COMPRESSION = -17, /* an entry is above raw_limit: compress it and retry */
-    COMET_E_BAD_FRAMING = -18,       /* no longer returned (was: a malformed marshal batch) */
+    /* -18 is retired: never returned, never to be given another meaning */
     COMET_E_DECOMPRESS = -19,        /* a compressed entry failed to decompress */
     COMET_E_SLOT_HELD = -20,         /* this handle already holds a slot */
     COMET_E_GROUP_NAME = -21,        /* group name outside [A-Za-z0-9._-]{1,47} */
@@ -60,7 +64,7 @@ enum {
     COMET_E_BAD_JSON = -25,          /* an ingested body is not valid JSON (comet_ingest_result says where) */
     COMET_E_NO_EVENTS = -26,         /* an ingested body holds no event (empty, blank lines, []) */
     COMET_E_STREAM_LIMIT = -27,      /* creating the stream would pass max_streams */
-    COMET_E_WOULD_BLOCK = -28,       /* a *_nowait append would have to wait: call the blocking one */
+    COMET_E_WOULD_BLOCK = -28,       /* a COMET_APPEND_NOWAIT append would wait: nothing written */
 };
 #define COMET_ERROR_COUNT 29
 
@@ -123,7 +127,6 @@ typedef struct comet_config {
 
 typedef struct comet_db comet_db;
 typedef struct comet_stream comet_stream;
-typedef struct comet_shard comet_shard;
 
 /* Per-shard statistics, read from the shard's shared state (any process). */
 typedef struct comet_shard_stats {
@@ -146,7 +149,10 @@ typedef struct comet_shard_stats {
     uint64_t rotations;
     uint64_t syncs;
     uint64_t lock_owner_died;     /* times a locker found the previous holder dead */
-    uint64_t recoveries;          /* tail checks (after a dead lock holder, a rebuilt state), repairing or not */
+    /* Tail checks after a dead lock holder, a rebuilt state or a restart
+     * (repairing or not), and checks at open that repaired something: opening
+     * a healthy shard, as every process and tool does, counts nothing. */
+    uint64_t recoveries;
     uint64_t truncated_bytes;     /* garbage cut from tails on recovery */
     uint64_t truncated_entries;   /* whole entries cut (torn batches, damaged tail) */
     uint64_t orphaned_segments;   /* segments beyond a cut, set aside as *.orphan */
@@ -281,28 +287,60 @@ int64_t comet_list_streams(comet_db *db, char *buf, size_t cap);
 uint32_t comet_shard_owner(const comet_stream *s, uint32_t shard);
 uint32_t comet_shard_for_key(const comet_stream *s, const void *key, size_t len);
 
-/* Appends. Each returns the first entry number of the batch, or an error.
- * A batch is atomic: all its entries become visible together, contiguous and
- * in order, or none does. */
+/* ---- Appends ------------------------------------------------------------
+ * Five shapes, one entry point each: one entry; entries back to back in one
+ * buffer with their lengths; entries given as (pointer, length) pairs;
+ * delimited records of one buffer; a JSON or NDJSON request body.  Each
+ * returns the first entry number of the batch, or an error.  A batch is
+ * atomic: all its entries become visible together, contiguous and in order,
+ * or none does.  Every input is checked before anything is locked or
+ * written, so a bad call fails with its own error whatever the mode.
+ *
+ * durability is a COMET_DURABILITY_*.  mode follows it in every append (in
+ * comet_ingest, as the request's field after durability):
+ *   COMET_APPEND_WAIT    the append waits for whatever it needs.
+ *   COMET_APPEND_NOWAIT  the append never sleeps.  Where it would first have
+ *       to wait - for the shard's lock held by another thread or process, to
+ *       open the shard in this process, to create a segment (the first, or at
+ *       a rotation: files created and synced), to delete old segments for
+ *       retention_max_shard_bytes or retention_max_total_bytes, to repair the
+ *       shard's tail, or to sync
+ *       (durability "always", or "interval" when the shard's last sync is
+ *       older than twice fsync_interval_ms) - it writes nothing and returns
+ *       COMET_E_WOULD_BLOCK, and the caller makes the same call with
+ *       COMET_APPEND_WAIT, for instance on a thread that may sleep.  Short
+ *       I/O on the active segment it does itself: mapping it, growing its
+ *       file by a chunk, zero-filling the pages ahead (well under a
+ *       millisecond).  For a caller that must not sleep: an event loop, or a
+ *       Python call holding the GIL. */
+enum {
+    COMET_APPEND_WAIT = 0,
+    COMET_APPEND_NOWAIT = 1,
+};
+
+/* One entry; flags: COMET_ENTRY_*. */
 int64_t comet_append(comet_stream *s, uint32_t shard, const void *payload, uint32_t len,
-                     uint32_t flags, int durability);
+                     uint32_t flags, int durability, int mode);
+/* count entries: entry i is the lens[i] bytes of buf after the entries
+ * before it, with flags[i] (flags may be NULL: none). */
 int64_t comet_append_batch(comet_stream *s, uint32_t shard, const void *buf,
                            const uint32_t *lens, const uint8_t *flags, uint32_t count,
-                           int durability);
-/* One entry per delimited record; empty records are skipped when skip_empty.
- * Records longer than raw_limit (0 = no limit) make the call fail with
- * COMET_E_WANTS_COMPRESSION before anything is written. */
-int64_t comet_append_delimited(comet_stream *s, uint32_t shard, const void *buf, size_t len,
-                               uint8_t delimiter, int skip_empty, uint32_t raw_limit,
-                               int durability, uint32_t *count_out);
+                           int durability, int mode);
 /* Entries given as (pointer, length) pairs, gathered without a copy (the
- * Python API's list of bytes).  raw_limit as above. */
+ * Python API's list of bytes).  An entry longer than raw_limit (0 = no limit)
+ * makes the call fail with COMET_E_WANTS_COMPRESSION before anything is
+ * written: the caller compresses it and appends with comet_append_batch. */
 typedef struct comet_payload {
     const void *data;
     uint64_t len;
 } comet_payload;
 int64_t comet_append_vector(comet_stream *s, uint32_t shard, const comet_payload *items,
-                            uint32_t count, uint32_t raw_limit, int durability);
+                            uint32_t count, uint32_t raw_limit, int durability, int mode);
+/* One entry per delimited record; empty records are skipped when skip_empty;
+ * raw_limit as above.  *count_out: the entries appended. */
+int64_t comet_append_delimited(comet_stream *s, uint32_t shard, const void *buf, size_t len,
+                               uint8_t delimiter, int skip_empty, uint32_t raw_limit,
+                               int durability, int mode, uint32_t *count_out);
 
 /* JSON ingest: a request body in, its events appended as one atomic batch.
  *
@@ -317,7 +355,8 @@ int64_t comet_append_vector(comet_stream *s, uint32_t shard, const comet_payload
  * body it stores nothing and fills the result's error fields: the first bad
  * event's index, its line, the byte offset of the fault and the reason.
  * Nesting of arrays and objects within one event is limited to
- * COMET_JSON_MAX_DEPTH levels (the event itself is level 1). */
+ * COMET_JSON_MAX_DEPTH levels (the event itself is level 1).  The body is
+ * checked in either mode before the append is tried. */
 #define COMET_BODY_JSON 1u
 #define COMET_BODY_NDJSON 2u
 #define COMET_JSON_MAX_DEPTH 512
@@ -330,6 +369,8 @@ typedef struct comet_ingest_request {
     uint32_t compress_above;  /* events longer than this are stored zstd-compressed; 0: never */
     int32_t compress_level;   /* zstd level for those */
     int32_t durability;       /* COMET_DURABILITY_* */
+    int32_t mode;             /* COMET_APPEND_WAIT or COMET_APPEND_NOWAIT */
+    uint32_t reserved;
 } comet_ingest_request;
 
 typedef struct comet_ingest_result {
@@ -354,40 +395,6 @@ int64_t comet_ingest(comet_stream *s, uint32_t shard, const comet_ingest_request
 int64_t comet_json_split(const comet_ingest_request *req, uint32_t max_entry_bytes,
                          uint8_t *out, size_t out_cap, uint32_t *lens, uint32_t lens_cap,
                          comet_ingest_result *res);
-
-/* The fast path for one entry: a shard handle (opened once, owned by the
- * stream), default durability, no flags.  Same result as comet_append. */
-int comet_shard_open(comet_stream *s, uint32_t shard, comet_shard **out);
-int64_t comet_append_to(comet_shard *sh, const char *payload, uint32_t len);
-
-/* The same appends, never waiting: when the append would first have to wait
- * or do I/O (the shard's lock is held elsewhere; the active segment must be
- * mapped, grown or rotated, or its next pages zero-filled; durability is
- * "always", or "interval" and a sync is due; the shard needs repair), nothing
- * is written and COMET_E_WOULD_BLOCK is returned: the caller makes the
- * blocking call.  Python calls these holding the GIL and lets it go only for
- * the blocking call: a ~150 ns append does not pay for a GIL round trip. */
-int64_t comet_append_to_nowait(comet_shard *sh, const char *payload, uint32_t len);
-int64_t comet_append_vector_nowait(comet_stream *s, uint32_t shard, const comet_payload *items,
-                                   uint32_t count, uint32_t raw_limit, int durability);
-/* The other appends' twins, for a caller that must not sleep (an event loop:
- * a rotation syncs files, which took up to a second on a busy disk).  They
- * return COMET_E_WOULD_BLOCK, nothing written, when the append would wait for
- * the shard's lock, rotate to a new segment, free the directory's budget or
- * sync (durability "always", or a due "interval" sync); short I/O on the
- * active segment - mapping it, growing it by a chunk, zero-filling ahead, at
- * most about a millisecond - they do themselves.  comet_ingest_nowait
- * validates the whole body first, every time. */
-int64_t comet_append_nowait(comet_stream *s, uint32_t shard, const void *payload, uint32_t len,
-                            uint32_t flags, int durability);
-int64_t comet_append_batch_nowait(comet_stream *s, uint32_t shard, const void *buf,
-                                  const uint32_t *lens, const uint8_t *flags, uint32_t count,
-                                  int durability);
-int64_t comet_append_delimited_nowait(comet_stream *s, uint32_t shard, const void *buf,
-                                      size_t len, uint8_t delimiter, int skip_empty,
-                                      uint32_t raw_limit, int durability, uint32_t *count_out);
-int64_t comet_ingest_nowait(comet_stream *s, uint32_t shard, const comet_ingest_request *req,
-                            comet_ingest_result *res);
 
 /* Reads (lock-free, any process). */
 int comet_read(comet_stream *s, uint32_t shard, const comet_read_request *req,

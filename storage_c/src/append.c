@@ -14,19 +14,15 @@
  *      with durability "always", join a group commit (durability.c).
  * Nothing but memory stores happens under the lock in the common case.
  *
- * Steps 1 and 2 have three forms.  The blocking one (lock_with_room) waits
- * for the lock, grows, rotates, frees budget and zero-fills as needed.  The
- * one that never waits (lock_if_ready: comet_append_to_nowait and
- * comet_append_vector_nowait) takes the lock only if it is free and the
- * segment this process has mapped already has room and zeroed pages, and
- * refuses a batch that would have to sync: then COMET_E_WOULD_BLOCK, nothing
- * changed.  Python calls that form holding the GIL, and the blocking one with
- * the GIL let go.  Between them, the one that never sleeps (lock_with_near_room:
- * the other *_nowait entry points, for an event loop) also maps, grows and
- * zero-fills the active segment - short I/O, about a millisecond at most - and
- * refuses only the lock held elsewhere, a rotation, freeing the directory's
- * budget and a due sync: a rotation's file syncs took up to a second on a busy
- * disk, which an event loop must not wait for.
+ * Steps 1 and 2 have two forms, one per append mode (comet.h).  The one that
+ * waits (lock_with_room) waits for the lock, grows, rotates, frees budget and
+ * zero-fills as needed.  The one that never sleeps (lock_without_sleeping)
+ * takes the lock only if it is free and the shard needs no repair, maps,
+ * grows and zero-fills the active segment - short I/O - and refuses a
+ * rotation, deleting segments for the shard's size limit or the directory's
+ * budget, and a due sync: then COMET_E_WOULD_BLOCK, nothing changed.  A rotation's file syncs took up to a
+ * second on a busy disk, which an event loop, or a Python thread holding the
+ * GIL, must not wait for.
  *
  * Writes go through a shared mapping rather than pwrite: one pwrite costs
  * about 1 us here, a mapped single-entry append about 100 ns, and a mapped
@@ -100,16 +96,21 @@ static void start_segment(state_file *st, uint64_t base, uint64_t zeroed_end)
  * segments consumer groups kept when the directory-wide pass tried to free them. */
 static _Thread_local uint64_t budget_short, budget_protected;
 
+/* Whether new_bytes more of segment space would take the shard past its
+ * size limit. */
+static int over_shard_limit(shard *sh, uint64_t new_bytes)
+{
+    const comet_config *cfg = shard_config(sh);
+    return cfg->retention_max_shard_bytes &&
+           retention_shard_bytes(sh) + new_bytes > cfg->retention_max_shard_bytes;
+}
+
 /* The per-shard size limit, applied before the shard takes new_bytes more of
  * segment space: its oldest segments go first (policy: it never fails for
  * lack of something to delete).  Deleted files may become the shard's spare. */
 static int enforce_shard_limit(shard *sh, uint64_t new_bytes)
 {
-    const comet_config *cfg = shard_config(sh);
-    if (cfg->retention_max_shard_bytes &&
-        retention_shard_bytes(sh) + new_bytes > cfg->retention_max_shard_bytes)
-        return retention_shard(sh, 0, 1, now_ns(), NULL);
-    return 0;
+    return over_shard_limit(sh, new_bytes) ? retention_shard(sh, 0, 1, now_ns(), NULL) : 0;
 }
 
 /* Keeps the data directory inside retention_max_total_bytes: new_bytes of
@@ -165,10 +166,11 @@ static uint64_t index_bytes_for(const comet_config *cfg, uint64_t capacity)
 
 /* Makes room for `total` more bytes in the active segment (under the append
  * lock): grows its file by the next chunk while it is below segment_bytes (or
- * is empty and one batch needs more), else rotates to a new segment - or,
- * unless may_rotate, returns COMET_E_WOULD_BLOCK having changed nothing (a
- * rotation creates and syncs files). */
-static int make_room(shard *sh, uint64_t total, int may_rotate)
+ * is empty and one batch needs more), else rotates to a new segment.  Unless
+ * may_sleep, it returns COMET_E_WOULD_BLOCK having changed nothing instead of
+ * rotating (a rotation creates and syncs files) or deleting segments for the
+ * shard's size limit. */
+static int make_room(shard *sh, uint64_t total, int may_sleep)
 {
     state_file *st = sh->st;
     const comet_config *cfg = shard_config(sh);
@@ -185,6 +187,8 @@ static int make_room(shard *sh, uint64_t total, int may_rotate)
     if (sh->active && (end + total <= limit || next == sh->active->base)) {
         uint64_t have = sh->active->capacity;
         uint64_t capacity = grown_capacity(cfg, have, end + total, limit);
+        if (!may_sleep && over_shard_limit(sh, capacity - have))
+            return COMET_E_WOULD_BLOCK;
         int reserved;
         if ((rc = enforce_shard_limit(sh, capacity - have)) ||
             (rc = reserve_budget(sh, capacity - have, &reserved)))
@@ -198,7 +202,7 @@ static int make_room(shard *sh, uint64_t total, int may_rotate)
         if (remap)
             atomic_fetch_add_explicit(&st->active_gen, 1, memory_order_release);
     } else {
-        if (!may_rotate)
+        if (!may_sleep)
             return COMET_E_WOULD_BLOCK;
         uint64_t need = SEGMENT_DATA_OFFSET + total;
         uint64_t capacity = grown_capacity(cfg, 0, need, limit);
@@ -339,44 +343,26 @@ static int lock_with_room(shard *sh, uint64_t total, int *slow)
     return 0;
 }
 
-/* The way in that never waits: the lock if it is free, and only when the
- * active segment this process has mapped already has room and zeroed pages
- * for `total` more bytes.  Else COMET_E_WOULD_BLOCK, nothing changed. */
-static int lock_if_ready(shard *sh, uint64_t total)
+/* The way in that never sleeps: the lock if it is free and the shard needs no
+ * repair; room made on the active segment (map, grow, zero fill); a rotation,
+ * or room only deleting segments would give, refused: COMET_E_WOULD_BLOCK,
+ * nothing changed. */
+static int lock_without_sleeping(shard *sh, uint64_t total, int *slow)
 {
     state_file *st = sh->st;
     if (shard_trylock_clean(sh))
         return COMET_E_WOULD_BLOCK;
     int rc = shard_check_deleted(sh);
-    if (rc) {
-        shard_unlock(sh);
-        return rc;
-    }
+    uint64_t gen_before = atomic_load_explicit(&st->active_gen, memory_order_acquire);
     uint64_t end = atomic_load_explicit(&st->active_end, memory_order_relaxed) + total;
-    if (!sh->active || sh->active_gen != atomic_load_explicit(&st->active_gen, memory_order_acquire) ||
-        end > sh->active->capacity || end > atomic_load_explicit(&st->zeroed_end, memory_order_relaxed)) {
-        shard_unlock(sh);
-        return COMET_E_WOULD_BLOCK;
-    }
-    return 0;
-}
-
-/* The way in that never sleeps: the lock if it is free; room made on the
- * active segment (map, grow, zero fill); a rotation, or room only freeing
- * the directory's budget would give, refused: COMET_E_WOULD_BLOCK, nothing
- * changed. */
-static int lock_with_near_room(shard *sh, uint64_t total, int *slow)
-{
-    state_file *st = sh->st;
-    if (shard_trylock_clean(sh))
-        return COMET_E_WOULD_BLOCK;
-    int rc = shard_check_deleted(sh);
-    uint64_t gen_before = atomic_load_explicit(&st->active_gen, memory_order_relaxed);
+    if (!rc && sh->active && sh->active_gen == gen_before && end <= sh->active->capacity &&
+        end <= atomic_load_explicit(&st->zeroed_end, memory_order_relaxed))
+        return 0; /* the common case: room and zeroed pages in the mapped segment */
     if (!rc) {
         budget_short = 0;
         rc = make_room(sh, total, 0);
         if (rc == COMET_E_STORAGE_FULL && budget_short)
-            rc = COMET_E_WOULD_BLOCK; /* the blocking way frees the oldest data */
+            rc = COMET_E_WOULD_BLOCK; /* the waiting way frees the oldest data */
         budget_short = budget_protected = 0;
     }
     if (rc) {
@@ -388,22 +374,21 @@ static int lock_with_near_room(shard *sh, uint64_t total, int *slow)
 }
 
 int64_t shard_append(shard *sh, const entry_ref *refs, uint32_t count, uint64_t total_bytes,
-                     uint64_t raw_bytes, int durability, int nowait)
+                     uint64_t raw_bytes, int durability, int mode)
 {
     state_file *st = sh->st;
     int64_t t0 = now_ns();
-    int mode = resolve_durability(sh, durability);
+    int sync_mode = resolve_durability(sh, durability);
+    int nowait = mode == COMET_APPEND_NOWAIT;
     int slow = count > 1, rc;
     if (nowait) {
         /* What would wait after the write is refused before it.  The due
          * sync is judged at t0 below too: last_sync_ns only grows, so an
          * append let in here never syncs. */
-        if (mode == COMET_DURABILITY_ALWAYS || interval_sync_due(sh, mode, t0))
+        if (sync_mode == COMET_DURABILITY_ALWAYS || interval_sync_due(sh, sync_mode, t0))
             rc = COMET_E_WOULD_BLOCK;
-        else if (nowait == APPEND_NO_SLEEP)
-            rc = lock_with_near_room(sh, total_bytes, &slow);
         else
-            rc = lock_if_ready(sh, total_bytes);
+            rc = lock_without_sleeping(sh, total_bytes, &slow);
         if (rc == COMET_E_WOULD_BLOCK)
             clear_error(); /* no detail but comet_strerror's: nothing went wrong */
     } else {
@@ -467,14 +452,15 @@ int64_t shard_append(shard *sh, const entry_ref *refs, uint32_t count, uint64_t 
     }
     shard_unlock(sh);
 
-    if (mode == COMET_DURABILITY_ALWAYS) {
+    if (sync_mode == COMET_DURABILITY_ALWAYS) {
         rc = shard_sync(sh, entry);
         if (rc)
             return rc;
     } else {
         if (!atomic_load_explicit(&sh->dirty, memory_order_relaxed))
             atomic_store_explicit(&sh->dirty, 1, memory_order_relaxed);
-        if (interval_sync_due(sh, mode, nowait || !t1 ? t0 : t1) && (rc = shard_sync(sh, entry)))
+        if (interval_sync_due(sh, sync_mode, nowait || !t1 ? t0 : t1) &&
+            (rc = shard_sync(sh, entry)))
             return rc;
     }
     return (int64_t)first;

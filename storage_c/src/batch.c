@@ -3,11 +3,12 @@
  * array of entry references (pointer, length, flags), checks every limit
  * before anything is locked or written, and hands the batch to append.c.
  *
- * Four shapes, so that callers cross into C once per batch:
+ * Five shapes, so that callers cross into C once per batch:
+ *   - one entry;
  *   - one buffer plus an array of lengths (and optional per-entry flags);
- *   - one buffer plus a delimiter (NDJSON: one entry per line);
  *   - an array of (pointer, length) pairs: the Python API's list of bytes,
  *     gathered by storage_c/_fastpath.c without copying a payload;
+ *   - one buffer plus a delimiter (NDJSON: one entry per line);
  *   - a JSON or NDJSON request body (comet_ingest): json.c validates and
  *     splits it, large events are compressed here, then one batch.
  *
@@ -98,8 +99,16 @@ static int batch_add(batch *b, const comet_stream *s, const uint8_t *p, uint64_t
     return 0;
 }
 
+/* The shard, entered (pair with shard_leave); one this process has opened
+ * already with COMET_APPEND_NOWAIT. */
+static int enter_shard(comet_stream *s, uint32_t shard_id, int mode, shard **out)
+{
+    return mode == COMET_APPEND_NOWAIT ? shard_acquire_if_open(s, shard_id, out)
+                                       : shard_acquire(s, shard_id, out);
+}
+
 static int64_t batch_commit(batch *b, comet_stream *s, uint32_t shard_id, int durability,
-                            int nowait)
+                            int mode)
 {
     if (b->count == 0)
         return set_error(COMET_E_INVALID, "empty batch: nothing to append");
@@ -107,30 +116,42 @@ static int64_t batch_commit(batch *b, comet_stream *s, uint32_t shard_id, int du
         return set_error(COMET_E_BATCH_TOO_LARGE, "batch of %" PRIu64 " bytes is above %" PRIu64,
                          b->total, (uint64_t)COMET_MAX_BATCH_BYTES);
     shard *sh;
-    int rc = shard_acquire(s, shard_id, &sh);
+    int rc = enter_shard(s, shard_id, mode, &sh);
     if (rc)
         return rc;
-    int64_t r = shard_append(sh, b->refs, b->count, b->total, b->raw, durability, nowait);
+    int64_t r = shard_append(sh, b->refs, b->count, b->total, b->raw, durability, mode);
     shard_leave(sh);
     return r;
 }
 
-/* Checked before any payload is looked at, so that a bad shard is reported
- * as such rather than as a side effect of the batch. */
-static int check_target(const comet_stream *s, uint32_t shard_id, int durability)
+static int target_error(const comet_stream *s, uint32_t shard_id, int durability, int mode)
 {
     int rc = stream_check_shard(s, shard_id);
     if (rc)
         return rc;
     if (durability < COMET_DURABILITY_DEFAULT || durability > COMET_DURABILITY_ALWAYS)
         return set_error(COMET_E_INVALID, "durability %d is not one of -1, 0, 1, 2", durability);
+    return set_error(COMET_E_INVALID, "mode %d is not COMET_APPEND_WAIT (0) or "
+                     "COMET_APPEND_NOWAIT (1)", mode);
+}
+
+/* Checked before any payload is looked at, so that a bad shard is reported
+ * as such rather than as a side effect of the batch.  Inline: a single
+ * append is a few hundred instructions, and this runs in every one. */
+static inline int check_target(const comet_stream *s, uint32_t shard_id, int durability,
+                               int mode)
+{
+    if (!s || shard_id >= s->shard_count || durability < COMET_DURABILITY_DEFAULT ||
+        durability > COMET_DURABILITY_ALWAYS ||
+        (mode != COMET_APPEND_WAIT && mode != COMET_APPEND_NOWAIT))
+        return target_error(s, shard_id, durability, mode);
     return 0;
 }
 
-static int64_t append_one(comet_stream *s, uint32_t shard_id, const void *payload, uint32_t len,
-                          uint32_t flags, int durability, int nowait)
+int64_t comet_append(comet_stream *s, uint32_t shard_id, const void *payload, uint32_t len,
+                     uint32_t flags, int durability, int mode)
 {
-    int rc = check_target(s, shard_id, durability);
+    int rc = check_target(s, shard_id, durability, mode);
     if (rc)
         return rc;
     if (!payload && len)
@@ -140,73 +161,19 @@ static int64_t append_one(comet_stream *s, uint32_t shard_id, const void *payloa
     if ((rc = entry_raw_size(s, payload, len, r.flags, 0, &raw)))
         return rc;
     shard *sh;
-    rc = shard_acquire(s, shard_id, &sh);
-    if (rc)
+    if ((rc = enter_shard(s, shard_id, mode, &sh)))
         return rc;
     int64_t first = shard_append(sh, &r, 1, ENTRY_HEADER_BYTES + (uint64_t)len, raw, durability,
-                                 nowait);
+                                 mode);
     shard_leave(sh);
     return first;
 }
 
-int64_t comet_append(comet_stream *s, uint32_t shard_id, const void *payload, uint32_t len,
-                     uint32_t flags, int durability)
+int64_t comet_append_batch(comet_stream *s, uint32_t shard_id, const void *buf,
+                           const uint32_t *lens, const uint8_t *flags, uint32_t count,
+                           int durability, int mode)
 {
-    return append_one(s, shard_id, payload, len, flags, durability, APPEND_WAIT);
-}
-
-int64_t comet_append_nowait(comet_stream *s, uint32_t shard_id, const void *payload,
-                            uint32_t len, uint32_t flags, int durability)
-{
-    return append_one(s, shard_id, payload, len, flags, durability, APPEND_NO_SLEEP);
-}
-
-int comet_shard_open(comet_stream *s, uint32_t shard_id, comet_shard **out)
-{
-    int rc = check_target(s, shard_id, COMET_DURABILITY_DEFAULT);
-    if (rc)
-        return rc;
-    if (!out)
-        return set_error(COMET_E_INVALID, "null output");
-    rc = shard_acquire(s, shard_id, out);
-    if (rc == 0)
-        shard_leave(*out);
-    return rc;
-}
-
-static int64_t append_to(comet_shard *sh, const char *payload, uint32_t len, int nowait)
-{
-    uint32_t max = sh->stream->db->cfg.max_entry_bytes;
-    if (len > max)
-        return set_error(COMET_E_ENTRY_TOO_LARGE, "entry is %u bytes; max_entry_bytes is %u", len,
-                         max);
-    if (!payload && len)
-        return set_error(COMET_E_INVALID, "null payload");
-    int rc = shard_enter(sh);
-    if (rc)
-        return rc;
-    entry_ref r = {(const uint8_t *)payload, len, 0};
-    int64_t first = shard_append(sh, &r, 1, ENTRY_HEADER_BYTES + (uint64_t)len, len,
-                                 COMET_DURABILITY_DEFAULT, nowait);
-    shard_leave(sh);
-    return first;
-}
-
-int64_t comet_append_to(comet_shard *sh, const char *payload, uint32_t len)
-{
-    return append_to(sh, payload, len, APPEND_WAIT);
-}
-
-int64_t comet_append_to_nowait(comet_shard *sh, const char *payload, uint32_t len)
-{
-    return append_to(sh, payload, len, APPEND_MEMORY_ONLY);
-}
-
-static int64_t append_batch(comet_stream *s, uint32_t shard_id, const void *buf,
-                            const uint32_t *lens, const uint8_t *flags, uint32_t count,
-                            int durability, int nowait)
-{
-    int rc = check_target(s, shard_id, durability);
+    int rc = check_target(s, shard_id, durability, mode);
     if (rc)
         return rc;
     if (count && (!lens || !buf))
@@ -219,30 +186,42 @@ static int64_t append_batch(comet_stream *s, uint32_t shard_id, const void *buf,
         rc = batch_add(&b, s, p, lens[i], flags ? (flags[i] & COMET_ENTRY_COMPRESSED) : 0);
         p += lens[i];
     }
-    int64_t r = rc ? rc : batch_commit(&b, s, shard_id, durability, nowait);
+    int64_t r = rc ? rc : batch_commit(&b, s, shard_id, durability, mode);
     batch_free(&b);
     return r;
 }
 
-int64_t comet_append_batch(comet_stream *s, uint32_t shard_id, const void *buf,
-                           const uint32_t *lens, const uint8_t *flags, uint32_t count,
-                           int durability)
+int64_t comet_append_vector(comet_stream *s, uint32_t shard_id, const comet_payload *items,
+                            uint32_t count, uint32_t raw_limit, int durability, int mode)
 {
-    return append_batch(s, shard_id, buf, lens, flags, count, durability, APPEND_WAIT);
+    int rc = check_target(s, shard_id, durability, mode);
+    if (rc)
+        return rc;
+    if (count && !items)
+        return set_error(COMET_E_INVALID, "null items");
+    batch b;
+    batch_init(&b);
+    rc = batch_reserve(&b, count);
+    for (uint32_t i = 0; !rc && i < count; i++) {
+        uint64_t n = items[i].len;
+        if (!items[i].data && n)
+            rc = set_error(COMET_E_INVALID, "item %u: null data", i);
+        else if (raw_limit && n > raw_limit)
+            rc = set_error(COMET_E_WANTS_COMPRESSION, "item %u is %" PRIu64
+                           " bytes, above the raw limit %u", i, n, raw_limit);
+        else
+            rc = batch_add(&b, s, items[i].data, n, 0);
+    }
+    int64_t r = rc ? rc : batch_commit(&b, s, shard_id, durability, mode);
+    batch_free(&b);
+    return r;
 }
 
-int64_t comet_append_batch_nowait(comet_stream *s, uint32_t shard_id, const void *buf,
-                                  const uint32_t *lens, const uint8_t *flags, uint32_t count,
-                                  int durability)
+int64_t comet_append_delimited(comet_stream *s, uint32_t shard_id, const void *buf, size_t len,
+                               uint8_t delimiter, int skip_empty, uint32_t raw_limit,
+                               int durability, int mode, uint32_t *count_out)
 {
-    return append_batch(s, shard_id, buf, lens, flags, count, durability, APPEND_NO_SLEEP);
-}
-
-static int64_t append_delimited(comet_stream *s, uint32_t shard_id, const void *buf, size_t len,
-                                uint8_t delimiter, int skip_empty, uint32_t raw_limit,
-                                int durability, uint32_t *count_out, int nowait)
-{
-    int rc = check_target(s, shard_id, durability);
+    int rc = check_target(s, shard_id, durability, mode);
     if (rc)
         return rc;
     if (!buf && len)
@@ -267,66 +246,11 @@ static int64_t append_delimited(comet_stream *s, uint32_t shard_id, const void *
         }
         p = stop + 1;
     }
-    int64_t r = rc ? rc : batch_commit(&b, s, shard_id, durability, nowait);
+    int64_t r = rc ? rc : batch_commit(&b, s, shard_id, durability, mode);
     if (count_out)
         *count_out = r >= 0 ? b.count : 0;
     batch_free(&b);
     return r;
-}
-
-int64_t comet_append_delimited(comet_stream *s, uint32_t shard_id, const void *buf, size_t len,
-                               uint8_t delimiter, int skip_empty, uint32_t raw_limit,
-                               int durability, uint32_t *count_out)
-{
-    return append_delimited(s, shard_id, buf, len, delimiter, skip_empty, raw_limit, durability,
-                            count_out, APPEND_WAIT);
-}
-
-int64_t comet_append_delimited_nowait(comet_stream *s, uint32_t shard_id, const void *buf,
-                                      size_t len, uint8_t delimiter, int skip_empty,
-                                      uint32_t raw_limit, int durability, uint32_t *count_out)
-{
-    return append_delimited(s, shard_id, buf, len, delimiter, skip_empty, raw_limit, durability,
-                            count_out, APPEND_NO_SLEEP);
-}
-
-static int64_t append_vector(comet_stream *s, uint32_t shard_id, const comet_payload *items,
-                             uint32_t count, uint32_t raw_limit, int durability, int nowait)
-{
-    int rc = check_target(s, shard_id, durability);
-    if (rc)
-        return rc;
-    if (count && !items)
-        return set_error(COMET_E_INVALID, "null items");
-    batch b;
-    batch_init(&b);
-    rc = batch_reserve(&b, count);
-    for (uint32_t i = 0; !rc && i < count; i++) {
-        uint64_t n = items[i].len;
-        if (!items[i].data && n)
-            rc = set_error(COMET_E_INVALID, "item %u: null data", i);
-        else if (raw_limit && n > raw_limit)
-            rc = set_error(COMET_E_WANTS_COMPRESSION, "item %u is %" PRIu64
-                           " bytes, above the raw limit %u", i, n, raw_limit);
-        else
-            rc = batch_add(&b, s, items[i].data, n, 0);
-    }
-    int64_t r = rc ? rc : batch_commit(&b, s, shard_id, durability, nowait);
-    batch_free(&b);
-    return r;
-}
-
-int64_t comet_append_vector(comet_stream *s, uint32_t shard_id, const comet_payload *items,
-                            uint32_t count, uint32_t raw_limit, int durability)
-{
-    return append_vector(s, shard_id, items, count, raw_limit, durability, APPEND_WAIT);
-}
-
-int64_t comet_append_vector_nowait(comet_stream *s, uint32_t shard_id,
-                                   const comet_payload *items, uint32_t count, uint32_t raw_limit,
-                                   int durability)
-{
-    return append_vector(s, shard_id, items, count, raw_limit, durability, APPEND_MEMORY_ONLY);
 }
 
 /* ---- JSON ingest ------------------------------------------------------------ */
@@ -378,8 +302,8 @@ static void ingest_result(comet_ingest_result *res, const json_splitter *j, int6
     json_report(j, res);
 }
 
-static int64_t ingest(comet_stream *s, uint32_t shard_id, const comet_ingest_request *req,
-                      comet_ingest_result *res, int nowait)
+int64_t comet_ingest(comet_stream *s, uint32_t shard_id, const comet_ingest_request *req,
+                     comet_ingest_result *res)
 {
     json_splitter j;
     memset(&j, 0, sizeof j);
@@ -387,7 +311,7 @@ static int64_t ingest(comet_stream *s, uint32_t shard_id, const comet_ingest_req
         ingest_result(res, &j, -1, 0);
         return set_error(COMET_E_INVALID, "null request or body");
     }
-    int rc = check_target(s, shard_id, req->durability);
+    int rc = check_target(s, shard_id, req->durability, req->mode);
     if (rc) {
         ingest_result(res, &j, -1, 0);
         return rc;
@@ -400,7 +324,7 @@ static int64_t ingest(comet_stream *s, uint32_t shard_id, const comet_ingest_req
         r = rc == COMET_E_BAD_JSON || rc == COMET_E_ENTRY_TOO_LARGE || rc == COMET_E_NO_EVENTS
                 ? set_error(rc, "%s", j.reason) : rc;
     } else {
-        r = batch_commit(&c.b, s, shard_id, req->durability, nowait);
+        r = batch_commit(&c.b, s, shard_id, req->durability, req->mode);
     }
     ingest_result(res, &j, r, c.b.count);
     for (uint32_t i = 0; i < c.packed_count; i++)
@@ -409,18 +333,6 @@ static int64_t ingest(comet_stream *s, uint32_t shard_id, const comet_ingest_req
     batch_free(&c.b);
     json_split_free(&j);
     return r;
-}
-
-int64_t comet_ingest(comet_stream *s, uint32_t shard_id, const comet_ingest_request *req,
-                     comet_ingest_result *res)
-{
-    return ingest(s, shard_id, req, res, APPEND_WAIT);
-}
-
-int64_t comet_ingest_nowait(comet_stream *s, uint32_t shard_id, const comet_ingest_request *req,
-                            comet_ingest_result *res)
-{
-    return ingest(s, shard_id, req, res, APPEND_NO_SLEEP);
 }
 
 typedef struct split_ctx {

@@ -31,7 +31,6 @@ static const char *const messages[COMET_ERROR_COUNT] = {
     [-COMET_E_BUFFER_TOO_SMALL] = "buffer too small",
     [-COMET_E_BATCH_TOO_LARGE] = "batch too large",
     [-COMET_E_WANTS_COMPRESSION] = "entry wants compression",
-    [-COMET_E_BAD_FRAMING] = "malformed batch framing",
     [-COMET_E_DECOMPRESS] = "decompression failed",
     [-COMET_E_SLOT_HELD] = "slot already held",
     [-COMET_E_GROUP_NAME] = "invalid group name",
@@ -48,8 +47,8 @@ static _Thread_local char detail[512];
 
 const char *comet_strerror(int code)
 {
-    if (code > 0 || code <= -COMET_ERROR_COUNT)
-        return "unknown error";
+    if (code > 0 || code <= -COMET_ERROR_COUNT || !messages[-code])
+        return "unknown error"; /* or a retired code */
     return messages[-code];
 }
 

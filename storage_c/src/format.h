@@ -16,10 +16,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define FORMAT_VERSION 1
+#include "comet.h"
+
+#define FORMAT_VERSION COMET_FORMAT_VERSION
 /* Segment files have their own version: 2 since entry checksums cover the
  * whole entry number (recycled segments); version 1 is still read. */
-#define SEGMENT_VERSION 2
+#define SEGMENT_VERSION COMET_SEGMENT_VERSION
 #define SEGMENT_VERSION_OLDEST 1
 
 /* File magics: four ASCII letters read as a little-endian u32. */
@@ -79,6 +81,8 @@ typedef struct segment_header {
     uint32_t header_crc;
 } segment_header;
 static_assert(sizeof(segment_header) == FILE_HEADER_BYTES, "segment header is 64 bytes");
+static_assert(offsetof(segment_header, header_crc) == FILE_HEADER_CRC_OFFSET,
+              "every header's checksum is at byte 60");
 
 /* The file is a recycled one: past what this segment wrote lie the entries of
  * the segment it was before, not zeros.  They never check out as this
@@ -214,7 +218,7 @@ static_assert(ATOMIC_LLONG_LOCK_FREE == 2, "64-bit atomics must be lock-free to 
 #define OFFSETS_GROUPS 512
 #define OFFSETS_SLOTS_OFFSET 4096
 #define OFFSETS_FILE_BYTES (OFFSETS_SLOTS_OFFSET + OFFSETS_GROUPS * 128)
-#define GROUP_NAME_MAX 47
+#define GROUP_NAME_MAX COMET_GROUP_NAME_MAX
 
 typedef struct offsets_header {
     uint32_t magic;

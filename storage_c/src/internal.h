@@ -33,6 +33,8 @@
 #include "format.h"
 #include "fsutil.h"
 
+typedef struct shard shard;
+
 /* ---- segment.c / index.c ------------------------------------------------- */
 
 typedef struct segment {
@@ -68,18 +70,18 @@ segment *segment_new(uint64_t base);
  * is one of at least need bytes, into segment base: returns its capacity,
  * 0 when there is no spare, or a negative COMET_E_* code.  The spare's size
  * (0: none), counted in the shard's disk use. */
-int recycle_keep(struct comet_shard *sh, uint64_t base);
-int64_t recycle_take(struct comet_shard *sh, uint64_t base, uint64_t need, uint64_t coverage,
+int recycle_keep(shard *sh, uint64_t base);
+int64_t recycle_take(shard *sh, uint64_t base, uint64_t need, uint64_t coverage,
                      uint32_t index_interval);
-uint64_t recycle_spare_bytes(const struct comet_shard *sh);
+uint64_t recycle_spare_bytes(const shard *sh);
 /* Unlinks the spare (append lock held), whether recycling is on or not: the
  * directory's budget needs the disk back.  Returns the bytes freed. */
-uint64_t recycle_drop(struct comet_shard *sh);
+uint64_t recycle_drop(shard *sh);
 /* Recovery: when the file named as segment base is a recycled one whose new
  * header was lost (it says an older base), gives it back (spare, or unlinked)
  * and returns 1; else 0. */
-int recycle_stale(struct comet_shard *sh, uint64_t base);
-int recycle_is_stale(const struct comet_shard *sh, uint64_t base); /* the test of recycle_stale */
+int recycle_stale(shard *sh, uint64_t base);
+int recycle_is_stale(const shard *sh, uint64_t base); /* the test of recycle_stale */
 /* Maps the file and its index (seg->map is NULL before). */
 int segment_load(segment *seg, const char *dir, uint32_t shard_id);
 /* Capacity recorded in the mapped header (another process may have grown it). */
@@ -97,11 +99,6 @@ int segment_grow(segment *seg, const char *dir, uint64_t capacity, int empty, in
  * really extends and the mapping reaches; returns the new capacity. */
 uint64_t segment_refresh_capacity(segment *seg, const char *dir);
 void segment_path(char *out, const char *dir, uint64_t base, const char *suffix);
-
-static inline const entry_header *segment_entry_at(const segment *seg, uint64_t off)
-{
-    return (const entry_header *)(seg->map + off);
-}
 
 static inline index_record *index_records(const segment *seg)
 {
@@ -174,7 +171,7 @@ int entry_resync(const segment *seg, uint64_t off, uint64_t expect_entry, uint64
 
 /* ---- shard.c ------------------------------------------------------------- */
 
-typedef struct comet_shard {
+struct shard {
     struct comet_stream *stream;
     uint32_t id;
     char dir[COMET_PATH_MAX];
@@ -198,7 +195,7 @@ typedef struct comet_shard {
     int offsets_fd;
     atomic_int offsets_dirty;
     struct comet_group *groups; /* handles, guarded by cache_lock, kept until exit */
-} shard;
+};
 
 int shard_open(struct comet_stream *stream, uint32_t id, shard **out);
 void shard_close(shard *sh);   /* frees it (only for a shard never published) */
@@ -208,16 +205,9 @@ int shard_lock_noting_wait(shard *sh, int *waited);
 int shard_trylock_clean(shard *sh);
 void shard_unlock(shard *sh);
 /* append.c: the append path (lock, room and budget, write, publish). */
-/* nowait: APPEND_WAIT, or COMET_E_WOULD_BLOCK (nothing written) instead of
- * what the mode does not allow (comet.h):
- *   APPEND_MEMORY_ONLY  anything but memory stores: a caller holding the GIL;
- *   APPEND_NO_SLEEP     the lock held elsewhere, a rotation (files created and
- *                       synced), freeing the directory's budget, a sync; short
- *                       I/O on the active segment (map, grow, zero fill) is
- *                       done: a caller on an event loop. */
-enum { APPEND_WAIT = 0, APPEND_MEMORY_ONLY = 1, APPEND_NO_SLEEP = 2 };
+/* mode: COMET_APPEND_WAIT or COMET_APPEND_NOWAIT (comet.h, Appends). */
 int64_t shard_append(shard *sh, const entry_ref *refs, uint32_t count, uint64_t total_bytes,
-                     uint64_t raw_bytes, int durability, int nowait);
+                     uint64_t raw_bytes, int durability, int mode);
 int shard_sync(shard *sh, uint64_t upto_entry);
 /* Segment containing entry (a new reference), or NULL with *next_base set to
  * the first base above entry when entry is in a gap. */
@@ -277,7 +267,11 @@ uint64_t retention_free_oldest(comet_db *db, const shard *requester, uint64_t ne
 
 /* Scans the tail from the committed point, keeps whole batches, cuts the rest.
  * Called with the append lock held. */
-int recovery_repair_tail(shard *sh, int how); /* how: 0, STATE_REBUILT or STATE_REBOOTED */
+/* how: 0, STATE_REBUILT or STATE_REBOOTED.  due: the check has a cause (a
+ * dead lock holder, recovery_pending, a rebuilt or rebooted state); without
+ * one it is the check every opener makes, counted in recoveries only when it
+ * repaired something, so that opening a healthy shard changes no counter. */
+int recovery_repair_tail(shard *sh, int how, int due);
 
 /* ---- state.c ------------------------------------------------------------- */
 
@@ -340,6 +334,10 @@ int stream_check_shard(const comet_stream *s, int64_t id); /* COMET_E_SHARD_RANG
 /* stream_shard plus a use count that comet_close waits on; COMET_E_CLOSED
  * once the data directory is closing.  Pair with shard_leave. */
 int shard_acquire(comet_stream *s, uint32_t id, shard **out);
+/* The same for a shard id the caller checked, without opening the shard:
+ * COMET_E_WOULD_BLOCK when this process has not opened it yet (opening takes
+ * a file lock another process may hold and checks the shard's tail). */
+int shard_acquire_if_open(comet_stream *s, uint32_t id, shard **out);
 int shard_enter(shard *sh);
 void shard_leave(shard *sh);
 /* Unmaps and closes everything of a stream's shards; the structs stay. */

@@ -256,6 +256,7 @@ static int apply_cut(shard *sh, holds *h, scan_point cut, uint64_t furthest,
         if (rc)
             return rc;
         garbage_end = cut.off; /* the earlier life's bytes: nothing truncated */
+        *changed = 1;
     }
     if (garbage_end > cut.off) {
         int fd = shard_segment_fd(sh, cut.seg);
@@ -572,9 +573,10 @@ static void scan_tail(repair *r)
 }
 
 /* After the cut: numbers acknowledged but lost are skipped, what a restart
- * left is durable, the first entry follows retention, the repair is counted,
- * and writers of other processes map the active segment again. */
-static void publish(shard *sh, int how, int changed)
+ * left is durable, the first entry follows retention, the check is counted
+ * when it was due or repaired something, and writers of other processes map
+ * the active segment again. */
+static void publish(shard *sh, int how, int due, int changed)
 {
     state_file *st = sh->st;
     changed |= skip_acknowledged(sh);
@@ -595,16 +597,19 @@ static void publish(shard *sh, int how, int changed)
         atomic_store(&st->first_entry, first);
         free(after);
     }
-    /* Every check counts, whether it repaired anything or not (what it cut
-     * is in the truncated_* counters). */
-    wc_add(st, WC_RECOVERIES, 1);
+    /* A check with a cause counts whether it repaired anything or not (what
+     * it cut is in the truncated_* counters); the one every opener makes
+     * counts only when it repaired something: an inspector's open of a
+     * healthy shard changes no counter. */
+    if (due || changed)
+        wc_add(st, WC_RECOVERIES, 1);
     if (changed && how == STATE_REBUILT)
         wc_add(st, WC_STATE_REBUILDS, 1);
     atomic_fetch_add_explicit(&st->active_gen, 1, memory_order_release);
     atomic_store(&st->recovery_pending, 0);
 }
 
-int recovery_repair_tail(shard *sh, int how)
+int recovery_repair_tail(shard *sh, int how, int due)
 {
     remove_temp_files(sh->dir);
     repair r = {.sh = sh, .how = how, .changed = how == STATE_REBUILT, .h = {.sh = sh}};
@@ -631,6 +636,6 @@ int recovery_repair_tail(shard *sh, int how)
     release_all(&r.h);
     if (rc)
         return rc;
-    publish(sh, how, r.changed);
+    publish(sh, how, due, r.changed);
     return 0;
 }

@@ -58,7 +58,7 @@ int shard_open(comet_stream *stream, uint32_t id, shard **out)
      * a reboot, and the first recovery happen one process at a time. */
     while (flock(sh->state_fd, LOCK_EX) && errno == EINTR)
         ;
-    int rebuilt = 0;
+    int rebuilt = 0, due = 0;
     rc = state_open(sh, &rebuilt);
     if (!rc)
         rc = offsets_open(sh);
@@ -67,12 +67,14 @@ int shard_open(comet_stream *stream, uint32_t id, shard **out)
         if (rc == EOWNERDEAD) {
             sc_add(sh->st, SC_LOCK_OWNER_DIED, 1);
             pthread_mutex_consistent(&sh->st->append_lock.mutex);
+            due = 1;
             rc = 0;
         }
         if (rc)
             rc = set_errno_error(rc, "cannot lock %s", sh->dir);
         else {
-            rc = recovery_repair_tail(sh, rebuilt);
+            due |= rebuilt || atomic_load(&sh->st->recovery_pending);
+            rc = recovery_repair_tail(sh, rebuilt, due);
             pthread_mutex_unlock(&sh->st->append_lock.mutex);
         }
     }
@@ -134,7 +136,7 @@ int shard_lock_noting_wait(shard *sh, int *waited)
     if (rc)
         return set_errno_error(rc, "cannot lock shard %s", sh->dir);
     if (atomic_load_explicit(&st->recovery_pending, memory_order_relaxed)) {
-        rc = recovery_repair_tail(sh, 0);
+        rc = recovery_repair_tail(sh, 0, 1);
         if (rc) {
             pthread_mutex_unlock(&st->append_lock.mutex);
             return rc;

@@ -431,6 +431,19 @@ int shard_acquire(comet_stream *s, uint32_t id, shard **out)
     return rc ? rc : shard_enter(*out);
 }
 
+int shard_acquire_if_open(comet_stream *s, uint32_t id, shard **out)
+{
+    shard *sh = atomic_load_explicit(&s->shards[id], memory_order_acquire);
+    if (sh) {
+        *out = sh;
+        return shard_enter(sh); /* closed or deleted: said there */
+    }
+    if (atomic_load(&s->db->closed) || atomic_load(&s->deleted))
+        return shard_acquire(s, id, out); /* which says so */
+    clear_error();
+    return COMET_E_WOULD_BLOCK;
+}
+
 void stream_release(comet_stream *s)
 {
     for (uint32_t i = 0; i < s->shard_count; i++) {

@@ -41,7 +41,7 @@ static int64_t append_next(comet_stream *s, outcome *o, uint32_t shard)
     uint8_t p[256];
     uint32_t len;
     payload_for(shard, o->acked[shard], p, &len);
-    int64_t got = comet_append(s, shard, p, len, 0, -1);
+    int64_t got = comet_append(s, shard, p, len, 0, -1, COMET_APPEND_WAIT);
     if (got >= 0) {
         CHECK((uint64_t)got == o->acked[shard]);
         o->acked[shard]++;
@@ -326,7 +326,8 @@ static void test_clock_shift_ages_data(void)
     CHECK_OK(comet_open(dir, &cfg, &db));
     comet_stream *s = open_stream(db, "s", 1);
     for (int i = 0; i < 2000; i++)
-        CHECK_OK(comet_append(s, 0, "0123456789012345678901234567890123456789", 40, 0, -1));
+        CHECK_OK(comet_append(s, 0, "0123456789012345678901234567890123456789", 40, 0, -1,
+                              COMET_APPEND_WAIT));
     comet_shard_stats before;
     CHECK_OK(comet_shard_stats_get(s, 0, &before));
     CHECK(before.segments > 1);

@@ -53,7 +53,7 @@ static void build(const char *dir)
         }
         if (e + n > ENTRIES)
             n = (uint32_t)(ENTRIES - e);
-        CHECK(comet_append_batch(s, 0, buf, lens, NULL, n, -1) == (int64_t)e);
+        CHECK(comet_append_batch(s, 0, buf, lens, NULL, n, -1, COMET_APPEND_WAIT) == (int64_t)e);
         e += n;
     }
     comet_close(db);
@@ -154,7 +154,7 @@ static void test_damaged_files(void)
             check_contents(s);
             comet_verify_report vr;
             CHECK_OK(comet_verify_shard(s, 0, &vr));
-            int64_t next = comet_append(s, 0, "after", 5, 0, -1);
+            int64_t next = comet_append(s, 0, "after", 5, 0, -1, COMET_APPEND_WAIT);
             CHECK_OK(next);
             CHECK_OK(read_some(s, 0, (uint64_t)next, 1, &rb, 0));
             CHECK(rb.res.count == 1 && rb.offsets[1] == 5 && memcmp(rb.data, "after", 5) == 0);
@@ -180,7 +180,7 @@ static void test_random_delimited(void)
             buf[i] = (uint8_t)rnd();
         uint32_t count = 0;
         int64_t r = comet_append_delimited(s, 0, buf, len, (uint8_t)(rnd() % 4), (int)(rnd() % 2),
-                                           0, -1, &count);
+                                           0, -1, COMET_APPEND_WAIT, &count);
         CHECK(r >= 0 || r == COMET_E_INVALID);
         accepted += r >= 0;
     }

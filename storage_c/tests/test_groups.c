@@ -14,7 +14,7 @@ static void fill(comet_stream *s, uint32_t shard, int n, uint32_t size)
 {
     static uint8_t buf[4096];
     for (int i = 0; i < n; i++)
-        CHECK_OK(comet_append(s, shard, buf, size, 0, -1));
+        CHECK_OK(comet_append(s, shard, buf, size, 0, -1, COMET_APPEND_WAIT));
 }
 
 static void test_offsets(void)
@@ -87,13 +87,13 @@ static void test_retention_and_budget(void)
     int64_t rc = 0;
     int appended = 0;
     static uint8_t buf[4000];
-    while ((rc = comet_append(s, 0, buf, sizeof buf, 0, -1)) >= 0)
+    while ((rc = comet_append(s, 0, buf, sizeof buf, 0, -1, COMET_APPEND_WAIT)) >= 0)
         appended++;
     CHECK(rc == COMET_E_STORAGE_FULL);
     CHECK(appended > 50);
     /* the group acks everything: retention may now delete, appends go on */
     CHECK(comet_group_ack(g, (uint64_t)appended - 1) == appended);
-    CHECK_OK(comet_append(s, 0, buf, sizeof buf, 0, -1));
+    CHECK_OK(comet_append(s, 0, buf, sizeof buf, 0, -1, COMET_APPEND_WAIT));
     comet_shard_stats st;
     CHECK_OK(comet_shard_stats_get(s, 0, &st));
     CHECK(st.retention_deleted_segments > 0 && st.first_entry > 0);

@@ -44,7 +44,7 @@ static void append_range(comet_stream *s, uint32_t shard, uint64_t from, uint64_
         uint8_t p[400];
         uint32_t len;
         payload_for(e, p, &len);
-        int64_t got = comet_append(s, shard, p, len, 0, -1);
+        int64_t got = comet_append(s, shard, p, len, 0, -1, COMET_APPEND_WAIT);
         CHECK_OK(got);
         CHECK((uint64_t)got == e);
     }
@@ -81,13 +81,14 @@ static void test_batches_and_framing(void)
     comet_stream *s = open_stream(db, "b", 1);
     const char *buf = "one\ntwo\n\nthree";
     uint32_t n = 0;
-    CHECK(comet_append_delimited(s, 0, buf, strlen(buf), '\n', 1, 0, -1, &n) == 0);
+    CHECK(comet_append_delimited(s, 0, buf, strlen(buf), '\n', 1, 0, -1, COMET_APPEND_WAIT,
+                                 &n) == 0);
     CHECK(n == 3);
     uint32_t lens[3] = {1, 0, 2};
-    CHECK(comet_append_batch(s, 0, "abc", lens, NULL, 3, -1) == 3);
+    CHECK(comet_append_batch(s, 0, "abc", lens, NULL, 3, -1, COMET_APPEND_WAIT) == 3);
     /* the Python API's list [b"xy", b""] */
     const comet_payload v[2] = {{"xy", 2}, {"", 0}};
-    CHECK(comet_append_vector(s, 0, v, 2, 0, -1) == 6);
+    CHECK(comet_append_vector(s, 0, v, 2, 0, -1, COMET_APPEND_WAIT) == 6);
     CHECK_OK(read_some(s, 0, 0, 100, &rb, 0));
     CHECK(rb.res.count == 8);
     const char *want[8] = {"one", "two", "three", "a", "", "bc", "xy", ""};
@@ -97,15 +98,16 @@ static void test_batches_and_framing(void)
     }
     /* Bad items and limits: nothing written. */
     const comet_payload bad[2] = {{"xy", 2}, {NULL, 3}};
-    CHECK(comet_append_vector(s, 0, bad, 2, 0, -1) == COMET_E_INVALID);
-    CHECK(comet_append_vector(s, 0, NULL, 2, 0, -1) == COMET_E_INVALID);
-    CHECK(comet_append_vector(s, 0, v, 0, 0, -1) == COMET_E_INVALID);
-    CHECK(comet_append_vector(s, 0, v, 2, 1, -1) == COMET_E_WANTS_COMPRESSION);
-    CHECK(comet_append_delimited(s, 0, "a\nbb\n", 5, '\n', 1, 1, -1, &n) == COMET_E_WANTS_COMPRESSION);
-    CHECK(comet_append(s, 1, "x", 1, 0, -1) == COMET_E_SHARD_RANGE);
+    CHECK(comet_append_vector(s, 0, bad, 2, 0, -1, COMET_APPEND_WAIT) == COMET_E_INVALID);
+    CHECK(comet_append_vector(s, 0, NULL, 2, 0, -1, COMET_APPEND_WAIT) == COMET_E_INVALID);
+    CHECK(comet_append_vector(s, 0, v, 0, 0, -1, COMET_APPEND_WAIT) == COMET_E_INVALID);
+    CHECK(comet_append_vector(s, 0, v, 2, 1, -1, COMET_APPEND_WAIT) == COMET_E_WANTS_COMPRESSION);
+    CHECK(comet_append_delimited(s, 0, "a\nbb\n", 5, '\n', 1, 1, -1, COMET_APPEND_WAIT, &n) ==
+          COMET_E_WANTS_COMPRESSION);
+    CHECK(comet_append(s, 1, "x", 1, 0, -1, COMET_APPEND_WAIT) == COMET_E_SHARD_RANGE);
     static uint8_t big[(16 << 20) + 1];
-    CHECK(comet_append(s, 0, big, sizeof big, 0, -1) == COMET_E_ENTRY_TOO_LARGE);
-    CHECK(comet_append_batch(s, 0, "", lens, NULL, 0, -1) == COMET_E_INVALID);
+    CHECK(comet_append(s, 0, big, sizeof big, 0, -1, COMET_APPEND_WAIT) == COMET_E_ENTRY_TOO_LARGE);
+    CHECK(comet_append_batch(s, 0, "", lens, NULL, 0, -1, COMET_APPEND_WAIT) == COMET_E_INVALID);
     comet_shard_stats st;
     CHECK_OK(comet_shard_stats_get(s, 0, &st));
     CHECK(st.next_entry == 8);
@@ -206,12 +208,20 @@ static void test_torn_tail_is_cut(void)
         payload_for(e, p, &len);
         off += 20 + len;
     }
+    /* Opening a healthy shard checks its tail, and counts nothing. */
+    comet_shard_stats st;
+    for (int i = 0; i < 3; i++) {
+        db = open_db(dir, 1 << 20);
+        s = open_stream(db, "t", 1);
+        CHECK_OK(comet_shard_stats_get(s, 0, &st));
+        CHECK(st.next_entry == 10 && st.recoveries == 0 && st.truncated_bytes == 0);
+        comet_close(db);
+    }
     flip_byte(shard_file(dir, "t", 0, "00000000000000000000.log"), (off_t)off + 21);
     db = open_db(dir, 1 << 20);
     s = open_stream(db, "t", 1);
-    comet_shard_stats st;
     CHECK_OK(comet_shard_stats_get(s, 0, &st));
-    CHECK(st.next_entry == 9);
+    CHECK(st.next_entry == 9 && st.recoveries == 1);
     CHECK(st.truncated_entries == 1 && st.truncated_bytes > 0);
     check_range(s, 0, 0, 9);
     append_range(s, 0, 9, 20);
@@ -266,149 +276,172 @@ static void test_lock_holder_dies(void)
     append_range(s, 0, 5, 10);
     comet_shard_stats st;
     CHECK_OK(comet_shard_stats_get(s, 0, &st));
-    CHECK(st.lock_owner_died == 1);
+    CHECK(st.lock_owner_died == 1 && st.recoveries == 1);
     check_range(s, 0, 0, 10);
     comet_close(db);
     rm_tree(dir);
 }
 
-/* The *_nowait appends write only when nothing has to wait first, and
- * otherwise return COMET_E_WOULD_BLOCK having written nothing. */
-static void test_nowait_appends_never_wait(void)
+/* A data directory without the background thread whose segments grow by
+ * chunk bytes up to segment_bytes; shard_limit: retention_max_shard_bytes. */
+static comet_db *open_chunked(const char *dir, uint64_t segment_bytes, uint32_t chunk,
+                              uint64_t shard_limit)
 {
-    char *dir = scratch_dir();
-    comet_db *db = open_db(dir, 64 << 10);
-    comet_stream *s = open_stream(db, "n", 1);
-    comet_shard *h;
-    CHECK_OK(comet_shard_open(s, 0, &h));
-    comet_shard_stats st;
-    /* no segment yet: creating one is I/O */
-    CHECK(comet_append_to_nowait(h, "a", 1) == COMET_E_WOULD_BLOCK);
-    CHECK_OK(comet_shard_stats_get(s, 0, &st));
-    CHECK(st.next_entry == 0 && st.appends == 0);
-    CHECK(comet_append_to(h, "a", 1) == 0);
-    CHECK(comet_append_to_nowait(h, "b", 1) == 1);
-    comet_payload items[2] = {{"c", 1}, {"dd", 2}};
-    CHECK(comet_append_vector_nowait(s, 0, items, 2, 0, COMET_DURABILITY_DEFAULT) == 2);
-    /* "always" waits for a sync; an entry above raw_limit is refused as before */
-    CHECK(comet_append_vector_nowait(s, 0, items, 2, 0, COMET_DURABILITY_ALWAYS) ==
-          COMET_E_WOULD_BLOCK);
-    CHECK(comet_append_vector_nowait(s, 0, items, 2, 1, COMET_DURABILITY_DEFAULT) ==
-          COMET_E_WANTS_COMPRESSION);
-    /* the append lock held elsewhere (here by this thread, through the state file) */
-    int fd = open(shard_file(dir, "n", 0, "state"), O_RDWR);
-    CHECK(fd >= 0);
-    uint8_t *map = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    CHECK(map != MAP_FAILED);
-    CHECK(pthread_mutex_lock((pthread_mutex_t *)(map + 64)) == 0);
-    CHECK(comet_append_to_nowait(h, "e", 1) == COMET_E_WOULD_BLOCK);
-    CHECK(comet_append_vector_nowait(s, 0, items, 2, 0, COMET_DURABILITY_DEFAULT) ==
-          COMET_E_WOULD_BLOCK);
-    CHECK(pthread_mutex_unlock((pthread_mutex_t *)(map + 64)) == 0);
-    munmap(map, 4096);
-    close(fd);
-    CHECK(comet_append_to_nowait(h, "e", 1) == 4);
-    /* the segment is full: a rotation is I/O */
-    char big[1000];
-    memset(big, 'z', sizeof big);
-    int64_t rc;
-    uint64_t next = 5;
-    while ((rc = comet_append_to_nowait(h, big, sizeof big)) >= 0)
-        CHECK((uint64_t)rc == next++);
-    CHECK(rc == COMET_E_WOULD_BLOCK);
-    CHECK_OK(comet_shard_stats_get(s, 0, &st));
-    CHECK(st.next_entry == next && st.rotations == 0);
-    CHECK((uint64_t)comet_append_to(h, big, sizeof big) == next);
-    CHECK_OK(comet_shard_stats_get(s, 0, &st));
-    CHECK(st.rotations == 1);
-    CHECK((uint64_t)comet_append_to_nowait(h, big, sizeof big) == next + 1);
-    /* what was written reads back */
-    CHECK_OK(read_some(s, 0, 0, 5, &rb, 0));
-    CHECK(rb.res.count == 5 && memcmp(rb.data, "abcdde", 6) == 0);
-    comet_close(db);
-    rm_tree(dir);
-}
-
-/* The no-sleep twins (for an event loop) grow and zero-fill the active
- * segment themselves, and refuse - nothing written - only what sleeps: no
- * segment yet, a rotation, the lock held elsewhere, a sync. */
-static void test_no_sleep_appends_do_short_io_only(void)
-{
-    char *dir = scratch_dir();
     comet_config cfg;
     comet_config_default(&cfg);
-    cfg.segment_bytes = 1 << 20;
-    cfg.segment_chunk_bytes = 128 << 10;
+    cfg.segment_bytes = segment_bytes;
+    cfg.segment_chunk_bytes = chunk;
+    cfg.retention_max_shard_bytes = shard_limit;
+    cfg.retention_interval_ms = 0;
     cfg.flags |= COMET_OPEN_NO_FLUSHER;
     comet_db *db = NULL;
     CHECK_OK(comet_open(dir, &cfg, &db));
-    comet_stream *s = open_stream(db, "q", 1);
-    static char body[10 * 1001];
-    for (int i = 0; i < 10; i++) {
-        memset(body + i * 1001, 'x', 1000);
-        memcpy(body + i * 1001, "\"", 1);
-        memcpy(body + i * 1001 + 999, "\"\n", 2);
+    return db;
+}
+
+/* One entry point per shape; each stores 1020 bytes (two 490-byte entries, or
+ * one of 1000), so that one that does not fit means none does. */
+enum { SHAPES = 5 };
+
+static int64_t append_shape(comet_stream *s, int shape, int durability, int mode,
+                            uint32_t raw_limit)
+{
+    static char x[1000], lines[2 * 491], body[2 * 491];
+    memset(x, 'x', sizeof x);
+    for (int i = 0; i < 2; i++) {
+        memset(lines + i * 491, 'x', 490);
+        lines[i * 491 + 490] = '\n';
+        memcpy(body + i * 491, lines + i * 491, 491);
+        body[i * 491] = body[i * 491 + 489] = '"';
     }
+    const uint32_t lens[2] = {490, 490};
+    const comet_payload items[2] = {{x, 490}, {x, 490}};
     comet_ingest_request req = {.body = body, .len = sizeof body, .format = COMET_BODY_NDJSON,
-                                .durability = COMET_DURABILITY_DEFAULT};
+                                .compress_above = raw_limit, .durability = durability,
+                                .mode = mode};
     comet_ingest_result res;
+    uint32_t count;
+    switch (shape) {
+    case 0:
+        return comet_append(s, 0, x, sizeof x, 0, durability, mode);
+    case 1:
+        return comet_append_batch(s, 0, x, lens, NULL, 2, durability, mode);
+    case 2:
+        return comet_append_vector(s, 0, items, 2, raw_limit, durability, mode);
+    case 3:
+        return comet_append_delimited(s, 0, lines, sizeof lines, '\n', 1, raw_limit, durability,
+                                      mode, &count);
+    default:
+        return comet_ingest(s, 0, &req, &res);
+    }
+}
+
+static uint64_t entries_of(int shape)
+{
+    return shape == 0 ? 1 : 2;
+}
+
+/* Every shape refuses with COMET_APPEND_NOWAIT, and stores nothing. */
+static void check_every_shape_would_block(comet_stream *s, int durability, uint64_t next)
+{
+    for (int shape = 0; shape < SHAPES; shape++)
+        CHECK(append_shape(s, shape, durability, COMET_APPEND_NOWAIT, 0) == COMET_E_WOULD_BLOCK);
     comet_shard_stats st;
-    uint32_t len = 3, count;
-    /* no segment yet: creating one sleeps (file and directory syncs) */
-    CHECK(comet_ingest_nowait(s, 0, &req, &res) == COMET_E_WOULD_BLOCK && res.count == 0);
-    CHECK(comet_append_nowait(s, 0, "abc", 3, 0, COMET_DURABILITY_DEFAULT) == COMET_E_WOULD_BLOCK);
-    CHECK(comet_append_batch_nowait(s, 0, "abc", &len, NULL, 1, COMET_DURABILITY_DEFAULT) ==
-          COMET_E_WOULD_BLOCK);
-    CHECK(comet_append_delimited_nowait(s, 0, "abc\n", 4, '\n', 1, 0, COMET_DURABILITY_DEFAULT,
-                                        &count) == COMET_E_WOULD_BLOCK);
     CHECK_OK(comet_shard_stats_get(s, 0, &st));
-    CHECK(st.next_entry == 0);
-    CHECK(comet_append(s, 0, "abc", 3, 0, COMET_DURABILITY_DEFAULT) == 0);
+    CHECK(st.next_entry == next);
+}
+
+/* COMET_APPEND_NOWAIT means the same in every shape (comet.h, Appends): it
+ * maps, grows by chunks and zero-fills the active segment itself, and refuses
+ * - nothing written - where the append would wait: the shard not open in this
+ * process, no segment yet, a rotation, the lock held elsewhere, a sync. */
+static void test_nowait_appends_never_sleep(void)
+{
+    char *dir = scratch_dir();
+    comet_db *db = open_chunked(dir, 1 << 20, 128 << 10, 0);
+    comet_stream *s = open_stream(db, "q", 1);
+    /* the shard not open in this process yet; then (stats open it) no segment */
+    for (int shape = 0; shape < SHAPES; shape++)
+        CHECK(append_shape(s, shape, -1, COMET_APPEND_NOWAIT, 0) == COMET_E_WOULD_BLOCK);
+    comet_shard_stats st;
+    CHECK_OK(comet_shard_stats_get(s, 0, &st));
+    check_every_shape_would_block(s, -1, 0);
+    CHECK(append_shape(s, 0, -1, COMET_APPEND_WAIT, 0) == 0);
     /* chunks grown and pages zero-filled on the way: never refused */
     uint64_t next = 1;
     int64_t rc;
-    while ((rc = comet_ingest_nowait(s, 0, &req, &res)) >= 0) {
-        CHECK((uint64_t)rc == next && res.count == 10);
-        next += 10;
+    for (int i = 0; (rc = append_shape(s, i % SHAPES, -1, COMET_APPEND_NOWAIT, 0)) >= 0; i++) {
+        CHECK((uint64_t)rc == next);
+        next += entries_of(i % SHAPES);
     }
-    CHECK(rc == COMET_E_WOULD_BLOCK && res.count == 0);
+    CHECK(rc == COMET_E_WOULD_BLOCK);
     CHECK_OK(comet_shard_stats_get(s, 0, &st));
-    CHECK(st.next_entry == next && st.rotations == 0 && st.active_bytes > (900u << 10));
-    /* the rotation, allowed to sleep; then no-sleep appends again */
-    CHECK((uint64_t)comet_ingest(s, 0, &req, &res) == next);
-    next += 10;
-    CHECK((uint64_t)comet_append_nowait(s, 0, "abc", 3, 0, COMET_DURABILITY_DEFAULT) == next++);
-    CHECK((uint64_t)comet_append_batch_nowait(s, 0, "abc", &len, NULL, 1,
-                                              COMET_DURABILITY_DEFAULT) == next++);
-    CHECK((uint64_t)comet_append_delimited_nowait(s, 0, "d\ne\n", 4, '\n', 1, 0,
-                                                  COMET_DURABILITY_DEFAULT, &count) == next);
-    CHECK(count == 2);
+    CHECK(st.rotations == 0 && st.active_bytes > (1000u << 10));
+    check_every_shape_would_block(s, -1, next); /* a rotation */
+    CHECK((uint64_t)append_shape(s, 1, -1, COMET_APPEND_WAIT, 0) == next);
     next += 2;
-    /* a sync ("always") sleeps */
-    CHECK(comet_ingest_nowait(s, 0, &(comet_ingest_request){.body = "1", .len = 1,
-                                                             .format = COMET_BODY_JSON,
-                                                             .durability = COMET_DURABILITY_ALWAYS},
-                              &res) == COMET_E_WOULD_BLOCK);
+    for (int shape = 0; shape < SHAPES; shape++) {
+        CHECK((uint64_t)append_shape(s, shape, -1, COMET_APPEND_NOWAIT, 0) == next);
+        next += entries_of(shape);
+    }
+    check_every_shape_would_block(s, COMET_DURABILITY_ALWAYS, next); /* a sync */
     /* the append lock held elsewhere (here by this thread, through the state file) */
     int fd = open(shard_file(dir, "q", 0, "state"), O_RDWR);
     CHECK(fd >= 0);
     uint8_t *map = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     CHECK(map != MAP_FAILED);
     CHECK(pthread_mutex_lock((pthread_mutex_t *)(map + 64)) == 0);
-    CHECK(comet_ingest_nowait(s, 0, &req, &res) == COMET_E_WOULD_BLOCK);
-    CHECK(comet_append_nowait(s, 0, "abc", 3, 0, COMET_DURABILITY_DEFAULT) == COMET_E_WOULD_BLOCK);
+    check_every_shape_would_block(s, -1, next);
     CHECK(pthread_mutex_unlock((pthread_mutex_t *)(map + 64)) == 0);
     munmap(map, 4096);
     close(fd);
+    /* a bad call fails with its own error in either mode */
+    for (int shape = 0; shape < SHAPES; shape++) {
+        CHECK(append_shape(s, shape, -1, 2, 0) == COMET_E_INVALID);
+        CHECK(append_shape(s, shape, 3, COMET_APPEND_NOWAIT, 0) == COMET_E_INVALID);
+    }
+    CHECK(append_shape(s, 2, -1, COMET_APPEND_NOWAIT, 100) == COMET_E_WANTS_COMPRESSION);
+    CHECK(append_shape(s, 3, -1, COMET_APPEND_NOWAIT, 100) == COMET_E_WANTS_COMPRESSION);
     CHECK_OK(comet_shard_stats_get(s, 0, &st));
     CHECK(st.next_entry == next && st.rotations == 1);
+    comet_verify_report vr;
+    CHECK_OK(comet_verify_shard(s, 0, &vr));
+    CHECK(vr.bad_entries == 0 && vr.entries == next);
+    comet_close(db);
+    rm_tree(dir);
+}
+
+/* Deleting old segments for a size limit sleeps (unlinks, other shards'
+ * locks): COMET_APPEND_NOWAIT leaves it to the call that may wait. */
+static void test_nowait_leaves_deleting_to_the_waiting_call(void)
+{
+    char *dir = scratch_dir();
+    comet_db *db = open_chunked(dir, 256 << 10, 64 << 10, 400 << 10);
+    comet_stream *s = open_stream(db, "d", 1);
+    static char p[1000];
+    memset(p, 'p', sizeof p);
+    comet_shard_stats st;
+    uint64_t waited = 0;
+    for (uint64_t e = 0; e < 2000; e++) {
+        CHECK_OK(comet_shard_stats_get(s, 0, &st));
+        uint64_t deleted = st.retention_deleted_segments;
+        int64_t rc = comet_append(s, 0, p, sizeof p, 0, -1, COMET_APPEND_NOWAIT);
+        CHECK_OK(comet_shard_stats_get(s, 0, &st));
+        CHECK(st.retention_deleted_segments == deleted);
+        if (rc == COMET_E_WOULD_BLOCK) {
+            rc = comet_append(s, 0, p, sizeof p, 0, -1, COMET_APPEND_WAIT);
+            waited++;
+        }
+        CHECK((uint64_t)rc == e);
+    }
+    CHECK_OK(comet_shard_stats_get(s, 0, &st));
+    CHECK(st.retention_deleted_segments >= 4 && waited > st.rotations);
     comet_close(db);
     rm_tree(dir);
 }
 
 typedef struct racer {
     comet_stream *s;
-    comet_shard *h;
     int closed_seen;
     _Atomic int appended; /* the main thread closes once every racer is under way */
     read_buf *rb;         /* each thread its own */
@@ -418,7 +451,10 @@ static void *race_appends(void *arg)
 {
     racer *r = arg;
     for (int i = 0; i < 200000; i++) {
-        int64_t a = i % 2 ? comet_append(r->s, 0, "x", 1, 0, -1) : comet_append_to(r->h, "y", 1);
+        int64_t a = comet_append(r->s, 0, "x", 1, 0, -1,
+                                 i % 2 ? COMET_APPEND_WAIT : COMET_APPEND_NOWAIT);
+        if (a == COMET_E_WOULD_BLOCK)
+            a = comet_append(r->s, 0, "y", 1, 0, -1, COMET_APPEND_WAIT);
         if (a == COMET_E_CLOSED) {
             r->closed_seen = 1;
             break;
@@ -444,7 +480,6 @@ static void test_close_races_with_appends(void)
     for (int i = 0; i < 3; i++) {
         r[i] = (racer){.s = s, .rb = malloc(sizeof(read_buf))};
         CHECK(r[i].rb != NULL);
-        CHECK_OK(comet_shard_open(s, 0, &r[i].h));
         CHECK(pthread_create(&t[i], NULL, race_appends, &r[i]) == 0);
     }
     for (int i = 0; i < 3; i++)
@@ -456,7 +491,7 @@ static void test_close_races_with_appends(void)
         CHECK(r[i].closed_seen);
         free(r[i].rb);
     }
-    CHECK(comet_append(s, 0, "z", 1, 0, -1) == COMET_E_CLOSED);
+    CHECK(comet_append(s, 0, "z", 1, 0, -1, COMET_APPEND_WAIT) == COMET_E_CLOSED);
     CHECK(comet_close(db) == 0);
     db = open_db(dir, 1 << 20);
     s = open_stream(db, "race", 1);
@@ -513,7 +548,7 @@ static void *busy_main(void *arg)
         }
         char p[300];
         memset(p, 'a' + (i % 26), sizeof p);
-        int64_t rc = comet_append(b->s, b->shard, p, sizeof p, 0, -1);
+        int64_t rc = comet_append(b->s, b->shard, p, sizeof p, 0, -1, COMET_APPEND_WAIT);
         CHECK(rc >= 0 || rc == COMET_E_STORAGE_FULL);
     }
     return NULL;
@@ -574,7 +609,7 @@ static void test_budget_across_processes(void)
     char p[500];
     memset(p, 'b', sizeof p);
     for (int i = 0; i < 6000; i++) {
-        CHECK_OK(comet_append(s, 0, p, sizeof p, 0, -1));
+        CHECK_OK(comet_append(s, 0, p, sizeof p, 0, -1, COMET_APPEND_WAIT));
         CHECK(comet_data_bytes(db) <= (int64_t)cfg.retention_max_total_bytes + segment);
     }
     CHECK_OK(comet_close(db));
@@ -604,8 +639,8 @@ int main(void)
     RUN(test_torn_tail_is_cut);
     RUN(test_missing_state_and_index_rebuilt);
     RUN(test_lock_holder_dies);
-    RUN(test_nowait_appends_never_wait);
-    RUN(test_no_sleep_appends_do_short_io_only);
+    RUN(test_nowait_appends_never_sleep);
+    RUN(test_nowait_leaves_deleting_to_the_waiting_call);
     RUN(test_close_races_with_appends);
     RUN(test_background_thread_with_appends_and_reads);
     RUN(test_budget_across_processes);

@@ -59,7 +59,7 @@ static int64_t append_upto(comet_stream *s, uint64_t upto, volatile uint64_t *ac
     int64_t rc = comet_shard_stats_get(s, 0, &st);
     for (uint64_t e = st.next_entry; rc == 0 && e < upto; e++) {
         payload_for(e, p);
-        int64_t got = comet_append(s, 0, p, PAYLOAD, 0, -1);
+        int64_t got = comet_append(s, 0, p, PAYLOAD, 0, -1, COMET_APPEND_WAIT);
         if (got < 0)
             return got;
         CHECK((uint64_t)got == e);
@@ -186,7 +186,7 @@ static void test_version_1_segment_is_read(void)
     char p[PAYLOAD];
     for (uint64_t e = 0; e < 10; e++) {
         payload_for(e, p);
-        CHECK(comet_append(s, 0, p, PAYLOAD, 0, -1) == (int64_t)e);
+        CHECK(comet_append(s, 0, p, PAYLOAD, 0, -1, COMET_APPEND_WAIT) == (int64_t)e);
     }
     comet_close(db);
     char path[512];
@@ -205,7 +205,8 @@ static void test_version_1_segment_is_read(void)
     db = open_db(dir, SEGMENT);
     s = open_stream(db, "r", 1);
     payload_for(10, p);
-    CHECK(comet_append(s, 0, p, PAYLOAD, 0, -1) == 10); /* appended in version 1 */
+    /* appended in version 1 */
+    CHECK(comet_append(s, 0, p, PAYLOAD, 0, -1, COMET_APPEND_WAIT) == 10);
     check_all(s, 11);
     comet_close(db);
     rm_tree(dir);
