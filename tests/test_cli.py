@@ -85,7 +85,7 @@ def test_stat_changes_no_counter(data_dir: Path) -> None:
     """An inspector's open checks every shard's tail; on a healthy directory that
     counts no recovery, nor anything else: three runs of ``comet stat`` print the
     same counters, RECOVERIES 0."""
-    fill(data_dir)
+    two_streams(data_dir)
     comet = Path(sys.executable).with_name("comet")
     runs = [subprocess.run([str(comet), "stat", str(data_dir), "--json"], capture_output=True,
                            text=True, check=True).stdout for _ in range(3)]
