@@ -22,29 +22,12 @@ if TYPE_CHECKING:
 # lands in the right tier by itself: a fixture (the SparkSession, Swift, the Docker
 # daemon, the power-cut filesystem), a module named for Spark (its tests start
 # `comet spark-ship`, a JVM, without the fixture too), the tests/powercut directory.
-# SLOW names the long tests (5-55 s each on 2 shared cores): crash loops, kills and
-# reloads under load, processes racing, the fuzzers, retries against a local S3, the
-# locust run.
+# Long crash, multi-process and load tests carry @pytest.mark.slow themselves.
 MARK_BY_FIXTURE = {"spark": "spark", "swift": "swift", "s3env": "swift", "docker": "docker",
                    "powercut": "fuse"}
-SLOW = {
-    "test_crash.py::test_crash_loop_kill_9",
-    "test_gateway_e2e.py::test_hup_reload_and_term_under_load",
-    "test_gateway_e2e.py::test_kill_9_of_a_worker_under_load",
-    "test_gateway_fuzz.py::test_api_conforms_to_its_openapi",
-    "test_http_protocol.py::test_connections_meeting_a_graceful_stop_get_a_status",
-    "test_json_fuzz.py::test_seeded_differential",
-    "test_loadtest.py::test_short_locust_run_loses_nothing",
-    "test_reload.py::test_reloads_and_stop_under_load_answer_every_request",
-    "test_ship.py::test_kill_9_twenty_times",
-    "test_ship_errors.py::test_bad_credentials_and_access_denied_are_permanent",
-    "test_ship_errors.py::test_missing_bucket_fails_at_once_then_ships_exactly_once",
-    "test_stream_limits.py::test_max_streams_holds_across_processes",
-}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    listed = set()
     for item in items:
         path = item.path.relative_to(Path(__file__).parent)
         marks = {MARK_BY_FIXTURE[f] for f in getattr(item, "fixturenames", ()) if f in MARK_BY_FIXTURE}
@@ -52,16 +35,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             marks.add("spark")
         if path.parts[0] == "powercut":
             marks.add("fuse")
-        name = f"{path}::{item.originalname if isinstance(item, pytest.Function) else item.name}"
-        if name in SLOW:
-            marks.add("slow")
-            listed.add(name)
         for mark in sorted(marks):
             item.add_marker(mark)
-    collected = {str(item.path.relative_to(Path(__file__).parent)) for item in items}
-    stale = {n for n in SLOW - listed if n.split("::")[0] in collected}
-    if stale:
-        raise pytest.UsageError(f"tests/conftest.py SLOW names tests that do not exist: {sorted(stale)}")
 
 
 @pytest.fixture

@@ -9,6 +9,8 @@ import signal
 import time
 from pathlib import Path
 
+import pytest
+
 from storage_c import Config, Log
 
 from .support.processes import worker
@@ -38,6 +40,7 @@ def check_batches(log: Log, acked: dict[int, tuple[int, int]], start: int = 0) -
     return start + len(entries)
 
 
+@pytest.mark.slow
 def test_crash_loop_kill_9(data_dir: Path) -> None:
     rng = random.Random(2024)
     seq = 0

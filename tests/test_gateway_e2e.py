@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import orjson
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from storage_c import Config, Log
@@ -59,6 +60,7 @@ def test_metrics_totals_whichever_worker_answers(data_dir: Path) -> None:
         assert seen_slots == {"0", "1"}
 
 
+@pytest.mark.slow
 def test_kill_9_of_a_worker_under_load(data_dir: Path) -> None:
     with GatewayProcess(data_dir, env=SMALL) as server:
         server.wait_ready()
@@ -87,6 +89,7 @@ def test_kill_9_of_a_worker_under_load(data_dir: Path) -> None:
         assert server.stop() == 0
 
 
+@pytest.mark.slow
 def test_hup_reload_and_term_under_load(data_dir: Path) -> None:
     with GatewayProcess(data_dir, env=SMALL) as server:
         server.wait_ready()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import schemathesis
 import schemathesis.checks
 from hypothesis import HealthCheck, given, settings
@@ -16,6 +17,7 @@ from .support.server import SMALL, GatewayProcess
 EXAMPLES = 40
 
 
+@pytest.mark.slow
 def test_api_conforms_to_its_openapi(data_dir: Path) -> None:
     with GatewayProcess(data_dir, env=SMALL) as server:
         server.wait_ready()

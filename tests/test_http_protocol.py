@@ -180,6 +180,7 @@ def test_half_closed_client_gets_its_answer(server: GatewayProcess, gzipped: boo
 
 # ---- a graceful stop ---------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_connections_meeting_a_graceful_stop_get_a_status(data_dir: Path) -> None:
     """One worker gets TERM (as on a HUP reload).  Connections that have sent
     nothing yet when it starts draining - opened before the stop, idle

@@ -486,6 +486,7 @@ def one_case(r: random.Random, kind: int, stats: dict) -> None:
 SEEDED_CASES = 30000
 
 
+@pytest.mark.slow
 def test_seeded_differential() -> None:
     """Fixed seeds, bulk: valid and mutated bodies of both formats."""
     stats: dict[str, int] = {}

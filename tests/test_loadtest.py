@@ -230,6 +230,7 @@ def processes_mentioning(text: str) -> list[str]:
     return found
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)  # creating .venv-locust when missing takes ~20 s more
 def test_short_locust_run_loses_nothing(tmp_path: Path) -> None:
     lt.ensure_locust_venv()

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import pytest
 
 from .support.noloss import Acks, check_stored_once
 from .support.server import SMALL, GatewayProcess
@@ -112,6 +113,7 @@ def wait_for(what: str, check: Any, timeout: float = 30) -> None:
         time.sleep(0.02)
 
 
+@pytest.mark.slow
 def test_reloads_and_stop_under_load_answer_every_request(data_dir: Path) -> None:
     t0 = time.monotonic()
     with GatewayProcess(data_dir, env=SMALL) as server:

@@ -149,6 +149,7 @@ def ship_command(data_dir: Path, lake: Path, *extra: str) -> list[str]:
             "--max-object-age", "0.05", *extra]
 
 
+@pytest.mark.slow
 def test_kill_9_twenty_times(data_dir: Path, tmp_path: Path) -> None:
     lake = tmp_path / "lake"
     rng = random.Random(11)

@@ -99,6 +99,7 @@ def client_error(code: str, status: int) -> ClientError:
 
 # ---- S3: a bucket that does not exist, bad credentials, a bad name -----------------------
 
+@pytest.mark.slow
 def test_missing_bucket_fails_at_once_then_ships_exactly_once(moto_s3: str, data_dir: Path,
                                                               aws_env: None) -> None:
     import boto3
@@ -157,6 +158,7 @@ def aws(url: str, access_key: str | None, secret: str | None) -> dict[str, str]:
     return env
 
 
+@pytest.mark.slow
 def test_bad_credentials_and_access_denied_are_permanent(moto_auth: dict, data_dir: Path) -> None:
     import boto3
 

@@ -45,6 +45,7 @@ def _create(path: str, name: str, out: "multiprocessing.Queue[str]") -> None:
             out.put("limit")
 
 
+@pytest.mark.slow
 def test_max_streams_holds_across_processes(data_dir: Path) -> None:
     ctx = multiprocessing.get_context("spawn")
     out: "multiprocessing.Queue[str]" = ctx.Queue()
