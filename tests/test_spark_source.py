@@ -109,7 +109,7 @@ def test_a_group_start_needs_a_registered_group(spark: SparkSession, data_dir: P
         (spark.readStream.format("comet").option("path", str(data_dir)).option("stream", "ev")
          .option("startingOffsets", "group:lake").load().writeStream.format("noop")
          .trigger(availableNow=True).start().awaitTermination(120))
-    # Registered as the README shows: from the oldest stored entry of every shard.
+    # Registered as docs/spark-and-the-lake.md shows: from the oldest stored entry of every shard.
     with Consumer(str(data_dir), "ev", "lake") as group:
         assert group.shards() == [0, 1, 2, 3]
     assert rows_of(comet(spark, data_dir, startingOffsets="group:lake")) == sorted(everything)
