@@ -30,6 +30,9 @@ LEVELS = {"ALL": logging.NOTSET, "TRACE": logging.DEBUG, "DEBUG": logging.DEBUG,
           "INFO": logging.INFO, "WARN": logging.WARNING, "ERROR": logging.ERROR,
           "FATAL": logging.CRITICAL, "OFF": logging.CRITICAL + 10}
 _LOG4J_EVENT = b'{"log4j": '
+# What the JVM prints at every start of Spark 4, true and harmless (Spark asks
+# for the incubating vector API itself): logged at debug, not as a warning.
+JVM_START_NOTES = frozenset({b"WARNING: Using incubator modules: jdk.incubator.vector"})
 
 
 def spark_log_level() -> str:
@@ -89,4 +92,5 @@ def log_line(line: bytes) -> None:
             return
         except (orjson.JSONDecodeError, KeyError, TypeError):
             pass  # not one of ours after all: logged as it is
-    logging.getLogger(STDERR_LOGGER).warning(line.decode("utf-8", "replace"))
+    level = logging.DEBUG if line in JVM_START_NOTES else logging.WARNING
+    logging.getLogger(STDERR_LOGGER).log(level, line.decode("utf-8", "replace"))

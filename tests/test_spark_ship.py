@@ -333,16 +333,17 @@ def test_a_run_removes_what_killed_runs_left(spark: SparkSession, data_dir: Path
 def test_a_bad_schema_is_one_line_and_starts_no_python_worker(data_dir: Path, tmp_path: Path) -> None:
     """The real command with a typo in --schema: Spark's own parser refuses
     it before any job, so no Python worker exists to print anything as Spark
-    stops: stderr is exactly the one line, nothing is written."""
+    stops: stderr is exactly the one line, at the default log level, and
+    nothing is written."""
     with Log(data_dir, CFG) as log:
         fill(log, "ev", events(300), batch=1)
     workers = tmp_path / "python-workers"  # a line per Python worker Spark starts
     python = tmp_path / "python"
     python.write_text(f"#!/bin/sh\necho \"$@\" >> {workers}\nexec {sys.executable} \"$@\"\n")
     python.chmod(0o755)
-    env = dict(os.environ, COMET_SPARK_LOG_LEVEL="ERROR", PYSPARK_PYTHON=str(python))
-    for name in ("COMET_SPARK_SHIP_CRASH", "SPARK_LOCAL_IP"):
-        env.pop(name, None)
+    env = dict(os.environ, PYSPARK_PYTHON=str(python))
+    for name in ("COMET_SPARK_SHIP_CRASH", "SPARK_LOCAL_IP", "COMET_SPARK_LOG_LEVEL"):
+        env.pop(name, None)  # the default log level, as a user has it
     bad = subprocess.run([str(COMET), "spark-ship", str(data_dir), "ev", str(tmp_path / "lake"),
                           "--event-time-field", "at", "--schema", "id lon g,,", "--master", "local[1]"],
                          env=env, capture_output=True, text=True, timeout=240)
