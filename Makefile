@@ -172,7 +172,7 @@ report: $(STAMP)
 	$(PY) loadtests/report.py
 
 clean:
-	rm -rf build site $(VENV) $(LOCUST_VENV) storage_c/_comet*.so storage_c/_comet.c .pytest_cache .bench-tmp
+	rm -rf build site $(VENV) $(LOCUST_VENV) storage_c/_comet*.so storage_c/_fastpath*.so storage_c/_comet.c .pytest_cache .bench-tmp
 
 # wrk, the HTTP load generator of loadtests/bench_gateway.py (idempotent; needs root or sudo).
 # The benchmark runs the same steps itself when wrk is missing.
