@@ -74,11 +74,15 @@ def raw_offsets(data: Path) -> dict[str, dict[str, int]]:
 
 
 def files(data: Path) -> dict[str, int]:
+    """File sizes; a file the open log's retention deletes while this walks is left out."""
     out = {}
     for dirpath, _, names in os.walk(data):
         for name in names:
             path = Path(dirpath, name)
-            out[str(path.relative_to(data))] = path.stat().st_size
+            try:
+                out[str(path.relative_to(data))] = path.stat().st_size
+            except FileNotFoundError:
+                continue
     return out
 
 
