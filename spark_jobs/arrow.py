@@ -18,6 +18,7 @@ the parser's message in ``_error``.  Nothing is dropped.
 
 from __future__ import annotations
 
+import re
 from array import array
 from typing import Iterator, Literal, overload
 
@@ -28,6 +29,8 @@ import pyarrow.json as pajson
 from storage_c import Log, ReadBatch
 from storage_c.records import NdjsonBatch
 
+from .evolve import conform, grow, mismatch
+
 TIMESTAMP = pa.timestamp("us", tz="UTC")
 META_FIELDS: list[pa.Field] = [
     pa.field("stream", pa.string()),
@@ -37,6 +40,8 @@ META_FIELDS: list[pa.Field] = [
 ]
 RAW_SCHEMA = pa.schema(META_FIELDS + [pa.field("value", pa.binary())])
 RAW_DDL = "stream string, shard int, entry long, timestamp timestamp, value binary"
+ROW_SUFFIX = re.compile(r" in row \d+$")
+"""pyarrow's position of a parse error: row 0 of a one-entry parse says nothing."""
 ERROR_FIELDS: list[pa.Field] = [pa.field("_error", pa.string()), pa.field("_corrupt_record", pa.binary())]
 
 
@@ -118,35 +123,75 @@ def _cut(batch: pa.RecordBatch, end: int) -> pa.RecordBatch:
 # ---- parsed mode ------------------------------------------------------------------------
 
 class JsonParser:
-    """Parses newline-joined JSON objects against one value type."""
+    """Parses newline-joined JSON objects against one value type.
 
-    def __init__(self, value_type: pa.StructType) -> None:
+    With ``evolve`` (``comet spark-ship`` without ``--schema``) the type
+    grows: a field it lacks is inferred and added (``evolve.grow``), and a
+    field it added as long that meets a fractional number becomes double;
+    ``value_type`` is the type so far, every batch is built with it."""
+
+    def __init__(self, value_type: pa.StructType, evolve: bool = False) -> None:
+        self.evolve = evolve
+        self._base = {f.name for f in value_type}
+        self._read = pajson.ReadOptions(use_threads=False, block_size=4 << 20)
+        self._use(value_type)
+
+    def _use(self, value_type: pa.StructType) -> None:
         self.value_type = value_type
         self.schema = parsed_schema(value_type)
-        value_schema = pa.schema(list(value_type))
-        self._options = pajson.ParseOptions(explicit_schema=value_schema,
-                                            unexpected_field_behavior="ignore")
-        self._one_options = pajson.ParseOptions(explicit_schema=value_schema,
-                                                unexpected_field_behavior="ignore",
-                                                newlines_in_values=True)
-        self._read = pajson.ReadOptions(use_threads=False, block_size=4 << 20)
+        self._options = self._parse_options(value_type, False)
+        self._one_options = self._parse_options(value_type, True)
+
+    def _parse_options(self, value_type: pa.StructType, single: bool) -> pajson.ParseOptions:
+        return pajson.ParseOptions(explicit_schema=pa.schema(list(value_type)),
+                                   unexpected_field_behavior="infer" if self.evolve else "ignore",
+                                   newlines_in_values=single)
+
+    def _table(self, data: bytes | memoryview, options: pajson.ParseOptions) -> pa.Table:
+        return pajson.read_json(pa.BufferReader(data),  # type: ignore[arg-type]  # any NativeFile
+                                read_options=self._read, parse_options=options)
 
     def parse(self, data: bytes | memoryview, count: int, single: bool = False) -> pa.StructArray | str:
         """The values as one struct array, or why not (exactly ``count``
         objects are expected)."""
         if isinstance(data, bytes) and not data.strip():  # a view: the parser finds out
             return "empty payload" if count == 1 else "empty lines"
-        try:
-            table = pajson.read_json(pa.BufferReader(data),  # type: ignore[arg-type]  # any NativeFile
-                                     read_options=self._read,
-                                     parse_options=self._one_options if single else self._options)
-        except pa.ArrowInvalid as exc:
-            return str(exc)
-        if table.num_rows != count:
-            return (f"holds {table.num_rows} JSON values, not one" if single
-                    else "value count differs from entry count")
-        columns = [table.column(f.name).combine_chunks() for f in self.value_type]
+        while True:
+            try:
+                table = self._table(data, self._one_options if single else self._options)
+            except pa.ArrowInvalid as exc:
+                if self.evolve and self._widen(data, single):
+                    continue
+                return ROW_SUFFIX.sub("", str(exc)) if single else str(exc)
+            if table.num_rows != count:
+                return (f"holds {table.num_rows} JSON values, not one" if single
+                        else "value count differs from entry count")
+            if self.evolve:
+                grown = grow(self.value_type, table.schema)
+                if grown != self.value_type:
+                    self._use(grown)  # parsed again: text read as a timestamp stays text
+                    continue
+            break
+        columns = [conform(table.column(f.name).combine_chunks(), f.type) for f in self.value_type]
         return pa.StructArray.from_arrays(columns, fields=list(self.value_type))
+
+    def _widen(self, data: bytes | memoryview, single: bool) -> bool:
+        """After a failed parse: whether fields this parser added as long,
+        read again as new, come out double (then they are double from now on)."""
+        longs = {f.name for f in self.value_type if f.name not in self._base and f.type == pa.int64()}
+        if not longs:
+            return False
+        trial = pa.struct([f for f in self.value_type if f.name not in longs])
+        try:
+            table = self._table(data, self._parse_options(trial, single))
+        except pa.ArrowInvalid:
+            return False
+        doubles = {f.name for f in table.schema if f.name in longs and f.type == pa.float64()}
+        if not doubles:
+            return False
+        self._use(pa.struct([f.with_type(pa.float64()) if f.name in doubles else f
+                             for f in self.value_type]))
+        return True
 
     def batch(self, got: NdjsonBatch, log: Log, max_bytes: int) -> pa.RecordBatch:
         """One NdjsonBatch as a parsed record batch (rejects included)."""
@@ -180,7 +225,7 @@ class JsonParser:
                 corrupt.extend([None] * (hi - lo))
             elif single:
                 pieces.append(pa.nulls(1, self.value_type))
-                errors.append(got)
+                errors.append(mismatch(payloads[lo], self.value_type) or got)
                 corrupt.append(payloads[lo])
             else:
                 mid = (lo + hi) // 2
@@ -188,7 +233,8 @@ class JsonParser:
                 solve(mid, hi)
 
         solve(0, len(payloads))
-        value = pa.concat_arrays(pieces)
+        # the type may have grown on the way: earlier pieces get its new fields, null
+        value = pa.concat_arrays([conform(p, self.value_type) for p in pieces])
         return pa.RecordBatch.from_arrays(
             meta + [value, pa.array(errors, pa.string()), pa.array(corrupt, pa.binary())],
             schema=self.schema)

@@ -51,14 +51,22 @@ SUBMIT_SCRIPT = Path(__file__).with_name("submit.py")
               "spark-submit.")
 @click.option("--conf", "confs", multiple=True, help="Spark setting key=value (repeatable).")
 @click.option("--endpoint-url", envvar="AWS_ENDPOINT_URL", help="S3 endpoint (default: AWS).")
+@click.option("--single-writer", is_flag=True,
+              help="Only this process ever ships into the lake: needed on an S3 store that "
+              "ignores conditional writes (If-None-Match), which cannot keep a second one out.")
 def spark_ship(data_dir: str, stream: str, lake: str, group: str, schema: str | None,
                schema_file: str | None, sample: int, event_time_field: str | None,
                event_time_unit: str, max_entries: int | None, entries_per_task: int,
-               master: str | None, confs: tuple[str, ...], endpoint_url: str | None) -> None:
-    """Ships STREAM into a Parquet lake at LAKE (a directory or s3://bucket/prefix),
-    partitioned by stream/dt/hour, exactly once: one run per call."""
+               master: str | None, confs: tuple[str, ...], endpoint_url: str | None,
+               single_writer: bool) -> None:
+    """Ships STREAM into the Delta Lake table at LAKE (a directory or
+    s3://bucket/prefix), partitioned by stream/dt/hour, exactly once: one run
+    per call.  Without --schema, new JSON fields become new columns."""
     from .jvm_output import spark_log_level
+    from deltalake.exceptions import DeltaError
+
     from .lakefs import Lake, LakeError
+    from .lock import LakeBusy
     from .session import SparkStartError, job_session, under_spark_submit
     from .ship import ShipOptions, ship
 
@@ -89,9 +97,13 @@ def spark_ship(data_dir: str, stream: str, lake: str, group: str, schema: str | 
     try:
         target = Lake(lake, endpoint_url=endpoint_url)
         opts = ShipOptions(os.path.abspath(data_dir), stream, target, group, schema, sample,
-                           event_time_field, event_time_unit, max_entries, entries_per_task)
+                           event_time_field, event_time_unit, max_entries, entries_per_task,
+                           single_writer)
         report = ship(opts, start_spark)
-    except (CometError, LakeError, SparkStartError, ValueError, FileNotFoundError) as exc:
+    except (CometError, LakeError, LakeBusy, SparkStartError, ValueError, FileNotFoundError) as exc:
+        raise click.ClickException(str(exc)) from None
+    except DeltaError as exc:  # the table's own complaint (a damaged log, a store's refusal)
+        raise click.ClickException(f"the lake's Delta table: {exc}") from None
         raise click.ClickException(str(exc)) from None
     finally:
         for spark in started:  # an orderly stop, after an error too

@@ -109,14 +109,21 @@ class Lake:
             self._fs.append(self._open())
         return self._fs[0]
 
+    def endpoint(self) -> str | None:
+        """The S3 endpoint: given, or from the standard AWS settings (None: AWS's own)."""
+        return (self.endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3")
+                or os.environ.get("AWS_ENDPOINT_URL"))
+
+    def region_name(self) -> str:
+        return (self.region or os.environ.get("AWS_REGION")
+                or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1")
+
     def _open(self) -> pafs.FileSystem:
         if not self.is_s3:
             return pafs.LocalFileSystem()
-        endpoint = (self.endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3")
-                    or os.environ.get("AWS_ENDPOINT_URL"))
+        endpoint = self.endpoint()
         kwargs: dict[str, Any] = {  # S3FileSystem's options, of several types
-            "region": self.region or os.environ.get("AWS_REGION")
-            or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1",
+            "region": self.region_name(),
             "connect_timeout": CONNECT_TIMEOUT_S,
             "request_timeout": REQUEST_TIMEOUT_S,
             "retry_strategy": pafs.AwsStandardS3RetryStrategy(max_attempts=S3_ATTEMPTS),
@@ -207,6 +214,13 @@ class Lake:
         # files in it (the caller syncs the directory itself after the renames)
         make_dirs_durably(posixpath.dirname(dst), self.root)
         os.replace(src, dst)
+
+    def delete(self, rel: str) -> None:
+        """Removes one file (none there: nothing to do)."""
+        try:
+            self.fs.delete_file(self.path(rel))
+        except FileNotFoundError:
+            pass
 
     def delete_tree(self, rel: str) -> None:
         """Removes a directory and everything under it (none: nothing to do).

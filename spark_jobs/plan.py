@@ -1,26 +1,25 @@
-"""Run plans and manifests: what makes ``comet spark-ship`` exactly once.
+"""Run plans, and who ships: what makes ``comet spark-ship`` exactly once.
+
+A shipper is one stream incarnation shipped by one consumer group: its
+Delta application id ``comet-spark-ship/<stream>/<incarnation>/<group>``
+names it in every commit it makes (the incarnation is the stream's creation
+time in ns, so a deleted and re-created stream is a new shipper, starting
+from entry 0).  Its runs are numbered from 1; the Delta ``txn`` action of
+run *n* records version *n* for the application id, in the same commit as
+the run's files, so "has run *n* committed" is one lookup
+(``DeltaTable.transaction_version``), and no rerun can commit *n* twice.
 
 A run is planned before any data moves: its number, the entry range of
-every shard (from the group's offsets to a snapshot of the committed ends),
-the value schema and the partitioning of the work.  The plan is written to
-the lake first; every output file's name follows from it.  A run then
-writes its files under a staging prefix, moves them to their final names,
-writes its manifest (the commit point: the list of files and the ranges),
-and only then acks the group.
+every shard (from the group's offsets to a snapshot of the committed ends,
+made durable in the log first), the value schema and the partitioning of
+the work.  The plan is written to the lake; a crash before the run's commit
+leaves it, and the next run redoes it.  Before its first commit the run
+writes the plan again with the schema it settled on (``resolved``), so a
+redo after that point parses exactly as the crashed attempt did.
 
-A crash anywhere leaves one of three states, each finished by the next run:
-a plan without a manifest (the run is redone from its plan, rewriting the
-same names), a manifest whose ranges the group has not acked (the ack is
-redone), or nothing to resume.  Readers of the lake trust only files listed
-by a manifest.
+Layout, under the lake root (``_``-prefixed: not part of either table)::
 
-Layout, under the lake root::
-
-    _comet/<stream>/plans/<run:08d>.json
-    _comet/<stream>/manifests/<run:08d>.json
-    _comet/<stream>/staging/<run:08d>/...      (removed once published)
-    stream=<stream>/dt=YYYY-MM-DD/hour=HH/part-<run:08d>-<task:05d>.zstd.parquet
-    _rejects/stream=<stream>/dt=YYYY-MM-DD/hour=HH/part-<run:08d>-<task:05d>.zstd.parquet
+    _comet/runs/<stream>/<group>/<incarnation>/<run:08d>.json
 """
 
 from __future__ import annotations
@@ -30,139 +29,126 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import pyarrow as pa
+
 from .lakefs import Lake
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+RUNS_DIR = "_comet/runs"
 
 
-def meta_dir(stream: str) -> str:
-    return f"_comet/{stream}"
+@dataclass(frozen=True)
+class Shipper:
+    stream: str
+    incarnation: int
+    """The stream's creation time (ns): another value once it is deleted and created again."""
+    group: str
 
+    @property
+    def app_id(self) -> str:
+        return f"comet-spark-ship/{self.stream}/{self.incarnation}/{self.group}"
 
-def plan_rel(stream: str, run: int) -> str:
-    return f"{meta_dir(stream)}/plans/{run:08d}.json"
+    @property
+    def plans_dir(self) -> str:
+        return f"{RUNS_DIR}/{self.stream}/{self.group}/{self.incarnation}"
 
-
-def manifest_rel(stream: str, run: int) -> str:
-    return f"{meta_dir(stream)}/manifests/{run:08d}.json"
-
-
-def staging_rel(stream: str, run: int) -> str:
-    return f"{meta_dir(stream)}/staging/{run:08d}"
+    def plan_rel(self, run: int) -> str:
+        return f"{self.plans_dir}/{run:08d}.json"
 
 
 @dataclass
 class RunPlan:
     run: int
     stream: str
+    incarnation: int
     group: str
     ranges: dict[int, tuple[int, int]]
     """shard -> [start, end): entries this run ships."""
-    value_ddl: str
+    value_schema: str
+    """The value columns to parse with, as Delta (and Spark) StructType JSON."""
+    evolve: bool
+    """New fields become columns (no ``--schema``)."""
     entries_per_task: int
     event_time_field: str | None = None
     event_time_unit: str = "ms"
+    resolved: bool = False
+    """``value_schema`` is the run's final schema: a redo parses with it as it is."""
     created: float = field(default_factory=time.time)
+
+    @property
+    def shipper(self) -> Shipper:
+        return Shipper(self.stream, self.incarnation, self.group)
 
     @property
     def entries(self) -> int:
         return sum(end - start for start, end in self.ranges.values())
 
+    @property
+    def ends(self) -> dict[int, int]:
+        return {shard: end for shard, (_, end) in self.ranges.items()}
+
+    @property
+    def value_type(self) -> pa.StructType:
+        return struct_from_json(self.value_schema)
+
     def to_json(self) -> bytes:
-        return _dump(self)
+        doc = asdict(self)
+        doc["version"] = FORMAT_VERSION
+        doc["ranges"] = {str(s): [a, b] for s, (a, b) in sorted(self.ranges.items())}
+        return json.dumps(doc, indent=1).encode()
 
     @classmethod
     def from_json(cls, data: bytes) -> RunPlan:
-        return cls(**_load(data, "plan"))
-
-
-@dataclass
-class ShippedFile:
-    kind: str
-    """``data`` or ``rejects``."""
-    path: str
-    """Relative to the lake root."""
-    rows: int
-    bytes: int
-    shard: int
-    first_entry: int
-    last_entry: int
-
-
-@dataclass
-class Manifest:
-    run: int
-    stream: str
-    group: str
-    ranges: dict[int, tuple[int, int]]
-    files: list[ShippedFile]
-    rows: int
-    rejects: int
-    missing: int
-    """Planned entries the log no longer held (deleted by retention)."""
-    value_ddl: str
-    created: float = field(default_factory=time.time)
-
-    def to_json(self) -> bytes:
-        return _dump(self)
-
-    @classmethod
-    def from_json(cls, data: bytes) -> Manifest:
-        doc = _load(data, "manifest")
-        doc["files"] = [ShippedFile(**f) for f in doc["files"]]
+        try:
+            doc = json.loads(data)
+            version = doc.pop("version", None)
+        except (ValueError, AttributeError):
+            raise ValueError("the plan is not a JSON object (damaged?)") from None
+        if version != FORMAT_VERSION:
+            raise ValueError(f"plan format version {version!r} is not {FORMAT_VERSION}")
+        doc["ranges"] = {int(s): (int(a), int(b)) for s, (a, b) in doc["ranges"].items()}
         return cls(**doc)
 
 
-def _dump(document: RunPlan | Manifest) -> bytes:
-    doc = asdict(document)
-    doc["version"] = FORMAT_VERSION
-    doc["ranges"] = {str(s): [a, b] for s, (a, b) in sorted(document.ranges.items())}
-    return json.dumps(doc, indent=1).encode()
+def struct_to_json(value_type: pa.StructType) -> str:
+    """Delta's schema JSON of the value columns (Spark's StructType JSON too)."""
+    import deltalake
+
+    return str(deltalake.Schema.from_arrow(pa.schema(list(value_type))).to_json())
 
 
-def _load(data: bytes, what: str) -> dict[str, Any]:
-    """A plan's or manifest's fields (shard keys back to ints), or a clear error."""
-    try:
-        doc = json.loads(data)
-        version = doc.pop("version", None)
-    except (ValueError, AttributeError):
-        raise ValueError(f"the {what} is not a JSON object (damaged?)") from None
-    if version != FORMAT_VERSION:
-        raise ValueError(f"{what} format version {version!r} is not {FORMAT_VERSION}")
-    doc["ranges"] = {int(s): (int(a), int(b)) for s, (a, b) in doc["ranges"].items()}
-    return doc
+def struct_from_json(text: str) -> pa.StructType:
+    import deltalake
+
+    from .evolve import canonical
+
+    schema = pa.schema(deltalake.Schema.from_json(text).to_arrow())
+    return canonical(pa.struct(list(schema)))
 
 
-def _runs(lake: Lake, rel: str) -> list[int]:
+def write_plan(lake: Lake, plan: RunPlan) -> None:
+    lake.write_atomically(plan.shipper.plan_rel(plan.run), plan.to_json())
+
+
+def read_plan(lake: Lake, shipper: Shipper, run: int) -> RunPlan | None:
+    data = lake.read(shipper.plan_rel(run))
+    return RunPlan.from_json(data) if data is not None else None
+
+
+def plan_runs(lake: Lake, shipper: Shipper) -> list[int]:
     out = []
-    for name in lake.list(rel):
-        stem, dot, ext = name.partition(".")
+    for name in lake.list(shipper.plans_dir):
+        stem, _, ext = name.partition(".")
         if ext == "json" and stem.isdigit():
             out.append(int(stem))
     return sorted(out)
 
 
-def plan_runs(lake: Lake, stream: str) -> list[int]:
-    return _runs(lake, f"{meta_dir(stream)}/plans")
-
-
-def manifest_runs(lake: Lake, stream: str) -> list[int]:
-    return _runs(lake, f"{meta_dir(stream)}/manifests")
-
-
-def read_plan(lake: Lake, stream: str, run: int) -> RunPlan:
-    data = lake.read(plan_rel(stream, run))
-    if data is None:
-        raise FileNotFoundError(f"no plan for run {run} of {stream!r} in {lake.url}")
-    return RunPlan.from_json(data)
-
-
-def read_manifest(lake: Lake, stream: str, run: int) -> Manifest:
-    data = lake.read(manifest_rel(stream, run))
-    if data is None:
-        raise FileNotFoundError(f"no manifest for run {run} of {stream!r} in {lake.url}")
-    return Manifest.from_json(data)
-
-
-def manifests(lake: Lake, stream: str) -> list[Manifest]:
-    return [read_manifest(lake, stream, run) for run in manifest_runs(lake, stream)]
+def remove_old_plans(lake: Lake, shipper: Shipper, committed: int) -> list[int]:
+    """Removes the plans of committed runs before ``committed``: only the
+    last committed run's (its ranges are where the next run starts) and a
+    pending one are ever read."""
+    old = [run for run in plan_runs(lake, shipper) if run < committed]
+    for run in old:
+        lake.delete(shipper.plan_rel(run))
+    return old

@@ -1,27 +1,30 @@
 """The value schema of the ``comet`` source and of ``comet spark-ship``.
 
 A schema is given as Spark DDL (``"device string, temp double"``) or as a
-StructType's JSON, or inferred by Spark from a sample of the stream.  Only
-Spark's own parser decides what is valid DDL: no parser outside the JVM
-follows its grammar (sqlglot, measured, accepts ``a map<int>`` and ``a int,``
-and refuses ``a struct<>``).  ``comet spark-ship`` therefore checks a schema
-on the driver's JVM before anything starts a Python worker, and only once a
-run has work to do.
+StructType's JSON.  Only Spark's own parser decides what is valid DDL: no
+parser outside the JVM follows its grammar (sqlglot, measured, accepts
+``a map<int>`` and ``a int,`` and refuses ``a struct<>``).  ``comet
+spark-ship`` therefore checks a given schema on the driver's JVM before
+anything starts a Python worker, and only once a run has work to do.
+
+Without one, ``comet spark-ship`` starts from the lake's columns and lets
+pyarrow's JSON reader find the fields they lack, first in a sample of the
+run's entries (here, on the driver), then in the tasks (``evolve.py``).
 """
 
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Mapping, cast
+
+import pyarrow as pa
 
 from storage_c import Log
 
+from .evolve import PARTITION_NAMES, RESERVED_PREFIX, canonical, reserved
+
 if TYPE_CHECKING:
     from pyspark.sql.types import StructType
-
-RESERVED_PREFIX = "_comet_"
-"""Names of the lake's own columns; no value field may start with it."""
-
 
 def value_ddl(text: str) -> str:
     """The value schema as DDL for ``struct<...>``: given as DDL, or as a
@@ -65,47 +68,47 @@ def spark_reason(exc: BaseException) -> str:
     return type(exc).__name__
 
 
-def check_schema(ddl: str, event_time_field: str | None) -> StructType:
-    """The parsed schema, once it is valid for the lake: no reserved names,
-    and the event time field (if any) in it as a timestamp or a number."""
-    from pyspark.sql.types import NumericType, TimestampType
+def given_value_type(ddl: str) -> pa.StructType:
+    """A given schema (DDL) as the Arrow type the lake stores (needs the
+    session's JVM, for Spark's parser)."""
+    from pyspark.sql.pandas.types import to_arrow_type
 
-    struct = struct_of(ddl)
-    for f in struct.fields:
-        if f.name.startswith(RESERVED_PREFIX):
-            raise ValueError(f"value field {f.name!r}: names starting with {RESERVED_PREFIX} "
-                             "are the lake's own columns")
-    if event_time_field:
-        if event_time_field not in struct.fieldNames():
-            raise ValueError(f"event time field {event_time_field!r} is not in the value "
-                             f"schema ({', '.join(struct.fieldNames())})")
-        kind = struct[event_time_field].dataType
-        if not isinstance(kind, (TimestampType, NumericType)):
-            raise ValueError(f"event time field {event_time_field!r} is {kind.simpleString()}: "
-                             "give it as timestamp (ISO 8601 text) or a number "
-                             "(epoch, see --event-time-unit) in the schema")
-    return struct
+    return cast(pa.StructType, canonical(to_arrow_type(struct_of(ddl), timezone="UTC")))
 
 
-def infer_schema(spark: Any, storage: Log, stream: str, starts: Mapping[int, int],
-                 ends: Mapping[int, int], sample: int) -> str:
-    """Spark's JSON inference over up to ``sample`` entries, spread over shards."""
-    import orjson
+def check_value_type(value_type: pa.StructType, event_time_field: str | None) -> None:
+    """Valid for the lake: no name of the table's own columns, and the event
+    time field (if any) in it as a timestamp or a number."""
+    for f in value_type:
+        if reserved(f.name):
+            raise ValueError(f"value field {f.name!r}: names starting with {RESERVED_PREFIX} and "
+                             f"{', '.join(PARTITION_NAMES)} are the lake's own columns")
+    if not event_time_field:
+        return
+    names = [f.name for f in value_type]
+    if event_time_field not in names:
+        raise ValueError(f"event time field {event_time_field!r} is not in the value "
+                         f"schema ({', '.join(names) or 'no fields'})")
+    kind = value_type.field(event_time_field).type
+    if not (pa.types.is_timestamp(kind) or pa.types.is_integer(kind) or pa.types.is_floating(kind)):
+        raise ValueError(f"event time field {event_time_field!r} is {kind}: give it as timestamp "
+                         "(ISO 8601 text) or a number (epoch, see --event-time-unit) in the schema")
 
-    lines: list[str] = []
+
+def sample_value_type(storage: Log, stream: str, starts: Mapping[int, int], ends: Mapping[int, int],
+                      sample: int, known: pa.StructType) -> pa.StructType:
+    """``known`` grown by the fields of up to ``sample`` entries spread over
+    the shards (those that do not parse are left for the run's rejects)."""
+    from .arrow import JsonParser
+
+    parser = JsonParser(known, evolve=True)
     live = [s for s in starts if starts[s] < ends[s]]
     per_shard = max(1, sample // max(1, len(live)))
+    payloads: list[bytes] = []
     for shard in live:
         got = storage.read(stream, shard, starts[shard], min(per_shard, ends[shard] - starts[shard]))
-        for payload in got.payloads:
-            try:
-                if isinstance(orjson.loads(payload), dict):
-                    lines.append(payload.decode("utf-8", "replace"))
-            except orjson.JSONDecodeError:
-                continue
-    if not lines:
-        raise ValueError(f"cannot infer a schema: no JSON object among the first entries of "
-                         f"{stream!r}; give one with --schema")
-    inferred = spark.read.json(spark.sparkContext.parallelize(lines, 1)).schema
-    fields = [f for f in inferred.fields if f.name != "_corrupt_record"]
-    return ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in fields)
+        payloads.extend(p for p in got.payloads if p.lstrip().startswith(b"{"))
+    if payloads and isinstance(parser.parse(b"\n".join(payloads) + b"\n", len(payloads)), str):
+        for payload in payloads:  # something in the sample does not parse: one by one
+            parser.parse(payload + b"\n", 1, single=True)
+    return parser.value_type

@@ -1,18 +1,20 @@
-"""``comet spark-ship``: a stream into a partitioned Parquet lake, exactly once.
+"""``comet spark-ship``: a stream into a Delta Lake table, exactly once.
 
     report = ship(ShipOptions("./data", "events", Lake("s3://bucket/lake")), spark_session)
 
-One call is one run (see ``plan.py`` for the protocol): finish what a
-crashed run left, or plan a new run from the group's offsets to the
-committed ends, read and parse each range and write its Parquet in a Spark
-task (``writer.ShipTask``), publish, write the manifest, ack.  Under
-spark-submit: ``submit.py``.
+One call is one run (the protocol: ``LAKE.md``): finish a run a crash
+interrupted, or plan a new one from the group's offsets to the committed
+ends; read, parse and write each range's Parquet in a Spark task
+(``writer.ShipTask``); settle the schema; commit the files to the Delta
+tables with the run's app transaction (``delta.py``); ack the group.
+Under spark-submit: ``submit.py``.
 
 Spark is started last, and only for work: every check that needs no JVM
 (the options, the lake, the stream, the group, what is new) comes first,
-and a run with nothing to ship never starts it.  The value schema is
-checked by Spark's parser as soon as the session is up, before any job
-(``schema.py``).
+and a run with nothing to ship never starts it.  A given value schema is
+checked by Spark's parser as soon as the session is up, before any job.
+Then the run takes the shipper's lock (``lock.py``): a second run of the
+same stream and group at the same time is refused and changes nothing.
 """
 
 from __future__ import annotations
@@ -20,33 +22,26 @@ from __future__ import annotations
 import logging
 import os
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, cast
+from typing import Any, Callable
+
+import pyarrow as pa
 
 from storage_c import Config, GroupNotFound, Log, check_group_name
-from storage_c.files import fsync_dir, remove_stale_temp_files
+from storage_c.files import remove_stale_temp_files
 from storage_c.jsonlog import event
 
+from .delta import COMMIT_ATTEMPTS, LakeTable, SchemaConflict, main_schema, ranges_text, rejects_schema
+from .evolve import fits, resolve
 from .lakefs import Lake
+from .legacy import refuse_format_1
+from .lock import run_lock
 from .offsets import Offsets, SourceOptions, bounds, cap, shard_list, to_json
-from .plan import (
-    Manifest,
-    RunPlan,
-    ShippedFile,
-    manifest_rel,
-    manifest_runs,
-    meta_dir,
-    plan_rel,
-    plan_runs,
-    read_manifest,
-    read_plan,
-    staging_rel,
-)
-from .schema import check_schema, infer_schema, struct_of, value_ddl
-
-if TYPE_CHECKING:
-    import pyarrow as pa
+from .plan import RunPlan, Shipper, plan_runs, read_plan, remove_old_plans, struct_to_json, write_plan
+from .schema import check_value_type, given_value_type, sample_value_type, value_ddl
+from .writer import WrittenFile
 
 log = logging.getLogger("comet.spark_ship")
 
@@ -64,13 +59,16 @@ class ShipOptions:
     group: str = DEFAULT_GROUP
     value_schema: str | None = None
     """Spark DDL of the values (``"device string, temp double"``) or a
-    StructType's JSON; None: the lake's schema so far, or inferred from a
-    sample on the first run."""
+    StructType's JSON: the fields stored, no others; None: the lake's
+    columns, grown by the new fields of the data."""
     sample: int = DEFAULT_SAMPLE
     event_time_field: str | None = None
     event_time_unit: str = "ms"
     max_entries: int | None = None
     entries_per_task: int = DEFAULT_ENTRIES_PER_TASK
+    single_writer: bool = False
+    """An S3 lake on a store without conditional writes: the user vouches
+    that one process ships into it (``s3lock.py``)."""
 
 
 @dataclass
@@ -83,6 +81,9 @@ class ShipReport:
     rejects: int = 0
     missing: int = 0
     files: int = 0
+    new_columns: list[str] = field(default_factory=list)
+    commit_seconds: float = 0.0
+    """The Delta commits' own time."""
     seconds: float = 0.0
     """Wall time of the whole call, Spark's start included."""
     acked: dict[int, int] = field(default_factory=dict)
@@ -90,28 +91,37 @@ class ShipReport:
     def to_dict(self) -> dict[str, Any]:
         return {"run": self.run, "resumed": self.resumed, "rows": self.rows,
                 "rejects": self.rejects, "missing": self.missing, "files": self.files,
+                "new_columns": self.new_columns, "commit_seconds": round(self.commit_seconds, 3),
                 "seconds": round(self.seconds, 3), "acked": to_json(self.acked)}
 
 
 @dataclass
 class LakeState:
-    """Where the lake stands for a stream, read without Spark."""
+    """Where the lake stands for a shipper, read without Spark."""
 
+    committed: int = 0
+    """The shipper's last committed run (0: none)."""
     pending: RunPlan | None = None
-    """A planned run without a manifest: a crash interrupted it."""
+    """A planned run that has not committed: a crash interrupted it."""
     done: Offsets = field(default_factory=dict)
     """Per shard, the end of the last committed run."""
-    known_ddl: str | None = None
-    """The value schema of the last committed run."""
     new_entries: bool = False
     """Entries past the group's offsets (and ``done``) in some shard."""
 
 
+@dataclass
+class RunOutcome:
+    files: list[WrittenFile]
+    rows: int
+    rejects: int
+    new_columns: list[str]
+    commit_seconds: float
+
+
 def ship(opts: ShipOptions, spark: Callable[[], Any]) -> ShipReport:
-    """Removes what killed runs left (``remove_leftovers``), finishes a run a
-    crash interrupted, if any, then ships what is new in one more run.
-    ``spark()`` gives the Spark session: it is called once, and only when
-    there is work for Spark."""
+    """Finishes a run a crash interrupted, if any, then ships what is new in
+    one more run.  ``spark()`` gives the Spark session: it is called once,
+    and only when there is work for Spark."""
     t0 = time.monotonic()
     check_group_name(opts.group)
     if opts.event_time_unit not in EVENT_TIME_UNITS:
@@ -119,103 +129,108 @@ def ship(opts: ShipOptions, spark: Callable[[], Any]) -> ShipReport:
     given_ddl = value_ddl(opts.value_schema) if opts.value_schema else None
     lake = opts.lake
     lake.check()
-    remove_leftovers(lake, opts.stream)
+    refuse_format_1(lake)
     report = ShipReport(None)
-    session = None
     # A reader: the run registers its group and acks it, like any consumer,
     # with the flusher that makes the acks durable.
     with Log(opts.data_dir, Config.reader()) as storage:
         shards = shard_list(storage, SourceOptions(opts.data_dir, opts.stream))
-        while True:
-            state = lake_state(storage, lake, opts, shards)
-            if state.pending is None and not state.new_entries:
-                register_group(storage, opts, shards)  # retention keeps its data from now on
-                break
-            if session is None:
-                session = spark()
-                if given_ddl:
-                    check_schema(given_ddl, opts.event_time_field)
-            plan, resumed = state.pending, True
-            if plan is None:
-                plan, resumed = _plan(session, storage, lake, opts, shards, state, given_ddl), False
-            if plan is None:
-                break
-            event(log, "run_start", run=plan.run, resumed=resumed, entries=plan.entries)
-            manifest = _execute(session, lake, opts, plan)
-            report.acked.update(_ack(storage, plan.stream, plan.group, plan.ranges))
-            report.run = plan.run
-            report.rows += manifest.rows
-            report.rejects += manifest.rejects
-            report.missing += manifest.missing
-            report.files += len(manifest.files)
-            if not resumed:
-                break
-            report.resumed = plan.run
+        shipper = Shipper(opts.stream, storage.stream_created_ns(opts.stream), opts.group)
+        for table in (LakeTable.main(lake), LakeTable.rejects(lake)):
+            table.repair()  # before anything reads the table's log
+        state = lake_state(storage, lake, shipper, shards)
+        if state.pending is None and not state.new_entries:
+            register_group(storage, opts, shards)  # retention keeps its data from now on
+        else:
+            session = spark()
+            given = given_value_type(given_ddl) if given_ddl else None
+            if given is not None:
+                check_value_type(given, opts.event_time_field)
+            with run_lock(lake, opts.stream, opts.group, opts.single_writer):
+                remove_leftovers(lake, shipper)
+                _runs(session, storage, opts, shipper, shards, given, report)
     report.seconds = time.monotonic() - t0
     event(log, "done", **report.to_dict())
     return report
 
 
+def _runs(session: Any, storage: Log, opts: ShipOptions, shipper: Shipper, shards: list[int],
+          given: pa.StructType | None, report: ShipReport) -> None:
+    """Under the lock: the interrupted run (if any), then one new run."""
+    while True:
+        state = lake_state(storage, opts.lake, shipper, shards)  # as it is now, under the lock
+        plan, resumed = state.pending, True
+        if plan is None:
+            plan, resumed = _plan(storage, opts, shipper, shards, state, given), False
+        if plan is None:
+            return
+        event(log, "run_start", run=plan.run, resumed=resumed, entries=plan.entries)
+        outcome = _execute(session, opts, plan)
+        report.acked.update(_ack(storage, plan.stream, plan.group, plan.ranges))
+        remove_old_plans(opts.lake, shipper, plan.run)
+        report.run = plan.run
+        report.rows += outcome.rows
+        report.rejects += outcome.rejects
+        report.missing += plan.entries - outcome.rows - outcome.rejects
+        report.files += len(outcome.files)
+        report.new_columns += outcome.new_columns
+        report.commit_seconds += outcome.commit_seconds
+        if not resumed:
+            return
+        report.resumed = plan.run
+
+
 # ---- what killed runs left ---------------------------------------------------------------
 
-def remove_leftovers(lake: Lake, stream: str) -> dict[str, object]:
-    """Removes what killed runs left and no rerun rewrites, before a run starts.
+def temp_rel(shipper: Shipper) -> str:
+    """Where a local lake's tasks write files before renaming them into the table."""
+    return f"_comet/tmp/{shipper.stream}/{shipper.group}"
 
-    - Temporary files of plans and manifests (local lakes only: S3 PUTs have
-      none) that no writer will finish: ``storage_c.files.remove_stale_temp_files``
-      (its writer is dead, or the file is over an hour old).  spark-ship holds
-      no lock on the lake, so a file of a live writer (another run, against
-      the rule of one run per lake and stream) is kept.
-    - The staging directories of runs that have a manifest: after its commit
-      point nobody writes there (files a killed task or an executor that
-      outlived its driver put there, or a crash before the run removed it).
 
-    The staging directory of a run without a manifest is not touched here: that
-    run is redone next, and its redo starts by removing it whole."""
-    temp_files = []
+def remove_leftovers(lake: Lake, shipper: Shipper) -> dict[str, object]:
+    """Removes what killed runs of this shipper left, under its lock (no run
+    of it writes now): the tasks' temporary files, and temporary files of
+    plans whose writer is dead (``storage_c.files.remove_stale_temp_files``).
+    Parquet files a crashed attempt wrote under their final names are in no
+    commit: no reader sees them, and ``comet lake vacuum`` removes them."""
+    temp_files: list[str] = []
     if not lake.is_s3:
-        for folder in ("plans", "manifests"):
-            for path in remove_stale_temp_files(Path(lake.path(meta_dir(stream), folder))):
-                temp_files.append(f"{meta_dir(stream)}/{folder}/{path.name}")
-    published = set(manifest_runs(lake, stream))
-    staged = [int(name) for name in lake.list_dirs(f"{meta_dir(stream)}/staging")
-              if name.isdigit() and int(name) in published]
-    for run in staged:
-        lake.delete_tree(staging_rel(stream, run))
-    out: dict[str, object] = {"temp_files": temp_files, "staging_runs": staged}
-    if temp_files or staged:
-        event(log, "removed_leftovers", stream=stream, temp_files=temp_files, staging_runs=staged)
-    return out
+        tmp = Path(lake.path(temp_rel(shipper)))
+        if tmp.is_dir():
+            temp_files += [str(p.relative_to(lake.root)) for p in sorted(tmp.rglob("*")) if p.is_file()]
+            lake.delete_tree(temp_rel(shipper))
+        plans = Path(lake.path(shipper.plans_dir))
+        temp_files += [str(p.relative_to(lake.root)) for p in remove_stale_temp_files(plans)]
+    if temp_files:
+        event(log, "removed_leftovers", stream=shipper.stream, temp_files=temp_files)
+    return {"temp_files": temp_files}
 
 
 # ---- planning ---------------------------------------------------------------------------
 
-def lake_state(storage: Log, lake: Lake, opts: ShipOptions, shards: list[int]) -> LakeState:
-    """The lake's state for the stream, and whether anything is new: no
+def lake_state(storage: Log, lake: Lake, shipper: Shipper, shards: list[int]) -> LakeState:
+    """The shipper's state in the lake, and whether anything is new: no
     Spark, and no group registered (a run that fails later leaves none).
     Redoes the last committed run's ack (a crash may have come before it)."""
-    planned = plan_runs(lake, opts.stream)
-    published = manifest_runs(lake, opts.stream)
-    pending = [r for r in planned if r not in set(published)]
-    if pending:
-        plan = read_plan(lake, opts.stream, pending[-1])
-        if plan.group != opts.group:
-            raise ValueError(f"run {plan.run} of {opts.stream!r} in {lake.url} was planned for "
-                             f"group {plan.group!r}, not {opts.group!r}: finish it with that group")
-        return LakeState(pending=plan)
-    state = LakeState()
-    if published:
-        last = read_manifest(lake, opts.stream, published[-1])
-        if last.group != opts.group:
-            raise ValueError(f"the lake {lake.url} is shipped by group {last.group!r}, "
-                             f"not {opts.group!r}")
-        _ack(storage, last.stream, last.group, last.ranges)
-        state.done = {s: end for s, (_, end) in last.ranges.items()}
-        state.known_ddl = last.value_ddl  # the lake keeps one schema unless told otherwise
+    committed = LakeTable.main(lake).committed_run(shipper.app_id)
+    state = LakeState(committed)
+    planned = plan_runs(lake, shipper)
+    if planned and planned[-1] > committed:
+        state.pending = read_plan(lake, shipper, planned[-1])
+        return state
+    if committed:
+        last = read_plan(lake, shipper, committed)
+        if last is None:
+            raise ValueError(f"the lake {lake.url} has run {committed} of {shipper.app_id} "
+                             f"committed, but not its plan {shipper.plan_rel(committed)}, which "
+                             "says where the next run starts: restore it, or ship this stream "
+                             "with another group")
+        _ack(storage, shipper.stream, shipper.group, last.ranges)
+        state.done = last.ends
     for shard in shards:
-        first, end = bounds(storage, opts.stream, shard)
+        first, end = bounds(storage, shipper.stream, shard)
         try:
-            offset = storage.group(opts.stream, shard, opts.group, create=False).offset
+            offset = storage.group(shipper.stream, shard, shipper.group, create=False).offset
         except GroupNotFound:
             offset = first  # where registering it would put it
         if max(offset, state.done.get(shard, 0)) < end:
@@ -229,8 +244,8 @@ def register_group(storage: Log, opts: ShipOptions, shards: list[int]) -> dict[i
     return {shard: storage.group(opts.stream, shard, opts.group).offset for shard in shards}
 
 
-def _plan(spark: Any, storage: Log, lake: Lake, opts: ShipOptions, shards: list[int],
-          state: LakeState, given_ddl: str | None) -> RunPlan | None:
+def _plan(storage: Log, opts: ShipOptions, shipper: Shipper, shards: list[int], state: LakeState,
+          given: pa.StructType | None) -> RunPlan | None:
     """Plans a new run (None: nothing new after all) and writes the plan."""
     offsets = register_group(storage, opts, shards)
     starts: Offsets = {}
@@ -241,23 +256,37 @@ def _plan(spark: Any, storage: Log, lake: Lake, opts: ShipOptions, shards: list[
     ends = cap(starts, ends, opts.max_entries)
     if all(starts[s] >= ends[s] for s in shards):
         return None
-    ddl = (given_ddl or state.known_ddl
-           or infer_schema(spark, storage, opts.stream, starts, ends, opts.sample))
-    check_schema(ddl, opts.event_time_field)
-    planned = plan_runs(lake, opts.stream)
-    run = (max(planned) if planned else 0) + 1
-    plan = RunPlan(run, opts.stream, opts.group, {s: (starts[s], ends[s]) for s in shards},
-                   ddl, opts.entries_per_task, opts.event_time_field, opts.event_time_unit)
-    lake.write_atomically(plan_rel(opts.stream, run), plan.to_json())
+    table_type = LakeTable.main(opts.lake).value_type()
+    if given is not None:
+        check_given(given, table_type)
+        value_type, evolve = given, False
+    else:
+        value_type = sample_value_type(storage, opts.stream, starts, ends, opts.sample, table_type)
+        evolve = True
+    check_value_type(value_type, opts.event_time_field)
+    run = max([state.committed, *plan_runs(opts.lake, shipper)]) + 1
+    plan = RunPlan(run, opts.stream, shipper.incarnation, opts.group,
+                   {s: (starts[s], ends[s]) for s in shards}, struct_to_json(value_type), evolve,
+                   opts.entries_per_task, opts.event_time_field, opts.event_time_unit)
+    write_plan(opts.lake, plan)
     crash_point("planned")
     return plan
 
 
+def check_given(given: pa.StructType, table_type: pa.StructType) -> None:
+    """A given schema may add columns, not change one."""
+    columns = {f.name: f.type for f in table_type}
+    wrong = [f for f in given if f.name in columns and columns[f.name] != f.type]
+    if wrong:
+        raise ValueError("--schema changes the type of a column the lake has: " + "; ".join(
+            f"{f.name} is {columns[f.name]} in the lake, {f.type} in the schema" for f in wrong))
+
+
 def durable_end(storage: Log, stream: str, shard: int) -> int:
-    """The shard's committed end, once every entry before it is durable: a plan
-    (and so a manifest) never names entries a power cut can take back - the
-    log would give their numbers to new entries, which the next run, starting
-    after the manifest, would never ship."""
+    """The shard's committed end, once every entry before it is durable: a
+    plan (and so a commit) never names entries a power cut can take back -
+    the log would give their numbers to new entries, which the next run,
+    starting after the commit, would never ship."""
     end = bounds(storage, stream, shard)[1]
     if storage.shard_stats(stream, shard).durable_entry < end:
         storage.sync(stream, shard)  # up to the committed end at least
@@ -275,50 +304,89 @@ def crash_point(name: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _execute(spark: Any, lake: Lake, opts: ShipOptions, plan: RunPlan) -> Manifest:
-    from pyspark.sql.pandas.types import to_arrow_type
-
+def _execute(spark: Any, opts: ShipOptions, plan: RunPlan) -> RunOutcome:
     from .source import split
-    from .writer import ShipTask
 
-    staging = staging_rel(plan.stream, plan.run)
-    lake.delete_tree(staging)  # what a crashed attempt left is rewritten whole
     live = {s: r for s, r in plan.ranges.items() if r[0] < r[1]}
-    value_type = cast("pa.StructType", to_arrow_type(struct_of(plan.value_ddl), timezone="UTC"))
     starts = {s: a for s, (a, _) in live.items()}
     ends = {s: b for s, (_, b) in live.items()}
     tasks = list(enumerate(split(starts, ends, plan.entries_per_task)))
-    job = ShipTask(os.path.abspath(opts.data_dir), lake, plan.stream, plan.run, value_type,
+    value_type = plan.value_type
+    files = _run_tasks(spark, opts, plan, value_type, plan.evolve and not plan.resolved, tasks)
+    crash_point("written")
+    main = LakeTable.main(opts.lake)
+    if plan.resolved:  # a redo: the schema was settled, its columns added
+        schema, added = value_type, main.add_columns(value_type)
+    else:
+        schema, files, added = _settle(spark, opts, plan, files, tasks)
+        plan.value_schema, plan.resolved = struct_to_json(schema), True
+        write_plan(opts.lake, plan)
+        crash_point("resolved")
+    data = [f for f in files if f.kind == "data"]
+    rejects = [f for f in files if f.kind == "rejects"]
+    rows, rejected = sum(f.rows for f in data), sum(f.rows for f in rejects)
+    metadata = {"comet.app": plan.shipper.app_id, "comet.stream": plan.stream,
+                "comet.group": plan.group, "comet.incarnation": plan.incarnation,
+                "comet.run": plan.run, "comet.ranges": ranges_text(plan.ranges.items()),
+                "comet.rows": rows, "comet.rejects": rejected,
+                "comet.missing": plan.entries - rows - rejected}
+    started = time.monotonic()
+    if rejects:  # first: the main table's commit is the run's
+        LakeTable.rejects(opts.lake).commit(rejects, rejects_schema(), plan.shipper.app_id,
+                                            plan.run, metadata)
+    crash_point("committing")
+    main.commit(data, main_schema(schema), plan.shipper.app_id, plan.run, metadata)
+    commit_seconds = time.monotonic() - started
+    crash_point("committed")
+    return RunOutcome(files, rows, rejected, added, commit_seconds)
+
+
+def _run_tasks(spark: Any, opts: ShipOptions, plan: RunPlan, value_type: pa.StructType,
+               evolve: bool, tasks: list[tuple[int, Any]]) -> list[WrittenFile]:
+    from .writer import ShipTask
+
+    if not tasks:
+        return []
+    job = ShipTask(os.path.abspath(opts.data_dir), opts.lake, plan.stream, plan.run,
+                   uuid.uuid4().hex[:12], temp_rel(plan.shipper), value_type, evolve,
                    plan.event_time_field, plan.event_time_unit)
     # As many Spark partitions as cores, each taking its tasks in turn: a
     # Spark task costs ~0.1 s to schedule, a plan's task numbers stay the same.
     slices = min(len(tasks), max(1, spark.sparkContext.defaultParallelism))
-    rows = (spark.sparkContext.parallelize(tasks, slices).mapPartitions(job).collect()
-            if tasks else [])
-    files = sorted((ShippedFile(**r) for r in rows), key=lambda f: f.path)
-    crash_point("written")
-    _publish(lake, staging, files)
-    crash_point("published")
-    data_rows = sum(f.rows for f in files if f.kind == "data")
-    rejects = sum(f.rows for f in files if f.kind == "rejects")
-    manifest = Manifest(plan.run, plan.stream, plan.group, plan.ranges, files, data_rows, rejects,
-                        plan.entries - data_rows - rejects, plan.value_ddl)
-    lake.write_atomically(manifest_rel(plan.stream, plan.run), manifest.to_json())
-    crash_point("manifested")
-    lake.delete_tree(staging)
-    return manifest
+    files: list[WrittenFile] = spark.sparkContext.parallelize(tasks, slices).mapPartitions(job).collect()
+    return sorted(files, key=lambda f: (f.task, f.path))
 
 
-def _publish(lake: Lake, staging: str, files: list[ShippedFile]) -> None:
-    """Moves every staged file to its final name; locally, the directories
-    are synced before the manifest names them."""
-    for i, f in enumerate(files):
-        if i == len(files) // 2:
-            crash_point("publishing")
-        lake.move(f"{staging}/{f.path}", f.path)
-    if not lake.is_s3:
-        for directory in sorted({os.path.dirname(lake.path(f.path)) for f in files}):
-            fsync_dir(directory)
+def _settle(spark: Any, opts: ShipOptions, plan: RunPlan, files: list[WrittenFile],
+            tasks: list[tuple[int, Any]]) -> tuple[pa.StructType, list[WrittenFile], list[str]]:
+    """The run's schema (``evolve.resolve``), its new columns added to the
+    table; the tasks whose files disagree with it are run again with it
+    (their values of another type become rejects)."""
+    main = LakeTable.main(opts.lake)
+    for _ in range(COMMIT_ATTEMPTS):
+        seen = [plan.value_type] + [f.value_type for f in files if f.value_type is not None]
+        schema = resolve(main.value_type(), seen)
+        again = sorted({f.task for f in files if f.value_type is not None
+                        and not fits(f.value_type, schema)})
+        if again:
+            event(log, "tasks_rerun", run=plan.run, tasks=again,
+                  reason="a new field's type differs between tasks or from the lake's column")
+            for f in files:
+                if f.task in again:
+                    opts.lake.delete(_file_rel(f))
+            files = [f for f in files if f.task not in again] + _run_tasks(
+                spark, opts, plan, schema, False, [tasks[t] for t in again])
+        try:
+            return schema, files, main.add_columns(schema)
+        except SchemaConflict:
+            continue  # another writer added one of these columns meanwhile: settle again
+    raise RuntimeError("the lake's schema kept changing under this run: try again")
+
+
+def _file_rel(f: WrittenFile) -> str:
+    from .writer import REJECTS_DIR
+
+    return f"{REJECTS_DIR}/{f.path}" if f.kind == "rejects" else f.path
 
 
 def _ack(storage: Log, stream: str, group: str, ranges: dict[int, tuple[int, int]]) -> dict[int, int]:

@@ -3,24 +3,33 @@
 A task runs in an executor's Python worker and does the whole data path
 there, in native code: the C reader joins the range's payloads into one
 buffer, pyarrow's C++ JSON reader parses it against the value schema
-(``arrow.JsonParser``, rejects included), and pyarrow writes zstd Parquet
-to a local directory or to S3.  The rows never go through the JVM - Spark
+(``arrow.JsonParser``, rejects included; without ``--schema`` the schema
+grows with new fields, ``evolve.py``), and pyarrow writes zstd Parquet to a
+local directory or to S3.  The rows never go through the JVM - Spark
 schedules, retries and collects the file lists; moving every row to the
 JVM and back to Python for writing would cost more than the rest together.
 
-Files are named after the run and the task's number in the plan, so a
-rerun of the same plan writes the same names.  Rows are split by hour of
-their event time into ``stream=<s>/dt=<day>/hour=<hh>/``; entries that did
-not parse go to the same layout under ``_rejects/`` with their bytes and the
-reason.  A file is written under a temporary name and renamed into the
-run's staging prefix when whole (an S3 object appears only when its upload
-completes), so a task killed midway leaves no partial file to publish.
+Rows are split by hour of their event time into the table's partitions
+``stream=<s>/dt=<day>/hour=<hh>/``; entries that did not parse go to the
+same layout in the rejects table (``_rejects/``) with their bytes and the
+reason.  Files go straight to their final names, which carry the run, the
+task and the attempt: a file is part of the table only once the driver's
+Delta commit adds it, so a file of a crashed attempt is never read (and
+``comet lake vacuum`` removes it).  Locally a file is written under a
+temporary name in ``_comet/tmp/`` and renamed into the table when whole
+and synced; an S3 object
+appears only when its upload completes.  Each file's description carries
+what the commit needs: size, rows, the statistics of the ``_comet_``
+columns, and the value type it was written with (the schema may have grown
+during the task: a new type starts a new file).
 """
 
 from __future__ import annotations
 
 import os
+import posixpath
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import Any, Iterator, cast
 
 import numpy as np
@@ -29,20 +38,21 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from storage_c.export import HOUR_NS, partition_path
-from storage_c.files import publish_durably
+from storage_c.files import make_dirs_durably, publish_durably
 
 from .arrow import TIMESTAMP, JsonParser, parsed_batches
 from .lakefs import Lake
-from .plan import staging_rel
 from .source import RangePartition, shared_log
 
 META_COLUMNS = [pa.field("_comet_shard", pa.int32()), pa.field("_comet_entry", pa.int64()),
                 pa.field("_comet_time", TIMESTAMP)]
 _REJECT_COLUMNS: list[tuple[str, pa.DataType]] = [
-    ("stream", pa.string()), ("shard", pa.int32()), ("entry", pa.int64()), ("timestamp", TIMESTAMP),
+    ("shard", pa.int32()), ("entry", pa.int64()), ("timestamp", TIMESTAMP),
     ("value", pa.binary()), ("error", pa.string()),
 ]
 REJECT_SCHEMA = pa.schema(_REJECT_COLUMNS)
+"""The rejects table's columns (``stream``, ``dt``, ``hour`` are its partitions)."""
+REJECTS_DIR = "_rejects"
 HOUR_US = 3_600_000_000
 PARQUET_OPTIONS: dict[str, Any] = {"compression": "zstd"}  # pyarrow's zstd level (1): fast, half snappy's size
 UNIT_TO_US = {"s": 1_000_000, "ms": 1_000, "us": 1, "ns": None}
@@ -53,21 +63,52 @@ def data_schema(value_type: pa.StructType) -> pa.Schema:
 
 
 def partition_dir(stream: str, hour: int) -> str:
-    """The lake's partition of ``hour`` (hours since the epoch): the layout
+    """The table's partition of ``hour`` (hours since the epoch): the layout
     every export of the log shares."""
     return partition_path(stream, hour * HOUR_NS)
+
+
+def partition_values(stream: str, hour: int) -> dict[str, str]:
+    """The Delta partition values of ``hour`` (hours since the epoch)."""
+    at = datetime.fromtimestamp(hour * 3600, tz=timezone.utc)
+    return {"stream": stream, "dt": f"{at:%Y-%m-%d}", "hour": str(at.hour)}
+
+
+@dataclass
+class WrittenFile:
+    """One Parquet file a task wrote: what the driver's commit needs."""
+
+    kind: str
+    """``data`` or ``rejects``."""
+    path: str
+    """Relative to its table's root."""
+    task: int
+    hour: int
+    rows: int
+    bytes: int
+    shard: int
+    first_entry: int
+    last_entry: int
+    first_time_us: int
+    last_time_us: int
+    value_type: pa.StructType | None = None
+    """The value type the file was written with (data files)."""
 
 
 @dataclass
 class _OpenFile:
     writer: pq.ParquetWriter
-    final: str
+    kind: str
+    hour: int
+    path: str
     temp: str
-    staged: str
     shard: int
+    value_type: pa.StructType | None
     rows: int = 0
     first: int = -1
     last: int = -1
+    first_time: int = -1
+    last_time: int = -1
 
 
 @dataclass
@@ -78,16 +119,21 @@ class ShipTask:
     lake: Lake
     stream: str
     run: int
+    attempt: str
+    """Part of every file name: a redo of the run never writes over a file of an earlier attempt."""
+    temp_rel: str
+    """A local lake's directory for files being written (renamed into the table when whole)."""
     value_type: pa.StructType
+    evolve: bool = False
     event_time_field: str | None = None
     event_time_unit: str = "ms"
     batch_rows: int = 50_000
     batch_bytes: int = 64 << 20
 
-    def __call__(self, items: Iterator[tuple[int, RangePartition]]) -> Iterator[dict[str, object]]:
+    def __call__(self, items: Iterator[tuple[int, RangePartition]]) -> Iterator[WrittenFile]:
         log = shared_log(self.data_dir)
-        parser = JsonParser(self.value_type)
         for task, part in items:
+            parser = JsonParser(self.value_type, evolve=self.evolve)  # a task's own growth
             writer = PartitionWriter(self, task)
             try:
                 for batch in parsed_batches(log, parser, self.stream, part.shard, part.start,
@@ -104,113 +150,127 @@ class PartitionWriter:
     """The open files of one task, one per (kind, hour)."""
 
     def __init__(self, job: ShipTask, task: int) -> None:
+        self.job = job
         self.lake = job.lake
         self.stream = job.stream
-        self.run = job.run
-        self.value_type = job.value_type
-        self.event_time_field = job.event_time_field
-        self.event_time_unit = job.event_time_unit
         self.task = task
         self._open: dict[tuple[str, int], _OpenFile] = {}
+        self._closed: list[WrittenFile] = []
+        self._count = 0
 
     def write(self, batch: pa.RecordBatch) -> None:
-        self._write(batch, self.task)
-
-    def close(self) -> list[dict[str, object]]:
-        return [self._close(f) for f in self._open.values()]
-
-    def discard(self) -> None:
-        for f in self._open.values():
-            _discard(self.lake, f)
-
-    # ---- splitting ------------------------------------------------------------------
-
-    def _write(self, batch: pa.RecordBatch, task: int) -> None:
         if not batch.num_rows:
             return
         good = pc.is_null(batch.column("_error"))
         bad_count = batch.num_rows - pc.sum(good.cast(pa.int64())).as_py()
         if bad_count:
-            self._write_rejects(batch.filter(pc.invert(good)), task)
+            self._write_rejects(batch.filter(pc.invert(good)))
             batch = batch.filter(good)
             if not batch.num_rows:
                 return
         value = cast(pa.StructArray, batch.column("value"))  # the parsed values: a struct
+        value_type = cast(pa.StructType, value.type)
         columns = value.flatten() + [batch.column("shard"), batch.column("entry"),
                                      batch.column("timestamp")]
-        out = pa.RecordBatch.from_arrays(columns, schema=data_schema(self.value_type))
-        for hour, part in self._by_hour(out, self._event_hours(batch)):
-            self._append("data", hour, task, part)
+        out = pa.RecordBatch.from_arrays(columns, schema=data_schema(value_type))
+        for hour, part in _by_hour(out, self._event_hours(batch)):
+            self._append("data", hour, part, value_type)
 
-    def _write_rejects(self, batch: pa.RecordBatch, task: int) -> None:
+    def close(self) -> list[WrittenFile]:
+        for f in list(self._open.values()):
+            self._closed.append(self._close(f))
+        self._open.clear()
+        return self._closed
+
+    def discard(self) -> None:
+        for f in self._open.values():
+            _discard(self.lake, f)
+        self._open.clear()
+
+    # ---- splitting ------------------------------------------------------------------
+
+    def _write_rejects(self, batch: pa.RecordBatch) -> None:
+        shards = batch.column("shard").to_pylist()
+        entries = batch.column("entry").to_pylist()
+        reasons = [f"shard {s} entry {e}: {why}"
+                   for s, e, why in zip(shards, entries, batch.column("_error").to_pylist())]
         out = pa.RecordBatch.from_arrays(
-            [batch.column("stream"), batch.column("shard"), batch.column("entry"),
-             batch.column("timestamp"), batch.column("_corrupt_record"), batch.column("_error")],
+            [batch.column("shard"), batch.column("entry"), batch.column("timestamp"),
+             batch.column("_corrupt_record"), pa.array(reasons, pa.string())],
             schema=REJECT_SCHEMA)
-        hours = _hours_of(batch.column("timestamp"))
-        for hour, part in self._by_hour(out, hours):
-            self._append("rejects", hour, task, part)
+        for hour, part in _by_hour(out, _hours_of(batch.column("timestamp"))):
+            self._append("rejects", hour, part, None)
 
     def _event_hours(self, batch: pa.RecordBatch) -> np.ndarray:
         ingest = batch.column("timestamp")
-        if not self.event_time_field:
+        field_name = self.job.event_time_field
+        if not field_name:
             return _hours_of(ingest)
-        column = cast(pa.StructArray, batch.column("value")).field(self.event_time_field)
+        column = cast(pa.StructArray, batch.column("value")).field(field_name)
         if pa.types.is_timestamp(column.type):
             micros = column.cast(TIMESTAMP)
         else:
-            factor = UNIT_TO_US[self.event_time_unit]
+            factor = UNIT_TO_US[self.job.event_time_unit]
             numbers = column.cast(pa.int64(), safe=False)
             micros = (pc.divide(numbers, 1000) if factor is None
                       else pc.multiply(numbers, factor)).cast(pa.int64()).cast(TIMESTAMP)
         return _hours_of(pc.fill_null(micros, ingest))
 
-    @staticmethod
-    def _by_hour(batch: pa.RecordBatch, hours: np.ndarray) -> Iterator[tuple[int, pa.RecordBatch]]:
-        first = hours[0]
-        if (hours == first).all():  # the usual case: one hour per batch
-            yield int(first), batch
-            return
-        for hour in np.unique(hours):
-            yield int(hour), batch.filter(pa.array(hours == hour))
-
     # ---- files ------------------------------------------------------------------------
 
-    def _append(self, kind: str, hour: int, task: int, part: pa.RecordBatch) -> None:
+    def _append(self, kind: str, hour: int, part: pa.RecordBatch,
+                value_type: pa.StructType | None) -> None:
         f = self._open.get((kind, hour))
+        if f is not None and f.value_type != value_type:  # the schema grew: a new file
+            self._closed.append(self._close(f))
+            f = None
         if f is None:
-            f = self._open[(kind, hour)] = self._create(kind, hour, task, part)
+            f = self._open[(kind, hour)] = self._create(kind, hour, part, value_type)
         f.writer.write_batch(part)
-        entries = part.column("_comet_entry" if kind == "data" else "entry")
-        lo, hi = pc.min_max(entries).values()
+        meta = ("_comet_entry", "_comet_time") if kind == "data" else ("entry", "timestamp")
+        lo, hi = pc.min_max(part.column(meta[0])).values()
+        t_lo, t_hi = pc.min_max(part.column(meta[1]).cast(pa.int64())).values()
         f.first = lo.as_py() if f.first < 0 else min(f.first, lo.as_py())
         f.last = max(f.last, hi.as_py())
+        f.first_time = t_lo.as_py() if f.first_time < 0 else min(f.first_time, t_lo.as_py())
+        f.last_time = max(f.last_time, t_hi.as_py())
         f.rows += part.num_rows
 
-    def _create(self, kind: str, hour: int, task: int, part: pa.RecordBatch) -> _OpenFile:
-        name = f"part-{self.run:08d}-{task:05d}.zstd.parquet"
-        final = f"{partition_dir(self.stream, hour)}/{name}"
-        if kind == "rejects":
-            final = f"_rejects/{final}"
-        staged = f"{staging_rel(self.stream, self.run)}/{final}"
-        temp = f"{staged}.{os.getpid()}.tmp"
-        lake = self.lake
-        if not lake.is_s3:
-            os.makedirs(os.path.dirname(lake.path(temp)), exist_ok=True)
+    def _create(self, kind: str, hour: int, part: pa.RecordBatch,
+                value_type: pa.StructType | None) -> _OpenFile:
+        self._count += 1
+        job = self.job
+        name = f"part-{job.run:08d}-{self.task:05d}-{self._count:03d}-{job.attempt}.zstd.parquet"
+        rel = f"{partition_dir(self.stream, hour)}/{name}"
+        table_root = self.lake.path(REJECTS_DIR) if kind == "rejects" else self.lake.root
+        final = posixpath.join(table_root, rel)
+        temp = self.lake.path(job.temp_rel, f"{name}.{os.getpid()}.tmp")
+        if not self.lake.is_s3:
+            os.makedirs(posixpath.dirname(temp), exist_ok=True)
+            make_dirs_durably(posixpath.dirname(final), self.lake.root)
         shard_column = part.column("_comet_shard" if kind == "data" else "shard")
-        writer = pq.ParquetWriter(lake.path(staged if lake.is_s3 else temp), part.schema,
-                                  filesystem=lake.fs, **PARQUET_OPTIONS)
-        return _OpenFile(writer, final, temp, staged, int(shard_column[0].as_py()))
+        writer = pq.ParquetWriter(final if self.lake.is_s3 else temp, part.schema,
+                                  filesystem=self.lake.fs, **PARQUET_OPTIONS)
+        return _OpenFile(writer, kind, hour, rel, temp, int(shard_column[0].as_py()), value_type)
 
-    def _close(self, f: _OpenFile) -> dict[str, object]:
+    def _close(self, f: _OpenFile) -> WrittenFile:
         f.writer.close()
-        lake = self.lake
-        if not lake.is_s3:  # S3: the object appeared whole when its upload completed
-            publish_durably(lake.path(f.temp), lake.path(f.staged))
-        size = lake.fs.get_file_info(lake.path(f.staged)).size
-        return {"kind": "data" if not f.final.startswith("_rejects/") else "rejects",
-                "path": f.final, "rows": f.rows, "bytes": size, "shard": f.shard,
-                "first_entry": f.first, "last_entry": f.last}
+        table_root = self.lake.path(REJECTS_DIR) if f.kind == "rejects" else self.lake.root
+        final = posixpath.join(table_root, f.path)
+        if not self.lake.is_s3:  # S3: the object appeared whole when its upload completed
+            publish_durably(f.temp, final)
+        size = self.lake.fs.get_file_info(final).size
+        return WrittenFile(f.kind, f.path, self.task, f.hour, f.rows, size, f.shard, f.first,
+                           f.last, f.first_time, f.last_time, f.value_type)
+
+
+def _by_hour(batch: pa.RecordBatch, hours: np.ndarray) -> Iterator[tuple[int, pa.RecordBatch]]:
+    first = hours[0]
+    if (hours == first).all():  # the usual case: one hour per batch
+        yield int(first), batch
+        return
+    for hour in np.unique(hours):
+        yield int(hour), batch.filter(pa.array(hours == hour))
 
 
 def _hours_of(times: pa.Array) -> np.ndarray:
@@ -226,8 +286,9 @@ def _discard(lake: Lake, f: _OpenFile) -> None:
     try:
         f.writer.close()  # completes the file: remove it, it is partial
         if lake.is_s3:
-            lake.fs.delete_file(lake.path(f.staged))
+            root = lake.path(REJECTS_DIR) if f.kind == "rejects" else lake.root
+            lake.fs.delete_file(posixpath.join(root, f.path))
         else:
-            os.unlink(lake.path(f.temp))
+            os.unlink(f.temp)
     except Exception:  # the task is failing already; its own error matters
         pass

@@ -1,0 +1,353 @@
+"""The lake's two Delta tables, through delta-rs (the ``deltalake`` package).
+
+The lake root is the main table; ``_rejects/`` under it is the rejects
+table (a ``_``-prefixed directory: no reader of the main table lists it).
+Both are partitioned by ``stream``, ``dt``, ``hour``.  Executors write the
+Parquet files; the driver adds them here, every file of a run in one commit
+per table, with:
+
+- per-file statistics (row count, min and max of the ``_comet_`` columns)
+  so that readers skip files by shard, entry or time;
+- the run's application transaction (``txn``: the shipper's app id, the run
+  number), which ``committed_run`` reads back: a run whose number is there
+  is never committed again, whatever crashed where;
+- the run's summary as commit metadata (``comet.*`` keys, shown by
+  ``comet lake history``).
+
+A commit that loses a race (another stream's run committed first, or added
+columns) is retried on the table as it is then; the app transaction makes
+the retry safe.
+
+Local lakes are made durable here, where delta-rs does not: its commit is a
+file renamed into ``_delta_log/`` without an fsync, so after each commit the
+new log files and the directory are synced (the run acks its group only
+after that), and a commit file that a power cut left torn (empty, or not
+JSON) is the last one - the commit of a run that never acked - and is
+removed before the next run reads the table (``repair``).  For the same
+reason delta-rs's post-commit hook is off (its checkpoints would be written
+unsynced): ``checkpoint`` writes one every ``CHECKPOINT_EVERY`` versions and
+syncs it, and ``repair`` drops a checkpoint that does not read.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any, Iterable
+
+import pyarrow as pa
+
+from storage_c.files import fsync_dir, make_dirs_durably
+from storage_c.jsonlog import event
+
+from .evolve import canonical
+from .lakefs import Lake
+from .writer import META_COLUMNS, REJECT_SCHEMA, REJECTS_DIR, WrittenFile, partition_values
+
+if TYPE_CHECKING:
+    from deltalake import DeltaTable
+
+log = logging.getLogger("comet.lake")
+
+PARTITIONS = ["stream", "dt", "hour"]
+PARTITION_FIELDS = [pa.field("stream", pa.string()), pa.field("dt", pa.string()),
+                    pa.field("hour", pa.int32())]
+LOG_DIR = "_delta_log"
+COMMIT_ATTEMPTS = 10
+CHECKPOINT_EVERY = 100
+_META_NAMES = {f.name for f in META_COLUMNS} | {f.name for f in PARTITION_FIELDS}
+
+
+class SchemaConflict(ValueError):
+    """A column the run needs exists in the table with another type."""
+
+
+def storage_options(lake: Lake) -> dict[str, str] | None:
+    """delta-rs's settings for the lake's object store (None: a local lake)."""
+    if not lake.is_s3:
+        return None
+    out = {"AWS_REGION": lake.region_name()}
+    endpoint = lake.endpoint()
+    if endpoint:
+        out["AWS_ENDPOINT_URL"] = endpoint
+        if endpoint.startswith("http://"):
+            out["AWS_ALLOW_HTTP"] = "true"
+    if lake.access_key:
+        out["AWS_ACCESS_KEY_ID"] = lake.access_key
+        out["AWS_SECRET_ACCESS_KEY"] = lake.secret_key or ""
+        if lake.session_token:
+            out["AWS_SESSION_TOKEN"] = lake.session_token
+    return out
+
+
+@dataclass(frozen=True)
+class LakeTable:
+    lake: Lake
+    rel: str
+    """Where the table is under the lake root: "" (the main table) or ``_rejects``."""
+
+    @classmethod
+    def main(cls, lake: Lake) -> LakeTable:
+        return cls(lake, "")
+
+    @classmethod
+    def rejects(cls, lake: Lake) -> LakeTable:
+        return cls(lake, REJECTS_DIR)
+
+    @property
+    def root(self) -> str:
+        return self.lake.path(self.rel) if self.rel else self.lake.root
+
+    @property
+    def uri(self) -> str:
+        return ("s3://" if self.lake.is_s3 else "") + self.root
+
+    @property
+    def name(self) -> str:
+        return "rejects" if self.rel else "main"
+
+    def open(self, version: int | None = None) -> DeltaTable | None:
+        """The table as it is now (None: not created yet)."""
+        from deltalake import DeltaTable
+        from deltalake.exceptions import TableNotFoundError
+
+        try:
+            return DeltaTable(self.uri, version=version, storage_options=storage_options(self.lake))
+        except TableNotFoundError:
+            return None
+
+    def committed_run(self, app_id: str, table: DeltaTable | None = None) -> int:
+        """The last run of ``app_id`` committed here (0: none)."""
+        table = table if table is not None else self.open()
+        return (table.transaction_version(app_id) or 0) if table is not None else 0
+
+    def value_type(self, table: DeltaTable | None = None) -> pa.StructType:
+        """The table's value columns (the main table's columns but its own)."""
+        table = table if table is not None else self.open()
+        if table is None:
+            return pa.struct([])
+        return pa.struct([f for f in arrow_schema(table) if f.name not in _META_NAMES])
+
+    # ---- writing ------------------------------------------------------------------------
+
+    def add_columns(self, value_type: pa.StructType) -> list[str]:
+        """Makes every field of ``value_type`` a column of the main table
+        (new ones nullable; a struct column gets the children it lacks), in
+        one commit; the names added.  SchemaConflict if a column has
+        another type.  Nothing to do on a table not created yet."""
+        from deltalake.exceptions import CommitFailedError
+
+        for _ in range(COMMIT_ATTEMPTS):
+            table = self.open()
+            if table is None:
+                return []
+            current = {f.name: f.type for f in arrow_schema(table)}
+            wanted = [f for f in value_type if f.name not in current or current[f.name] != f.type]
+            conflicts = [f for f in wanted if f.name in current and not _extends(current[f.name], f.type)]
+            if conflicts:
+                raise SchemaConflict(
+                    "; ".join(f"column {f.name!r} is {current[f.name]} in the lake, the run has "
+                              f"{f.type}" for f in conflicts))
+            if not wanted:
+                return []
+            from deltalake import Schema
+
+            fields = list(Schema.from_arrow(pa.schema(wanted)).fields)
+            try:
+                table.alter.add_columns(fields, post_commithook_properties=_no_hooks())
+            except CommitFailedError:
+                continue
+            self._made_durable(table)
+            return [f.name for f in wanted]
+        raise RuntimeError(f"could not add columns to {self.uri}: other writers kept committing")
+
+    def commit(self, files: list[WrittenFile], schema: pa.Schema, app_id: str, run: int,
+               metadata: dict[str, Any]) -> int | None:
+        """Adds ``files`` in one commit carrying run ``run`` of ``app_id``;
+        its version, or None if that run had committed already.  ``schema``
+        (the full schema, partitions included) creates the table if needed."""
+        from deltalake import CommitProperties, Schema, Transaction
+        from deltalake.exceptions import CommitFailedError, DeltaError
+        from deltalake.transaction import create_table_with_add_actions
+
+        adds = [self._add_action(f) for f in files]
+        for _ in range(COMMIT_ATTEMPTS):
+            table = self.open()
+            if self.committed_run(app_id, table) >= run:
+                return None
+            props = CommitProperties(custom_metadata={k: _text(v) for k, v in metadata.items()},
+                                     app_transactions=[Transaction(app_id, run)])
+            try:
+                if table is None:
+                    if not self.lake.is_s3:
+                        make_dirs_durably(self.root, self.lake.root)
+                    create_table_with_add_actions(
+                        self.uri, Schema.from_arrow(schema), adds, mode="error",
+                        partition_by=PARTITIONS, storage_options=storage_options(self.lake),
+                        commit_properties=props, post_commithook_properties=_no_hooks())
+                else:
+                    table.create_write_transaction(
+                        adds, mode="append", schema=table.schema(), partition_by=PARTITIONS,
+                        commit_properties=props, post_commithook_properties=_no_hooks())
+            except CommitFailedError:
+                continue  # another writer won this version: look again
+            except DeltaError as exc:
+                if table is None and "exist" in str(exc).lower():
+                    continue  # created meanwhile by another stream's run
+                raise
+            after = self.open()
+            assert after is not None
+            self._made_durable(after)
+            self.checkpoint(after)
+            return after.version()
+        raise RuntimeError(f"could not commit to {self.uri}: other writers kept committing")
+
+    def _add_action(self, f: WrittenFile) -> Any:
+        from deltalake.transaction import AddAction
+
+        shard, entry, time_col = (("_comet_shard", "_comet_entry", "_comet_time") if f.kind == "data"
+                                  else ("shard", "entry", "timestamp"))
+        stats = {"numRecords": f.rows,
+                 "minValues": {shard: f.shard, entry: f.first_entry,
+                               time_col: _stat_time(f.first_time_us, up=False)},
+                 "maxValues": {shard: f.shard, entry: f.last_entry,
+                               time_col: _stat_time(f.last_time_us, up=True)},
+                 "nullCount": {shard: 0, entry: 0, time_col: 0}}
+        stream = f.path.split("/", 1)[0].partition("=")[2]
+        now_ms = int(datetime.now(timezone.utc).timestamp() * 1000)
+        return AddAction(f.path, f.bytes, partition_values(stream, f.hour), now_ms, True,
+                         json.dumps(stats))
+
+    # ---- durability (local lakes) -------------------------------------------------------
+
+    def _made_durable(self, table: DeltaTable) -> None:
+        """Syncs the log's files up to the table's version, and the directory."""
+        if self.lake.is_s3:
+            return
+        log_dir = os.path.join(self.root, LOG_DIR)
+        make_dirs_durably(log_dir, self.lake.root)
+        for name in os.listdir(log_dir):
+            if name.endswith((".json", ".parquet")) or name == "_last_checkpoint":
+                _fsync_file(os.path.join(log_dir, name))
+        fsync_dir(log_dir)
+
+    def checkpoint(self, table: DeltaTable) -> None:
+        """A checkpoint every CHECKPOINT_EVERY versions, synced (readers then
+        replay at most that many commit files)."""
+        version = table.version()
+        if version == 0 or version % CHECKPOINT_EVERY:
+            return
+        table.create_checkpoint()
+        if not self.lake.is_s3:
+            log_dir = os.path.join(self.root, LOG_DIR)
+            for name in os.listdir(log_dir):
+                if name.startswith(f"{version:020d}.checkpoint") or name == "_last_checkpoint":
+                    _fsync_file(os.path.join(log_dir, name))
+            fsync_dir(log_dir)
+
+    def repair(self) -> list[str]:
+        """Removes what a power cut can leave torn in a local table's log:
+        the last commit file (a run that never acked), a checkpoint.  The
+        names removed."""
+        log_dir = os.path.join(self.root, LOG_DIR)
+        if self.lake.is_s3 or not os.path.isdir(log_dir):
+            return []
+        removed = []
+        commits = sorted(n for n in os.listdir(log_dir) if n.endswith(".json") and n[:20].isdigit())
+        if commits and not _whole_commit(os.path.join(log_dir, commits[-1])):
+            os.unlink(os.path.join(log_dir, commits[-1]))
+            removed.append(commits[-1])
+        last = os.path.join(log_dir, "_last_checkpoint")
+        if os.path.exists(last) and not _checkpoint_reads(log_dir, last):
+            for name in os.listdir(log_dir):
+                if ".checkpoint." in name:
+                    os.unlink(os.path.join(log_dir, name))
+                    removed.append(name)
+            os.unlink(last)
+            removed.append("_last_checkpoint")
+        if removed:
+            fsync_dir(log_dir)
+            event(log, "repaired_table_log", table=self.uri, removed=removed)
+        return removed
+
+
+def main_schema(value_type: pa.StructType) -> pa.Schema:
+    return pa.schema(list(value_type) + META_COLUMNS + PARTITION_FIELDS)
+
+
+def rejects_schema() -> pa.Schema:
+    return pa.schema(list(REJECT_SCHEMA) + PARTITION_FIELDS)
+
+
+def arrow_schema(table: DeltaTable) -> pa.Schema:
+    """The table's schema in pyarrow's types, one spelling per type."""
+    schema = pa.schema(table.schema().to_arrow())
+    return pa.schema([pa.field(f.name, canonical(f.type)) for f in schema])
+
+
+def _extends(current: pa.DataType, wanted: pa.DataType) -> bool:
+    """A struct column whose children ``wanted`` keeps, with the same types, and adds to."""
+    if not (pa.types.is_struct(current) and pa.types.is_struct(wanted)):
+        return False
+    have = {f.name: f.type for f in current}
+    return all(f.name not in have or have[f.name] == f.type or _extends(have[f.name], f.type)
+               for f in wanted)
+
+
+def _no_hooks() -> Any:
+    from deltalake.transaction import PostCommitHookProperties
+
+    return PostCommitHookProperties(create_checkpoint=False, cleanup_expired_logs=False)
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
+
+
+def _stat_time(micros: int, up: bool) -> str:
+    """A statistics timestamp: Delta's are in milliseconds, so a maximum is
+    rounded up and a minimum down (a reader must never skip a file wrongly)."""
+    millis = -(-micros // 1000) if up else micros // 1000
+    at = datetime.fromtimestamp(millis / 1000, tz=timezone.utc)
+    return f"{at:%Y-%m-%dT%H:%M:%S}.{millis % 1000:03d}Z"
+
+
+def _fsync_file(path: str) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return  # a temporary file of delta-rs, renamed meanwhile
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _whole_commit(path: str) -> bool:
+    try:
+        with open(path, "rb") as f:
+            lines = [line for line in f.read().splitlines() if line.strip()]
+        return bool(lines) and all(isinstance(json.loads(line), dict) for line in lines)
+    except (OSError, ValueError):
+        return False
+
+
+def _checkpoint_reads(log_dir: str, last: str) -> bool:
+    import pyarrow.parquet as pq
+
+    try:
+        with open(last, "rb") as f:
+            version = int(json.loads(f.read())["version"])
+        names = [n for n in os.listdir(log_dir) if n.startswith(f"{version:020d}.checkpoint")]
+        return bool(names) and all(pq.read_metadata(os.path.join(log_dir, n)).num_rows >= 0
+                                   for n in names)
+    except (OSError, ValueError, KeyError, TypeError, pa.ArrowException):
+        return False
+
+
+def ranges_text(ranges: Iterable[tuple[int, tuple[int, int]]]) -> str:
+    return json.dumps({str(s): [a, b] for s, (a, b) in sorted(ranges)}, separators=(",", ":"))
+
