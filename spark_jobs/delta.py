@@ -200,10 +200,10 @@ class LakeTable:
                 if table is None and "exist" in str(exc).lower():
                     continue  # created meanwhile by another stream's run
                 raise
-            after = self.open()
+            after = self.open(files=False)
             assert after is not None
             self._made_durable(after)
-            self.checkpoint(after)
+            self.checkpoint(after.version())
             return after.version()
         raise RuntimeError(f"could not commit to {self.uri}: other writers kept committing")
 
@@ -236,12 +236,13 @@ class LakeTable:
                 _fsync_file(os.path.join(log_dir, name))
         fsync_dir(log_dir)
 
-    def checkpoint(self, table: DeltaTable) -> None:
-        """A checkpoint every CHECKPOINT_EVERY versions, synced (readers then
-        replay at most that many commit files)."""
-        version = table.version()
+    def checkpoint(self, version: int) -> None:
+        """A checkpoint at every CHECKPOINT_EVERY-th version, synced (readers
+        then replay at most that many commit files)."""
         if version == 0 or version % CHECKPOINT_EVERY:
             return
+        table = self.open(version)
+        assert table is not None
         table.create_checkpoint()
         if not self.lake.is_s3:
             log_dir = os.path.join(self.root, LOG_DIR)

@@ -1,6 +1,6 @@
 """Files that are either absent or whole, even across a power cut, for every
 package above the storage: ``comet ship``'s intents and directory sink, the
-Spark lake's plans, manifests and Parquet files.
+Spark lake's plans and Parquet files.
 
 The recipe is written once, here: write under a temporary name, fsync the
 file, rename it over the final name, fsync the directory (the rename is only

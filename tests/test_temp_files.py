@@ -1,6 +1,6 @@
 """The one rule for temporary files that no writer will finish
 (``storage_c.files.remove_stale_temp_files``), which ``comet ship`` (intents,
-directory sinks) and ``comet spark-ship`` (plans, manifests) both follow."""
+directory sinks) and ``comet spark-ship`` (plans) both follow."""
 
 from __future__ import annotations
 
