@@ -221,24 +221,20 @@ def _accepts(want: pa.DataType, have: pa.DataType) -> bool:
     return pa.types.is_string(have) and (pa.types.is_timestamp(want) or pa.types.is_date(want))
 
 
+_TYPE_NAMES = [(pa.types.is_int64, "long"), (pa.types.is_integer, "int"),
+               (pa.types.is_float64, "double"), (pa.types.is_floating, "float"),
+               (pa.types.is_boolean, "boolean"), (pa.types.is_string, "string"),
+               (pa.types.is_timestamp, "timestamp"), (pa.types.is_date, "date"),
+               (pa.types.is_binary, "binary")]
+
+
 def _spark_name(t: pa.DataType) -> str:
-    if pa.types.is_int64(t):
-        return "long"
-    if pa.types.is_integer(t):
-        return "int"
-    if pa.types.is_float64(t):
-        return "double"
-    if pa.types.is_boolean(t):
-        return "boolean"
-    if pa.types.is_string(t):
-        return "string"
-    if pa.types.is_timestamp(t):
-        return "timestamp"
+    """The type as Spark and Delta name it in messages."""
     if pa.types.is_struct(t):
         return "struct<" + ", ".join(f"{f.name} {_spark_name(f.type)}" for f in t) + ">"
     if pa.types.is_list(t):
         return f"array<{_spark_name(t.value_type)}>"
-    return str(t)
+    return next((name for test, name in _TYPE_NAMES if test(t)), str(t))
 
 
 def canonical(t: pa.DataType) -> pa.DataType:
