@@ -36,14 +36,14 @@ import logging
 import os
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable, cast
 
 import pyarrow as pa
 
 from storage_c.files import fsync_dir, make_dirs_durably
 from storage_c.jsonlog import event
 
-from .evolve import canonical
+from .evolve import canonical, type_name
 from .lakefs import Lake
 from .writer import META_COLUMNS, REJECT_SCHEMA, REJECTS_DIR, WrittenFile, partition_values
 
@@ -53,7 +53,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("comet.lake")
 
 PARTITIONS = ["stream", "dt", "hour"]
-PARTITION_FIELDS = [pa.field("stream", pa.string()), pa.field("dt", pa.string()),
+PARTITION_FIELDS: list[pa.Field] = [pa.field("stream", pa.string()), pa.field("dt", pa.string()),
                     pa.field("hour", pa.int32())]
 LOG_DIR = "_delta_log"
 COMMIT_ATTEMPTS = 10
@@ -151,8 +151,8 @@ class LakeTable:
             conflicts = [f for f in wanted if f.name in current and not _extends(current[f.name], f.type)]
             if conflicts:
                 raise SchemaConflict(
-                    "; ".join(f"column {f.name!r} is {current[f.name]} in the lake, the run has "
-                              f"{f.type}" for f in conflicts))
+                    "; ".join(f"column {f.name!r} is {type_name(current[f.name])} in the lake, "
+                              f"the run has {type_name(f.type)}" for f in conflicts))
             if not wanted:
                 return []
             from deltalake import Schema
@@ -287,7 +287,8 @@ def rejects_schema() -> pa.Schema:
 
 def arrow_schema(table: DeltaTable) -> pa.Schema:
     """The table's schema in pyarrow's types, one spelling per type."""
-    schema = pa.schema(table.schema().to_arrow())
+    # to_arrow() gives an Arrow C-interface schema, which pyarrow takes as it is
+    schema = pa.schema(cast(Any, table.schema().to_arrow()))
     return pa.schema([pa.field(f.name, canonical(f.type)) for f in schema])
 
 

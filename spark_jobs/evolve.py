@@ -25,7 +25,7 @@ inferred by pyarrow's JSON reader and becomes a new nullable column:
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Callable, Iterable, cast
 
 import pyarrow as pa
 import pyarrow.json as pajson
@@ -128,7 +128,7 @@ def resolve(table: pa.StructType, seen: Iterable[pa.StructType]) -> pa.StructTyp
         for f in struct:
             if f.name in fixed:
                 if pa.types.is_struct(out[f.name]) and pa.types.is_struct(f.type):
-                    out[f.name] = _extend(out[f.name], f.type)
+                    out[f.name] = _extend(cast(pa.StructType, out[f.name]), f.type)
                 continue
             if f.name not in out:
                 out[f.name] = f.type
@@ -193,7 +193,7 @@ def mismatch(payload: bytes, known: pa.StructType) -> str | None:
     """Why one JSON object does not fit ``known``, field by field (None:
     it is not an object, or no field says)."""
     try:
-        table = pajson.read_json(pa.BufferReader(payload + b"\n"),
+        table = pajson.read_json(pa.BufferReader(payload + b"\n"),  # type: ignore[arg-type]  # any NativeFile
                                  parse_options=pajson.ParseOptions(newlines_in_values=True))
     except pa.ArrowInvalid:
         return None
@@ -204,8 +204,8 @@ def mismatch(payload: bytes, known: pa.StructType) -> str | None:
         want = types.get(f.name)
         if want is None or have is None or _accepts(want, have):
             continue
-        out.append(f"field {f.name!r} is {_spark_name(have)} here, the lake's column is "
-                   f"{_spark_name(want)}")
+        out.append(f"field {f.name!r} is {type_name(have)} here, the lake's column is "
+                   f"{type_name(want)}")
     return "; ".join(out) or None
 
 
@@ -221,19 +221,19 @@ def _accepts(want: pa.DataType, have: pa.DataType) -> bool:
     return pa.types.is_string(have) and (pa.types.is_timestamp(want) or pa.types.is_date(want))
 
 
-_TYPE_NAMES = [(pa.types.is_int64, "long"), (pa.types.is_integer, "int"),
+_TYPE_NAMES: list[tuple[Callable[[pa.DataType], bool], str]] = [(pa.types.is_int64, "long"), (pa.types.is_integer, "int"),
                (pa.types.is_float64, "double"), (pa.types.is_floating, "float"),
                (pa.types.is_boolean, "boolean"), (pa.types.is_string, "string"),
                (pa.types.is_timestamp, "timestamp"), (pa.types.is_date, "date"),
                (pa.types.is_binary, "binary")]
 
 
-def _spark_name(t: pa.DataType) -> str:
+def type_name(t: pa.DataType) -> str:
     """The type as Spark and Delta name it in messages."""
     if pa.types.is_struct(t):
-        return "struct<" + ", ".join(f"{f.name} {_spark_name(f.type)}" for f in t) + ">"
+        return "struct<" + ", ".join(f"{f.name} {type_name(f.type)}" for f in t) + ">"
     if pa.types.is_list(t):
-        return f"array<{_spark_name(t.value_type)}>"
+        return f"array<{type_name(t.value_type)}>"
     return next((name for test, name in _TYPE_NAMES if test(t)), str(t))
 
 

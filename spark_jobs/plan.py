@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import pyarrow as pa
 
@@ -122,8 +122,9 @@ def struct_from_json(text: str) -> pa.StructType:
 
     from .evolve import canonical
 
-    schema = pa.schema(deltalake.Schema.from_json(text).to_arrow())
-    return canonical(pa.struct(list(schema)))
+    # to_arrow() gives an Arrow C-interface schema, which pyarrow takes as it is
+    schema = pa.schema(cast(Any, deltalake.Schema.from_json(text).to_arrow()))
+    return cast(pa.StructType, canonical(pa.struct(list(schema))))
 
 
 def write_plan(lake: Lake, plan: RunPlan) -> None:

@@ -34,7 +34,7 @@ from storage_c.files import remove_stale_temp_files
 from storage_c.jsonlog import event
 
 from .delta import COMMIT_ATTEMPTS, LakeTable, SchemaConflict, main_schema, ranges_text, rejects_schema
-from .evolve import fits, resolve
+from .evolve import fits, resolve, type_name
 from .lakefs import Lake
 from .legacy import refuse_format_1
 from .lock import run_lock
@@ -279,7 +279,8 @@ def check_given(given: pa.StructType, table_type: pa.StructType) -> None:
     wrong = [f for f in given if f.name in columns and columns[f.name] != f.type]
     if wrong:
         raise ValueError("--schema changes the type of a column the lake has: " + "; ".join(
-            f"{f.name} is {columns[f.name]} in the lake, {f.type} in the schema" for f in wrong))
+            f"{f.name} is {type_name(columns[f.name])} in the lake, {type_name(f.type)} in the schema"
+            for f in wrong))
 
 
 def durable_end(storage: Log, stream: str, shard: int) -> int:

@@ -169,7 +169,7 @@ class PartitionWriter:
             if not batch.num_rows:
                 return
         value = cast(pa.StructArray, batch.column("value"))  # the parsed values: a struct
-        value_type = cast(pa.StructType, value.type)
+        value_type = value.type
         columns = value.flatten() + [batch.column("shard"), batch.column("entry"),
                                      batch.column("timestamp")]
         out = pa.RecordBatch.from_arrays(columns, schema=data_schema(value_type))
