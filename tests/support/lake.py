@@ -44,7 +44,9 @@ def in_process() -> InProcessSpark:
 
 
 def entry_keys(table: pa.Table, shard: str = "_comet_shard", entry: str = "_comet_entry") -> list[tuple[int, int]]:
-    return list(zip(table.column(shard).to_pylist(), table.column(entry).to_pylist()))
+    shards: list[int] = table.column(shard).to_pylist()  # type: ignore[assignment]  # no nulls
+    entries: list[int] = table.column(entry).to_pylist()  # type: ignore[assignment]  # no nulls
+    return list(zip(shards, entries))
 
 
 def check_exactly_once(lake: Lake, data_dir: Path, stream: str, cfg: Config,
