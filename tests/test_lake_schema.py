@@ -15,7 +15,8 @@ LONG, DOUBLE, TEXT, BOOL = pa.int64(), pa.float64(), pa.string(), pa.bool_()
 def values(array: Any) -> list[Any]:
     """The rows of a parsed struct array (the stubs type to_pylist for plain arrays only)."""
     assert isinstance(array, pa.StructArray), array
-    return list(array.to_pylist())
+    rows: list[Any] = pa.Array.to_pylist(array)  # type: ignore[misc]  # the stubs' self type
+    return rows
 
 
 def struct(**fields: pa.DataType) -> pa.StructType:
