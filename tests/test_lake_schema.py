@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import pyarrow as pa
 
@@ -15,7 +15,7 @@ LONG, DOUBLE, TEXT, BOOL = pa.int64(), pa.float64(), pa.string(), pa.bool_()
 def values(array: Any) -> list[Any]:
     """The rows of a parsed struct array (the stubs type to_pylist for plain arrays only)."""
     assert isinstance(array, pa.StructArray), array
-    rows: list[Any] = pa.Array.to_pylist(array)  # type: ignore[misc]  # the stubs' self type
+    rows: list[Any] = cast(Any, array).to_pylist()  # the stubs type it for plain arrays
     return rows
 
 
