@@ -104,7 +104,6 @@ def spark_ship(data_dir: str, stream: str, lake: str, group: str, schema: str | 
         raise click.ClickException(str(exc)) from None
     except DeltaError as exc:  # the table's own complaint (a damaged log, a store's refusal)
         raise click.ClickException(f"the lake's Delta table: {exc}") from None
-        raise click.ClickException(str(exc)) from None
     finally:
         for spark in started:  # an orderly stop, after an error too
             spark.stop()
