@@ -1,5 +1,6 @@
 """Spark benchmark: the ``comet`` source (target ≥ 1.4× the JSON scan) and ``comet
-spark-ship`` (≥ 1.2× a JSON → Parquet job) against Spark's JSON reader on the same events.
+spark-ship`` into its Delta Lake table (≥ 1.2× a JSON → Parquet job) against Spark's JSON
+reader on the same events; the Delta commit's own time and its share of each ship run.
 
     .venv/bin/python loadtests/bench_spark.py [--quick] [--regenerate]
 """
@@ -19,6 +20,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchlib  # noqa: E402
@@ -167,7 +170,7 @@ CASES = (Case("anchor_scan", "Anchor: spark.read.schema(S).json → noop"),
          Case("comet_raw", "comet source, raw (value binary) → noop", "anchor_scan", 1.4),
          Case("comet_parsed", "comet source, valueSchema S (pyarrow) → noop", "anchor_scan"),
          Case("anchor_job", "Anchor: read.schema(S).json → parquet (zstd 1)"),
-         Case("comet_ship", "comet spark-ship, value_schema S → lake", "anchor_job", 1.2))
+         Case("comet_ship", "comet spark-ship, value_schema S → Delta lake", "anchor_job", 1.2))
 
 
 class Bench:
@@ -214,6 +217,14 @@ class Bench:
             return report.rows if report.rejects == 0 and report.missing == 0 else -1
         return None
 
+    def table_rows(self, out: Path) -> int:
+        """Rows of the Delta table's current version, by the log's per-file counts (the
+        files are not read): what a Delta reader would see."""
+        from deltalake import DeltaTable
+
+        adds = pa.table(DeltaTable(str(out)).get_add_actions(flatten=True))
+        return int(pc.sum(adds.column("num_records")).as_py() or 0)
+
     def run(self, case: Case, round_no: int) -> dict[str, Any]:
         out = RUNS_DIR / case.key
         shutil.rmtree(out, ignore_errors=True)
@@ -235,11 +246,17 @@ class Bench:
             rec["output_bytes"] = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
         if case.key == "comet_ship":
             rec["ship_report"] = self.ship_report
+            rec["commit_seconds"] = self.ship_report["commit_seconds"]
+            rec["commit_share"] = self.ship_report["commit_seconds"] / seconds
+            rec["table_rows"] = self.table_rows(out)
+            rec["checks_ok"] = rec["checks_ok"] and rec["table_rows"] == self.n
         shutil.rmtree(out, ignore_errors=True)
         self.ctx.progress(f"  {'warm-up' if round_no < 0 else 'round'} {abs(round_no + (round_no >= 0))} "
                           f"{case.key:<13} {seconds:6.2f} s {rec['rows_per_s']:>9,.0f} rows/s  JIT/GC "
                           f"{rec['jvm']['jit_ms']}/{rec['jvm']['gc_ms']} ms  others {cpu['other_share']:.0%}"
-                          + ("" if rows is None else f"  rows {'ok' if rec['checks_ok'] else 'WRONG'}"))
+                          + ("" if rows is None else f"  rows {'ok' if rec['checks_ok'] else 'WRONG'}")
+                          + (f"  commit {rec['commit_seconds']:.2f} s ({rec['commit_share']:.1%})"
+                             if "commit_seconds" in rec else ""))
         return rec
 
     def check_scans(self) -> dict[str, Any]:
@@ -302,6 +319,31 @@ def build_rows(records: list[dict[str, Any]], checks: dict[str, Any]) -> tuple[l
     return rows, {"series": {k: v.to_json() for k, v in series.items()}, "ratios": ratios}
 
 
+def commit_figures(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """The ship runs' Delta commit time (``ShipReport.commit_seconds``: the rejects and
+    main tables' commits) and its share of each run's wall time, measured rounds in order."""
+    ship = [r for r in records if r["case"] == "comet_ship" and r["round"] >= 0]
+    return {"seconds": [r["commit_seconds"] for r in ship],
+            "share": [r["commit_share"] for r in ship],
+            "run_seconds": [r["seconds"] for r in ship],
+            "median_seconds": benchlib.median([r["commit_seconds"] for r in ship]),
+            "median_share": benchlib.median([r["commit_share"] for r in ship]),
+            "max_share": max(r["commit_share"] for r in ship)}
+
+
+def commit_table(commit: dict[str, Any]) -> str:
+    """The Delta commit of each measured ship run, beside the run."""
+    rounds = range(1, len(commit["seconds"]) + 1)
+    return "comet spark-ship: the Delta commit's own time, per measured round:\n\n" + \
+        benchlib.markdown_table(
+            ["", *(f"round {i}" for i in rounds), "median"],
+            [["run, s", *(f"{s:.2f}" for s in commit["run_seconds"]),
+              f"{benchlib.median(commit['run_seconds']):.2f}"],
+             ["commit, s", *(f"{s:.3f}" for s in commit["seconds"]), f"{commit['median_seconds']:.3f}"],
+             ["commit share of the run", *(f"{s:.1%}" for s in commit["share"]),
+              f"{commit['median_share']:.1%}"]])
+
+
 def jvm_note(records: list[dict[str, Any]]) -> str:
     """The driver JVM's JIT compilation and GC per measured run (the JIT shares the CPUs)."""
     measured = [r for r in records if r["round"] >= 0]
@@ -327,7 +369,8 @@ def main(argv: list[str] | None = None) -> int:
     records: list[dict[str, Any]] = []
     try:
         versions = {"spark": spark.version, "java": spark.sparkContext._jvm.java.lang.System
-                    .getProperty("java.version"), "pyarrow": importlib.metadata.version("pyarrow")}
+                    .getProperty("java.version"), "pyarrow": importlib.metadata.version("pyarrow"),
+                    "deltalake": importlib.metadata.version("deltalake")}
         bench = Bench(spark, root, meta, ctx)
         checks: dict[str, Any] = {}
         for w in range(1, scale.warmup_rounds + 1):
@@ -344,6 +387,7 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(RUNS_DIR, ignore_errors=True)
     machine = {**ctx.machine(), **versions}
     rows, figures = build_rows(records, checks)
+    commit = commit_figures(records)
     out_mb = {k: benchlib.median([r["output_bytes"] for r in records if r["case"] == k
                                   and r["round"] >= 0]) / 1e6 for k in ("anchor_job", "comet_ship")}
     measured = [r for r in records if r["round"] >= 0]
@@ -353,22 +397,27 @@ def main(argv: list[str] | None = None) -> int:
         f"`{STREAM}`, {SHARDS} shards, uncompressed; the anchors read the same events from "
         f"{SHARDS} NDJSON files ({sum(meta['ndjson_bytes']) / 1e6:,.0f} MB). S = `{SCHEMA}`.",
         f"- One SparkSession `{MASTER}`, 4 GB driver, Spark {versions['spark']}, Java "
-        f"{versions['java']}, pyarrow {versions['pyarrow']}; rows/s = N ÷ wall time of the "
-        "action (planning, and for ship its plan, manifest, publish and ack, included).",
+        f"{versions['java']}, pyarrow {versions['pyarrow']}, deltalake {versions['deltalake']}; "
+        "rows/s = N ÷ wall time of the action (planning, and for ship its plan, its Delta "
+        "commits and its acks, included).",
         f"- {scale.warmup_rounds} unmeasured warm-up rounds, then {scale.rounds} measured "
         "rounds, orders 1→5 and 5→1 alternating; the ratio is that of the medians, the "
         "per-round ratios pair each comet run with the same round's anchor run.",
         jvm_note(records),
         f"- Output (median): anchor {out_mb['anchor_job']:,.0f} MB of Parquet; ship "
         f"{out_mb['comet_ship']:,.0f} MB (plus _comet_shard, _comet_entry, _comet_time; files "
-        "fsynced and renamed, a plan and a manifest written, the group acked).",
+        "fsynced and renamed, a plan written, one Delta commit with per-file statistics, its "
+        "log synced, the group acked); ship's rows checked twice: the run's report and the "
+        "Delta log's per-file row counts.",
+        f"- The Delta commit (ShipReport.commit_seconds): median {commit['median_seconds']:.3f} s, "
+        f"{commit['median_share']:.1%} of a ship run (at most {commit['max_share']:.1%}).",
         benchlib.cpu_note({f"{r['case']} round {r['round'] + 1}": r["cpu"] for r in measured}),
     ]
     ctx.write(args, "spark", "Spark benchmark", rows, notes, {
         "scale": asdict(scale), "settings": {"master": MASTER, "conf": dict(SPARK_CONF),
         "stream": STREAM, "shards": SHARDS, "schema": SCHEMA, "group": GROUP,
-        "format_version": FORMAT_VERSION}, "data": meta, **figures, "scan_checks": checks,
-        "runs": records}, machine)
+        "format_version": FORMAT_VERSION}, "data": meta, **figures, "ship_commit": commit,
+        "scan_checks": checks, "runs": records}, machine, extra_md=commit_table(commit))
     return 0
 
 

@@ -16,6 +16,7 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
+from tests.support.docs import code_blocks
 from tests.support.server import SMALL, GatewayProcess
 
 REPO = Path(__file__).resolve().parent.parent
@@ -70,6 +71,48 @@ def test_the_link_checker_reports_what_is_broken(tmp_path: Path) -> None:
         "../elsewhere.md": "'../elsewhere.md' leaves the repository",
         "https://example.org": None,
     }
+
+
+# --- the lake's reader examples --------------------------------------------------------
+
+SPARK_PAGE = DOCS / "spark-and-the-lake.md"
+READERS = "### Reading the lake"
+SHOWN_LAKE = "/srv/lake"
+# What each example prints for a lake of stream "events" with 5 rows and 1 reject, in page order.
+READER_OUTPUTS = [r"5 1", r"5 \d+", r"\[\('events', 5\)\]", r"5 1"]
+
+
+def small_lake(tmp_path: Path) -> Path:
+    """A lake that ``comet spark-ship``'s real tasks wrote (in this process, no JVM):
+    5 rows and 1 reject of stream "events"."""
+    from spark_jobs.lakefs import Lake
+    from spark_jobs.ship import ShipOptions, ship
+    from storage_c import Config, Log
+    from tests.support.lake import in_process
+
+    data, lake = tmp_path / "data", tmp_path / "lake"
+    with Log(data, Config(shards=2)) as log:
+        for n in range(5):
+            log.append("events", json.dumps({"device": f"d{n}", "temp": 20.5 + n}).encode())
+        log.append("events", b"not json")
+    report = ship(ShipOptions(str(data), "events", Lake(str(lake))), in_process)
+    assert (report.rows, report.rejects) == (5, 1)
+    return lake
+
+
+def test_the_lake_reader_examples_run_as_written(tmp_path: Path) -> None:
+    """Each Python example of the Spark page's "Reading the lake", run in a fresh
+    Python against a real lake (its path put in place of /srv/lake), prints what a
+    reader of that lake must see: the committed rows and rejects, each once."""
+    examples = code_blocks(SPARK_PAGE, READERS)
+    assert len(examples) == len(READER_OUTPUTS), f"{len(examples)} Python examples under {READERS}"
+    lake = small_lake(tmp_path)
+    for example, shown in zip(examples, READER_OUTPUTS):
+        assert SHOWN_LAKE in example, example
+        out = subprocess.run([sys.executable, "-c", example.replace(SHOWN_LAKE, str(lake))],
+                             cwd=REPO, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, f"{example}\nfailed:\n{out.stderr[-3000:]}"
+        assert re.fullmatch(shown, out.stdout.strip()), f"{example}\nprinted {out.stdout!r}"
 
 
 DATE = re.compile(r"\b20\d\d-[01]\d-[0-3]\d\b")

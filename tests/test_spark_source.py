@@ -16,6 +16,7 @@ from storage_c import Config, Log
 from spark_jobs.offsets import SourceOptions, cap, resolve_start
 from spark_jobs.source import CometStreamReader
 
+from .support.docs import code_blocks
 from .support.storage import fill, read_all
 
 if TYPE_CHECKING:
@@ -231,28 +232,29 @@ def test_value_schema_as_ddl_or_structtype_json() -> None:
         value_ddl('{"type": "struct"}')
 
 
-README_SNIPPET = """\
-from spark_jobs import spark_session
-
-spark = spark_session()
-df = spark.read.format("comet").option("path", "./data").option("stream", "events").load()
-df.selectExpr("shard", "entry", "CAST(value AS STRING) AS value").show(truncate=False)
-"""
+DOCS_PAGE = Path(__file__).resolve().parent.parent / "docs" / "spark-and-the-lake.md"
+DOCS_SECTION = "## The comet data source"
 
 
 def test_the_documented_snippet_works_in_a_plain_python(tmp_path: Path) -> None:
-    """The data source as the docs show it, in a fresh ``python`` of this
+    """The data source's examples as the docs show them (the first read, then the
+    read from a group the example registers), in a fresh ``python`` of this
     project with nothing of Spark's in its environment (no PYSPARK_PYTHON,
     no SPARK_LOCAL_IP): Spark's Python workers must find this package."""
+    first, by_group = code_blocks(DOCS_PAGE, DOCS_SECTION)
+    assert 'group:' in by_group
     events = [orjson.dumps({"level": "info", "n": n}) for n in range(5)]
     with Log(tmp_path / "data", Config(shards=2)) as log:
         for event in events:
             log.append("events", event)
     clean = {name: os.environ[name] for name in ("PATH", "HOME", "JAVA_HOME", "LANG")
              if name in os.environ}
-    out = subprocess.run([sys.executable, "-c", README_SNIPPET], cwd=tmp_path, env=clean,
+    script = first + by_group + 'print("rows from the group:", df.count())\n'
+    out = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=clean,
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     shown = [line.split("|") for line in out.stdout.splitlines() if line.startswith("|")]
     rows = {cells[3].strip() for cells in shown[1:]}  # below the header row
     assert rows == {event.decode() for event in events}, out.stdout
+    # the group the example registers starts at the oldest stored entry of every shard
+    assert f"rows from the group: {len(events)}" in out.stdout.splitlines(), out.stdout
