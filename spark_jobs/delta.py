@@ -157,10 +157,10 @@ class LakeTable:
 
             fields = list(Schema.from_arrow(pa.schema(wanted)).fields)
             try:
-                table.alter.add_columns(fields, post_commithook_properties=_no_hooks())
+                table.alter.add_columns(fields, post_commithook_properties=no_hooks())
             except CommitFailedError:
                 continue
-            self._made_durable(table)
+            self.made_durable(table)
             return [f.name for f in wanted]
         raise RuntimeError(f"could not add columns to {self.uri}: other writers kept committing")
 
@@ -173,7 +173,7 @@ class LakeTable:
         from deltalake.exceptions import CommitFailedError, DeltaError
         from deltalake.transaction import create_table_with_add_actions
 
-        adds = [self._add_action(f) for f in files]
+        adds = [self.add_action(f) for f in files]
         for _ in range(COMMIT_ATTEMPTS):
             table = self.open()
             if self.committed_run(app_id, table) >= run:
@@ -187,11 +187,11 @@ class LakeTable:
                     create_table_with_add_actions(
                         self.uri, Schema.from_arrow(schema), adds, mode="error",
                         partition_by=PARTITIONS, storage_options=storage_options(self.lake),
-                        commit_properties=props, post_commithook_properties=_no_hooks())
+                        commit_properties=props, post_commithook_properties=no_hooks())
                 else:
                     table.create_write_transaction(
                         adds, mode="append", schema=table.schema(), partition_by=PARTITIONS,
-                        commit_properties=props, post_commithook_properties=_no_hooks())
+                        commit_properties=props, post_commithook_properties=no_hooks())
             except CommitFailedError:
                 continue  # another writer won this version: look again
             except DeltaError as exc:
@@ -200,12 +200,12 @@ class LakeTable:
                 raise
             after = self.open()
             assert after is not None
-            self._made_durable(after)
+            self.made_durable(after)
             self.checkpoint(after)
             return after.version()
         raise RuntimeError(f"could not commit to {self.uri}: other writers kept committing")
 
-    def _add_action(self, f: WrittenFile) -> Any:
+    def add_action(self, f: WrittenFile) -> Any:
         from deltalake.transaction import AddAction
 
         shard, entry, time_col = (("_comet_shard", "_comet_entry", "_comet_time") if f.kind == "data"
@@ -223,7 +223,7 @@ class LakeTable:
 
     # ---- durability (local lakes) -------------------------------------------------------
 
-    def _made_durable(self, table: DeltaTable) -> None:
+    def made_durable(self, table: DeltaTable) -> None:
         """Syncs the log's files up to the table's version, and the directory."""
         if self.lake.is_s3:
             return
@@ -297,7 +297,7 @@ def _extends(current: pa.DataType, wanted: pa.DataType) -> bool:
                for f in wanted)
 
 
-def _no_hooks() -> Any:
+def no_hooks() -> Any:
     from deltalake.transaction import PostCommitHookProperties
 
     return PostCommitHookProperties(create_checkpoint=False, cleanup_expired_logs=False)
