@@ -48,7 +48,7 @@ def history(lake_url: str, stream: str | None, limit: int | None, endpoint_url: 
     columns, conversion)."""
     from .history import history as read_history
 
-    run(lambda: read_history(_lake(lake_url, endpoint_url), stream, limit))
+    run(lambda: read_history(_delta_lake(lake_url, endpoint_url), stream, limit))
 
 
 @lake.command()
@@ -62,7 +62,7 @@ def compact(lake_url: str, stream: str | None, target_size: int | None, endpoint
     both tables; the rows stay as they are."""
     from .upkeep import compact as do_compact
 
-    run(lambda: do_compact(_lake(lake_url, endpoint_url), stream, target_size))
+    run(lambda: do_compact(_delta_lake(lake_url, endpoint_url), stream, target_size))
 
 
 @lake.command()
@@ -77,7 +77,7 @@ def vacuum(lake_url: str, retention_hours: int, apply: bool, endpoint_url: str |
     files compaction replaced, files of attempts that never committed."""
     from .upkeep import vacuum as do_vacuum
 
-    run(lambda: do_vacuum(_lake(lake_url, endpoint_url), retention_hours, apply))
+    run(lambda: do_vacuum(_delta_lake(lake_url, endpoint_url), retention_hours, apply))
 
 
 @lake.command()
@@ -125,6 +125,22 @@ def _lake(url: str, endpoint_url: str | None) -> Any:
     from .lakefs import Lake
 
     return Lake(url, endpoint_url=endpoint_url)
+
+
+def _delta_lake(url: str, endpoint_url: str | None) -> Any:
+    """The lake, which must have its Delta table (else a ValueError saying what it is)."""
+    from .delta import LakeTable
+    from .legacy import format_1_streams
+
+    target = _lake(url, endpoint_url)
+    if LakeTable.main(target).open() is None:
+        old = format_1_streams(target)
+        if old:
+            raise ValueError(f"{target.url} is a lake in the format before Delta Lake (streams "
+                             f"{', '.join(old)}): convert it first with `comet lake convert "
+                             f"--data-dir DATA_DIR {target.url}`")
+        raise ValueError(f"{target.url} has no Delta table (nothing shipped there yet?)")
+    return target
 
 
 def run(action: Callable[[], Any], echo: bool = True) -> Any:
