@@ -147,23 +147,25 @@ def keep_stats_columns(table: LakeTable, opened: DeltaTable) -> None:
 
 def sync_new_files(table: LakeTable, before: DeltaTable, after: DeltaTable) -> list[str]:
     """Locally: syncs the data files ``after`` references and ``before`` did
-    not, with their directories (delta-rs wrote them without an fsync); the
-    paths, relative to the table's root."""
+    not, and their directories (delta-rs wrote them without an fsync); their
+    paths."""
     if table.lake.is_s3:
         return []
-    new = sorted(set(after.file_uris()) - set(before.file_uris()))
+    new = sorted({_local(p) for p in after.file_uris()} - {_local(p) for p in before.file_uris()})
     for path in new:
-        local = path[len("file://"):] if path.startswith("file://") else path
-        fd = os.open(local, os.O_RDONLY)
+        fd = os.open(path, os.O_RDONLY)
         try:
             os.fsync(fd)
         finally:
             os.close(fd)
-    for directory in sorted({os.path.dirname(p[len("file://"):] if p.startswith("file://") else p)
-                             for p in new}):
-        make_dirs_durably(directory, table.lake.root)
+    for directory in sorted({os.path.dirname(p) for p in new}):
+        make_dirs_durably(directory, table.lake.root)  # a new partition directory, into its parents
         fsync_dir(directory)
     return new
+
+
+def _local(uri: str) -> str:
+    return uri[len("file://"):] if uri.startswith("file://") else uri
 
 
 # ---- vacuum --------------------------------------------------------------------------------
