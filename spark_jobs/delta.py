@@ -159,10 +159,10 @@ class LakeTable:
 
             fields = list(Schema.from_arrow(pa.schema(wanted)).fields)
             try:
-                table.alter.add_columns(fields, post_commithook_properties=_no_hooks())
+                table.alter.add_columns(fields, post_commithook_properties=no_hooks())
             except CommitFailedError:
                 continue
-            self._made_durable(table)
+            self.after_commit(table.version())
             return [f.name for f in wanted]
         raise RuntimeError(f"could not add columns to {self.uri}: other writers kept committing")
 
@@ -175,7 +175,7 @@ class LakeTable:
         from deltalake.exceptions import CommitFailedError, DeltaError
         from deltalake.transaction import create_table_with_add_actions
 
-        adds = [self._add_action(f) for f in files]
+        adds = [self.add_action(f) for f in files]
         for _ in range(COMMIT_ATTEMPTS):
             table = self.open()
             if self.committed_run(app_id, table) >= run:
@@ -189,25 +189,21 @@ class LakeTable:
                     create_table_with_add_actions(
                         self.uri, Schema.from_arrow(schema), adds, mode="error",
                         partition_by=PARTITIONS, storage_options=storage_options(self.lake),
-                        commit_properties=props, post_commithook_properties=_no_hooks())
+                        commit_properties=props, post_commithook_properties=no_hooks())
                 else:
                     table.create_write_transaction(
                         adds, mode="append", schema=table.schema(), partition_by=PARTITIONS,
-                        commit_properties=props, post_commithook_properties=_no_hooks())
+                        commit_properties=props, post_commithook_properties=no_hooks())
             except CommitFailedError:
                 continue  # another writer won this version: look again
             except DeltaError as exc:
                 if table is None and "exist" in str(exc).lower():
                     continue  # created meanwhile by another stream's run
                 raise
-            after = self.open(files=False)
-            assert after is not None
-            self._made_durable(after)
-            self.checkpoint(after.version())
-            return after.version()
+            return self.after_commit(table.version() if table is not None else -1)
         raise RuntimeError(f"could not commit to {self.uri}: other writers kept committing")
 
-    def _add_action(self, f: WrittenFile) -> Any:
+    def add_action(self, f: WrittenFile) -> Any:
         from deltalake.transaction import AddAction
 
         shard, entry, time_col = (("_comet_shard", "_comet_entry", "_comet_time") if f.kind == "data"
@@ -225,7 +221,7 @@ class LakeTable:
 
     # ---- durability (local lakes) -------------------------------------------------------
 
-    def _made_durable(self, table: DeltaTable) -> None:
+    def made_durable(self, table: DeltaTable) -> None:
         """Syncs the log's files up to the table's version, and the directory."""
         if self.lake.is_s3:
             return
@@ -236,11 +232,22 @@ class LakeTable:
                 _fsync_file(os.path.join(log_dir, name))
         fsync_dir(log_dir)
 
+    def after_commit(self, before: int) -> int:
+        """What every commit to a lake table is followed by (spark-ship's, and
+        ``comet lake``'s): the log made durable, a checkpoint when the
+        version passed a multiple of CHECKPOINT_EVERY since ``before`` (the
+        version the commit read).  The table's version now."""
+        after = self.open(files=False)
+        assert after is not None
+        self.made_durable(after)
+        version = after.version()
+        if version // CHECKPOINT_EVERY > max(before, 0) // CHECKPOINT_EVERY:
+            self.checkpoint(version)
+        return version
+
     def checkpoint(self, version: int) -> None:
-        """A checkpoint at every CHECKPOINT_EVERY-th version, synced (readers
-        then replay at most that many commit files)."""
-        if version == 0 or version % CHECKPOINT_EVERY:
-            return
+        """A checkpoint of ``version``, synced (readers then replay at most
+        CHECKPOINT_EVERY commit files)."""
         table = self.open(version)
         assert table is not None
         table.create_checkpoint()
@@ -301,7 +308,7 @@ def _extends(current: pa.DataType, wanted: pa.DataType) -> bool:
                for f in wanted)
 
 
-def _no_hooks() -> Any:
+def no_hooks() -> Any:
     from deltalake.transaction import PostCommitHookProperties
 
     return PostCommitHookProperties(create_checkpoint=False, cleanup_expired_logs=False)

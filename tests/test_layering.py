@@ -114,7 +114,7 @@ def test_help_lists_every_command() -> None:
     assert out.exit_code == 0, out.output
     listed = {line.split()[0] for line in out.output.split("Commands:")[1].splitlines() if line.strip()}
     assert listed == {"stat", "tail", "verify", "group", "stream", "consume", "ship", "serve",
-                      "spark-ship"}
+                      "spark-ship", "lake"}
 
 
 def test_each_package_owns_its_commands() -> None:
@@ -124,7 +124,8 @@ def test_each_package_owns_its_commands() -> None:
     assert owners == {"stat": "storage_c.cli", "tail": "storage_c.cli", "verify": "storage_c.cli",
                       "group": "storage_c.admin", "stream": "storage_c.admin",
                       "consume": "consumers.cli", "ship": "consumers.cli",
-                      "serve": "gateway.cli", "spark-ship": "spark_jobs.cli"}
+                      "serve": "gateway.cli", "spark-ship": "spark_jobs.cli",
+                      "lake": "spark_jobs.lake_cli"}
 
 
 def test_a_command_that_cannot_load_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
