@@ -109,26 +109,24 @@ class LakeTable:
     def name(self) -> str:
         return "rejects" if self.rel else "main"
 
-    def open(self, version: int | None = None, files: bool = True) -> DeltaTable | None:
-        """The table as it is now (None: not created yet); without ``files``,
-        its metadata only (schema, app transactions): cheap on a big table."""
+    def open(self, version: int | None = None) -> DeltaTable | None:
+        """The table as it is now, or at ``version`` (None: not created yet)."""
         from deltalake import DeltaTable
         from deltalake.exceptions import TableNotFoundError
 
         try:
-            return DeltaTable(self.uri, version=version, storage_options=storage_options(self.lake),
-                              without_files=not files)
+            return DeltaTable(self.uri, version=version, storage_options=storage_options(self.lake))
         except TableNotFoundError:
             return None
 
     def committed_run(self, app_id: str, table: DeltaTable | None = None) -> int:
         """The last run of ``app_id`` committed here (0: none)."""
-        table = table if table is not None else self.open(files=False)
+        table = table if table is not None else self.open()
         return (table.transaction_version(app_id) or 0) if table is not None else 0
 
     def value_type(self, table: DeltaTable | None = None) -> pa.StructType:
         """The table's value columns (the main table's columns but its own)."""
-        table = table if table is not None else self.open(files=False)
+        table = table if table is not None else self.open()
         if table is None:
             return pa.struct([])
         return pa.struct([f for f in arrow_schema(table) if f.name not in _META_NAMES])
@@ -237,7 +235,7 @@ class LakeTable:
         ``comet lake``'s): the log made durable, a checkpoint when the
         version passed a multiple of CHECKPOINT_EVERY since ``before`` (the
         version the commit read).  The table's version now."""
-        after = self.open(files=False)
+        after = self.open()
         assert after is not None
         self.made_durable(after)
         version = after.version()
