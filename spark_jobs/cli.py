@@ -52,8 +52,10 @@ SUBMIT_SCRIPT = Path(__file__).with_name("submit.py")
 @click.option("--conf", "confs", multiple=True, help="Spark setting key=value (repeatable).")
 @click.option("--endpoint-url", envvar="AWS_ENDPOINT_URL", help="S3 endpoint (default: AWS).")
 @click.option("--single-writer", is_flag=True,
-              help="Only this process ever ships into the lake: needed on an S3 store that "
-              "ignores conditional writes (If-None-Match), which cannot keep a second one out.")
+              help="Only this process ever writes into the lake: needed on an S3 store without "
+              "conditional writes (If-None-Match), such as OpenStack Swift's S3 API, which cannot "
+              "keep a second writer out; the Delta commits are then made in a local copy of the "
+              "table's log and uploaded.")
 def spark_ship(data_dir: str, stream: str, lake: str, group: str, schema: str | None,
                schema_file: str | None, sample: int, event_time_field: str | None,
                event_time_unit: str, max_entries: int | None, entries_per_task: int,
@@ -66,7 +68,7 @@ def spark_ship(data_dir: str, stream: str, lake: str, group: str, schema: str | 
     from deltalake.exceptions import DeltaError
 
     from .lakefs import Lake, LakeError
-    from .lock import LakeBusy
+    from .lockinfo import LakeBusy
     from .session import SparkStartError, job_session, under_spark_submit
     from .ship import ShipOptions, ship
 
@@ -95,10 +97,9 @@ def spark_ship(data_dir: str, stream: str, lake: str, group: str, schema: str | 
         return started[-1]
 
     try:
-        target = Lake(lake, endpoint_url=endpoint_url)
+        target = Lake(lake, endpoint_url=endpoint_url, single_writer=single_writer)
         opts = ShipOptions(os.path.abspath(data_dir), stream, target, group, schema, sample,
-                           event_time_field, event_time_unit, max_entries, entries_per_task,
-                           single_writer)
+                           event_time_field, event_time_unit, max_entries, entries_per_task)
         report = ship(opts, start_spark)
     except (CometError, LakeError, LakeBusy, SparkStartError, ValueError, FileNotFoundError) as exc:
         raise click.ClickException(str(exc)) from None

@@ -31,12 +31,13 @@ syncs it, and ``repair`` drops a checkpoint that does not read.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any, Iterable, cast
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, cast
 
 import pyarrow as pa
 
@@ -45,6 +46,7 @@ from storage_c.jsonlog import event
 
 from .evolve import canonical, type_name
 from .lakefs import Lake
+from .logmirror import LogMoved, local_log
 from .writer import META_COLUMNS, REJECT_SCHEMA, REJECTS_DIR, WrittenFile, partition_values
 
 if TYPE_CHECKING:
@@ -111,13 +113,19 @@ class LakeTable:
 
     def open(self, version: int | None = None) -> DeltaTable | None:
         """The table as it is now, or at ``version`` (None: not created yet)."""
-        from deltalake import DeltaTable
-        from deltalake.exceptions import TableNotFoundError
+        return _open(self.uri, storage_options(self.lake), version)
 
-        try:
-            return DeltaTable(self.uri, version=version, storage_options=storage_options(self.lake))
-        except TableNotFoundError:
-            return None
+    @contextlib.contextmanager
+    def _writing(self) -> Iterator[tuple[str, dict[str, str] | None]]:
+        """Where delta-rs writes the table's log (URI, storage options): the
+        table, or a single-writer S3 lake's local copy of it, uploaded when
+        the block ends (``logmirror.py``: LogMoved, if another commit came
+        first).  For operations that write log files only."""
+        if self.lake.is_s3 and self.lake.single_writer:
+            with local_log(self.lake, self.rel) as root:
+                yield root, None
+        else:
+            yield self.uri, storage_options(self.lake)
 
     def committed_run(self, app_id: str, table: DeltaTable | None = None) -> int:
         """The last run of ``app_id`` committed here (0: none)."""
@@ -138,68 +146,93 @@ class LakeTable:
         (new ones nullable; a struct column gets the children it lacks), in
         one commit; the names added.  SchemaConflict if a column has
         another type.  Nothing to do on a table not created yet."""
+        for _ in range(COMMIT_ATTEMPTS):
+            try:
+                with self._writing() as (uri, options):
+                    added = self._add_columns(_open(uri, options), value_type)
+            except LogMoved:
+                continue
+            if added is not None:
+                return added
+        raise RuntimeError(f"could not add columns to {self.uri}: other writers kept committing")
+
+    def _add_columns(self, table: DeltaTable | None, value_type: pa.StructType) -> list[str] | None:
+        """One attempt of add_columns (None: another commit came first)."""
+        from deltalake import Schema
         from deltalake.exceptions import CommitFailedError
 
-        for _ in range(COMMIT_ATTEMPTS):
-            table = self.open()
-            if table is None:
-                return []
-            current = {f.name: f.type for f in arrow_schema(table)}
-            wanted = [f for f in value_type if f.name not in current or current[f.name] != f.type]
-            conflicts = [f for f in wanted if f.name in current and not _extends(current[f.name], f.type)]
-            if conflicts:
-                raise SchemaConflict(
-                    "; ".join(f"column {f.name!r} is {type_name(current[f.name])} in the lake, "
-                              f"the run has {type_name(f.type)}" for f in conflicts))
-            if not wanted:
-                return []
-            from deltalake import Schema
-
-            fields = list(Schema.from_arrow(pa.schema(wanted)).fields)
-            try:
-                table.alter.add_columns(fields, post_commithook_properties=no_hooks())
-            except CommitFailedError:
-                continue
-            self.after_commit(table.version())
-            return [f.name for f in wanted]
-        raise RuntimeError(f"could not add columns to {self.uri}: other writers kept committing")
+        if table is None:
+            return []
+        current = {f.name: f.type for f in arrow_schema(table)}
+        wanted = [f for f in value_type if f.name not in current or current[f.name] != f.type]
+        conflicts = [f for f in wanted if f.name in current and not _extends(current[f.name], f.type)]
+        if conflicts:
+            raise SchemaConflict(
+                "; ".join(f"column {f.name!r} is {type_name(current[f.name])} in the lake, "
+                          f"the run has {type_name(f.type)}" for f in conflicts))
+        if not wanted:
+            return []
+        fields = list(Schema.from_arrow(pa.schema(wanted)).fields)
+        before = table.version()
+        try:
+            table.alter.add_columns(fields, post_commithook_properties=no_hooks())
+        except CommitFailedError:
+            return None
+        self.after_commit(before, table)
+        return [f.name for f in wanted]
 
     def commit(self, files: list[WrittenFile], schema: pa.Schema, app_id: str, run: int,
                metadata: dict[str, Any]) -> int | None:
         """Adds ``files`` in one commit carrying run ``run`` of ``app_id``;
         its version, or None if that run had committed already.  ``schema``
         (the full schema, partitions included) creates the table if needed."""
-        from deltalake import CommitProperties, Schema, Transaction
+        from deltalake import CommitProperties, Transaction
+
+        adds = [self.add_action(f) for f in files]
+        props = CommitProperties(custom_metadata={k: _text(v) for k, v in metadata.items()},
+                                 app_transactions=[Transaction(app_id, run)])
+        for _ in range(COMMIT_ATTEMPTS):
+            try:
+                with self._writing() as (uri, options):
+                    table = _open(uri, options)
+                    if self.committed_run(app_id, table) >= run:
+                        return None
+                    after = self._commit(uri, options, table, adds, schema, props)
+            except LogMoved:
+                continue
+            if after is not None:
+                return int(after.version())
+        raise RuntimeError(f"could not commit to {self.uri}: other writers kept committing")
+
+    def _commit(self, uri: str, options: dict[str, str] | None, table: DeltaTable | None,
+                adds: list[Any], schema: pa.Schema, props: Any) -> DeltaTable | None:
+        """One attempt of commit: the table after it (None: another commit came first)."""
+        from deltalake import Schema
         from deltalake.exceptions import CommitFailedError, DeltaError
         from deltalake.transaction import create_table_with_add_actions
 
-        adds = [self.add_action(f) for f in files]
-        for _ in range(COMMIT_ATTEMPTS):
-            table = self.open()
-            if self.committed_run(app_id, table) >= run:
-                return None
-            props = CommitProperties(custom_metadata={k: _text(v) for k, v in metadata.items()},
-                                     app_transactions=[Transaction(app_id, run)])
-            try:
-                if table is None:
-                    if not self.lake.is_s3:
-                        make_dirs_durably(self.root, self.lake.root)
-                    create_table_with_add_actions(
-                        self.uri, Schema.from_arrow(schema), adds, mode="error",
-                        partition_by=PARTITIONS, storage_options=storage_options(self.lake),
-                        commit_properties=props, post_commithook_properties=no_hooks())
-                else:
-                    table.create_write_transaction(
-                        adds, mode="append", schema=table.schema(), partition_by=PARTITIONS,
-                        commit_properties=props, post_commithook_properties=no_hooks())
-            except CommitFailedError:
-                continue  # another writer won this version: look again
-            except DeltaError as exc:
-                if table is None and "exist" in str(exc).lower():
-                    continue  # created meanwhile by another stream's run
-                raise
-            return self.after_commit(table.version() if table is not None else -1)
-        raise RuntimeError(f"could not commit to {self.uri}: other writers kept committing")
+        try:
+            if table is None:
+                if not self.lake.is_s3:
+                    make_dirs_durably(self.root, self.lake.root)
+                create_table_with_add_actions(
+                    uri, Schema.from_arrow(schema), adds, mode="error", partition_by=PARTITIONS,
+                    storage_options=options, commit_properties=props,
+                    post_commithook_properties=no_hooks())
+            else:
+                table.create_write_transaction(
+                    adds, mode="append", schema=table.schema(), partition_by=PARTITIONS,
+                    commit_properties=props, post_commithook_properties=no_hooks())
+        except CommitFailedError:
+            return None  # another writer won this version
+        except DeltaError as exc:
+            if table is None and "exist" in str(exc).lower():
+                return None  # created meanwhile by another stream's run
+            raise
+        after = _open(uri, options)
+        assert after is not None
+        self.after_commit(table.version() if table is not None else -1, after)
+        return after
 
     def add_action(self, f: WrittenFile) -> Any:
         from deltalake.transaction import AddAction
@@ -230,24 +263,26 @@ class LakeTable:
                 _fsync_file(os.path.join(log_dir, name))
         fsync_dir(log_dir)
 
-    def after_commit(self, before: int) -> int:
+    def after_commit(self, before: int, table: DeltaTable | None = None) -> int:
         """What every commit to a lake table is followed by (spark-ship's, and
-        ``comet lake``'s): the log made durable, a checkpoint when the
+        ``comet lake``'s): the log made durable, and a checkpoint when the
         version passed a multiple of CHECKPOINT_EVERY since ``before`` (the
-        version the commit read).  The table's version now."""
-        after = self.open()
+        version the commit read).  ``table``: the table after the commit, as
+        the commit wrote it (a single-writer lake's local copy of the log);
+        by default the table itself.  Its version now."""
+        after = table if table is not None else self.open()
         assert after is not None
+        after.update_incremental()
         self.made_durable(after)
-        version = after.version()
+        version = int(after.version())
         if version // CHECKPOINT_EVERY > max(before, 0) // CHECKPOINT_EVERY:
-            self.checkpoint(version)
+            self.checkpoint(after)
         return version
 
-    def checkpoint(self, version: int) -> None:
-        """A checkpoint of ``version``, synced (readers then replay at most
-        CHECKPOINT_EVERY commit files)."""
-        table = self.open(version)
-        assert table is not None
+    def checkpoint(self, table: DeltaTable) -> None:
+        """A checkpoint of ``table``'s version, synced (readers then replay at
+        most CHECKPOINT_EVERY commit files)."""
+        version = table.version()
         table.create_checkpoint()
         if not self.lake.is_s3:
             log_dir = os.path.join(self.root, LOG_DIR)
@@ -280,6 +315,16 @@ class LakeTable:
             fsync_dir(log_dir)
             event(log, "repaired_table_log", table=self.uri, removed=removed)
         return removed
+
+
+def _open(uri: str, options: dict[str, str] | None, version: int | None = None) -> DeltaTable | None:
+    from deltalake import DeltaTable
+    from deltalake.exceptions import TableNotFoundError
+
+    try:
+        return DeltaTable(uri, version=version, storage_options=options)
+    except TableNotFoundError:
+        return None
 
 
 def main_schema(value_type: pa.StructType) -> pa.Schema:

@@ -66,6 +66,12 @@ class Lake:
     them each task uses the standard AWS chain of its own process."""
     secret_key: str | None = field(default=None, repr=False)
     session_token: str | None = field(default=None, repr=False)
+    single_writer: bool = False
+    """The user's word that only one process ever writes into this lake: on
+    an S3 store without conditional writes (OpenStack Swift's s3api), the
+    only way to use it.  Its Delta commits are made in a local copy of the
+    log and uploaded with plain PUTs (``logmirror.py``); the run's lock uses
+    plain PUTs where the store refuses conditional ones (``s3lock.py``)."""
     _fs: list[pafs.FileSystem] = field(default_factory=list, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -84,7 +90,7 @@ class Lake:
     def __getstate__(self) -> dict[str, object]:
         return {"url": self.url, "endpoint_url": self.endpoint_url, "region": self.region,
                 "access_key": self.access_key, "secret_key": self.secret_key,
-                "session_token": self.session_token}
+                "session_token": self.session_token, "single_writer": self.single_writer}
 
     def __setstate__(self, state: dict[str, object]) -> None:
         for key, value in state.items():

@@ -9,55 +9,28 @@ nothing.
 A local lake's lock is ``flock`` on ``_comet/locks/<stream>/<group>.lock``:
 the kernel releases it when the process dies, however it dies, so a killed
 run never leaves it held.  The file says who holds it, for the message.
+An S3 lake's is a lease (``s3lock.py``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
-import json
 import os
-import socket
-import time
 from typing import Iterator
 
 from .lakefs import Lake
-
-LOCKS_DIR = "_comet/locks"
-
-
-class LakeBusy(RuntimeError):
-    """Another run of the same shipper holds the lock."""
-
-
-def lock_rel(stream: str, group: str) -> str:
-    return f"{LOCKS_DIR}/{stream}/{group}.lock"
-
-
-def holder_text(stream: str, group: str) -> bytes:
-    return json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
-                       "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                       "stream": stream, "group": group}).encode()
-
-
-def busy_message(lake: Lake, stream: str, group: str, holder: bytes) -> str:
-    try:
-        who = json.loads(holder)
-        by = f" (pid {who['pid']} on {who['host']}, since {who['since']})"
-    except (ValueError, KeyError, TypeError):
-        by = ""
-    return (f"another comet spark-ship{by} is shipping stream {stream!r} with group {group!r} "
-            f"into {lake.url}: one run at a time; this one changed nothing")
+from .lockinfo import LakeBusy, busy_message, holder_text, lock_rel
 
 
 @contextlib.contextmanager
-def run_lock(lake: Lake, stream: str, group: str, single_writer: bool = False) -> Iterator[None]:
-    """Holds the shipper's lock for the block, or raises LakeBusy
-    (``single_writer``: see ``s3lock.py``)."""
+def run_lock(lake: Lake, stream: str, group: str) -> Iterator[None]:
+    """Holds the shipper's lock for the block, or raises LakeBusy (on S3,
+    NoConditionalWrites too: ``s3lock.py``)."""
     if lake.is_s3:
         from .s3lock import s3_lease
 
-        with s3_lease(lake, stream, group, single_writer):
+        with s3_lease(lake, stream, group):
             yield
         return
     path = lake.path(lock_rel(stream, group))

@@ -10,11 +10,11 @@ tables with the run's app transaction (``delta.py``); ack the group.
 Under spark-submit: ``submit.py``.
 
 Spark is started last, and only for work: every check that needs no JVM
-(the options, the lake, the stream, the group, what is new) comes first,
-and a run with nothing to ship never starts it.  A given value schema is
+(the options, the lake, the stream, the group, what is new, the shipper's
+lock) comes first, and a run with nothing to ship never starts it.  The
+lock (``lock.py``): a second run of the same stream and group at the same
+time is refused at once and changes nothing.  A given value schema is
 checked by Spark's parser as soon as the session is up, before any job.
-Then the run takes the shipper's lock (``lock.py``): a second run of the
-same stream and group at the same time is refused and changes nothing.
 """
 
 from __future__ import annotations
@@ -66,9 +66,6 @@ class ShipOptions:
     event_time_unit: str = "ms"
     max_entries: int | None = None
     entries_per_task: int = DEFAULT_ENTRIES_PER_TASK
-    single_writer: bool = False
-    """An S3 lake on a store without conditional writes: the user vouches
-    that one process ships into it (``s3lock.py``)."""
 
 
 @dataclass
@@ -142,11 +139,11 @@ def ship(opts: ShipOptions, spark: Callable[[], Any]) -> ShipReport:
         if state.pending is None and not state.new_entries:
             register_group(storage, opts, shards)  # retention keeps its data from now on
         else:
-            session = spark()
-            given = given_value_type(given_ddl) if given_ddl else None
-            if given is not None:
-                check_value_type(given, opts.event_time_field)
-            with run_lock(lake, opts.stream, opts.group, opts.single_writer):
+            with run_lock(lake, opts.stream, opts.group):
+                session = spark()
+                given = given_value_type(given_ddl) if given_ddl else None
+                if given is not None:
+                    check_value_type(given, opts.event_time_field)
                 remove_leftovers(lake, shipper)
                 _runs(session, storage, opts, shipper, shards, given, report)
     report.seconds = time.monotonic() - t0

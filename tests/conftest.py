@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
 
@@ -51,10 +52,22 @@ def log(data_dir: Path) -> Iterator[Log]:
 
 
 @pytest.fixture
-def moto_s3() -> Iterator[str]:
-    """A local S3 (moto's server) on 127.0.0.1; the endpoint URL."""
+def moto_s3(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A local S3 (moto's server) on 127.0.0.1; the endpoint URL.
+
+    moto checks a PUT's If-None-Match / If-Match and then stores the object,
+    in two steps; two PUTs at once could both pass the check.  S3 does both
+    atomically, and so does moto here: its PUTs take turns."""
+    from moto.s3.responses import S3Response
     from moto.server import ThreadedMotoServer
 
+    put, turns = S3Response.put_object, threading.Lock()
+
+    def put_in_turn(self: S3Response) -> object:
+        with turns:
+            return put(self)
+
+    monkeypatch.setattr(S3Response, "put_object", put_in_turn)
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()

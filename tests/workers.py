@@ -206,8 +206,21 @@ def read_through_deletion(path: str, stream: str, total: str, ready: str) -> Non
         print(returned, skipped, flush=True)
 
 
+def hold_s3_lease(endpoint: str, url: str, stream: str, group: str, lease_s: str) -> None:
+    """Takes an S3 lake's lock for the stream and group with a lease of
+    ``lease_s`` seconds, prints "held", then works (renews it) until killed."""
+    from spark_jobs import s3lock
+    from spark_jobs.lakefs import Lake
+
+    s3lock.LEASE_S = float(lease_s)
+    lake = Lake(url, endpoint_url=endpoint, access_key="test", secret_key="test")
+    with s3lock.s3_lease(lake, stream, group):
+        print("held", flush=True)
+        time.sleep(600)
+
+
 COMMANDS = {f.__name__: f for f in (read_through_deletion, crash_appender, writer, hold_slot,
-                                    die_holding_lock,
+                                    die_holding_lock, hold_s3_lease,
                                     fill_until_full, rotating_writer, append_one, group_offset,
                                     consume_assigned, consume_slowly)}
 
