@@ -38,6 +38,7 @@ from .evolve import fits, resolve, type_name
 from .lakefs import Lake
 from .legacy import refuse_format_1
 from .lock import run_lock
+from .lockinfo import LakeBusy
 from .offsets import Offsets, SourceOptions, bounds, cap, shard_list, to_json
 from .plan import RunPlan, Shipper, plan_runs, read_plan, remove_old_plans, struct_to_json, write_plan
 from .schema import check_value_type, given_value_type, sample_value_type, value_ddl
@@ -333,7 +334,13 @@ def _execute(spark: Any, opts: ShipOptions, plan: RunPlan) -> RunOutcome:
         LakeTable.rejects(opts.lake).commit(rejects, rejects_schema(), plan.shipper.app_id,
                                             plan.run, metadata)
     crash_point("committing")
-    main.commit(data, main_schema(schema), plan.shipper.app_id, plan.run, metadata)
+    if main.commit(data, main_schema(schema), plan.shipper.app_id, plan.run, metadata) is None:
+        # Committed by another run of this shipper since this one read the
+        # table (it held the lock before this one, whose lease had run out):
+        # its ranges are not this plan's, so nothing here may be acked.
+        raise LakeBusy(f"run {plan.run} of {plan.shipper.app_id} was committed by another "
+                       f"spark-ship while this one ran (its lock's lease ran out?): this run's "
+                       "files are not in the lake and nothing was acked; run again")
     commit_seconds = time.monotonic() - started
     crash_point("committed")
     return RunOutcome(files, rows, rejected, added, commit_seconds)
