@@ -25,7 +25,7 @@ inferred by pyarrow's JSON reader and becomes a new nullable column:
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Iterable, cast
 
 import pyarrow as pa
 import pyarrow.json as pajson
@@ -128,7 +128,7 @@ def resolve(table: pa.StructType, seen: Iterable[pa.StructType]) -> pa.StructTyp
         for f in struct:
             if f.name in fixed:
                 if pa.types.is_struct(out[f.name]) and pa.types.is_struct(f.type):
-                    out[f.name] = _extend(out[f.name], f.type)
+                    out[f.name] = _extend(cast(pa.StructType, out[f.name]), f.type)
                 continue
             if f.name not in out:
                 out[f.name] = f.type
@@ -170,7 +170,7 @@ def _fits(written: pa.DataType, target: pa.DataType) -> bool:
 def conform(array: pa.Array, to: pa.DataType) -> pa.Array:
     """``array`` as type ``to``: struct children picked by name, those it
     lacks all null (parsed before the type grew), those it has beyond ``to``
-    left out."""
+    left out; longs as doubles (parsed before the field widened)."""
     if array.type == to:
         return array
     if pa.types.is_struct(to) and pa.types.is_struct(array.type):
@@ -186,6 +186,8 @@ def conform(array: pa.Array, to: pa.DataType) -> pa.Array:
         lengths = pc.fill_null(pc.list_value_length(array), 0).cast(pa.int32())
         offsets = pa.concat_arrays([pa.array([0], pa.int32()), pc.cumulative_sum(lengths)])
         return pa.ListArray.from_arrays(offsets, values, type=to, mask=array.is_null())
+    if pa.types.is_integer(array.type) and pa.types.is_floating(to):
+        return array.cast(to)  # parsed as long before the field became double
     return array
 
 
@@ -193,7 +195,7 @@ def mismatch(payload: bytes, known: pa.StructType) -> str | None:
     """Why one JSON object does not fit ``known``, field by field (None:
     it is not an object, or no field says)."""
     try:
-        table = pajson.read_json(pa.BufferReader(payload + b"\n"),
+        table = pajson.read_json(pa.BufferReader(payload + b"\n"),  # type: ignore[arg-type]  # any NativeFile
                                  parse_options=pajson.ParseOptions(newlines_in_values=True))
     except pa.ArrowInvalid:
         return None
@@ -204,8 +206,8 @@ def mismatch(payload: bytes, known: pa.StructType) -> str | None:
         want = types.get(f.name)
         if want is None or have is None or _accepts(want, have):
             continue
-        out.append(f"field {f.name!r} is {_spark_name(have)} here, the lake's column is "
-                   f"{_spark_name(want)}")
+        out.append(f"field {f.name!r} is {spark_name(have)} here, the lake's column is "
+                   f"{spark_name(want)}")
     return "; ".join(out) or None
 
 
@@ -221,7 +223,8 @@ def _accepts(want: pa.DataType, have: pa.DataType) -> bool:
     return pa.types.is_string(have) and (pa.types.is_timestamp(want) or pa.types.is_date(want))
 
 
-def _spark_name(t: pa.DataType) -> str:
+def spark_name(t: pa.DataType) -> str:
+    """A type as Spark's DDL spells it (what a user writes in ``--schema``)."""
     if pa.types.is_int64(t):
         return "long"
     if pa.types.is_integer(t):
@@ -235,9 +238,9 @@ def _spark_name(t: pa.DataType) -> str:
     if pa.types.is_timestamp(t):
         return "timestamp"
     if pa.types.is_struct(t):
-        return "struct<" + ", ".join(f"{f.name} {_spark_name(f.type)}" for f in t) + ">"
+        return "struct<" + ", ".join(f"{f.name} {spark_name(f.type)}" for f in t) + ">"
     if pa.types.is_list(t):
-        return f"array<{_spark_name(t.value_type)}>"
+        return f"array<{spark_name(t.value_type)}>"
     return str(t)
 
 

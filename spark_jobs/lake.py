@@ -33,8 +33,8 @@ def read_table(lake: Lake, stream: str | None = None, kind: str = "data") -> pa.
     table = table_of(lake, kind).open()
     if table is None:
         return pa.table({})
-    partitions = [("stream", "=", stream)] if stream is not None else None
-    return table.to_pyarrow_table(partitions=partitions)
+    only = [("stream", "=", stream)] if stream is not None else None
+    return table.to_pyarrow_table(filters=only)  # a partition filter: other streams' files are not read
 
 
 def read_dataframe(spark: Any, lake: Lake, stream: str | None = None, kind: str = "data") -> Any:

@@ -34,7 +34,7 @@ from storage_c.files import remove_stale_temp_files
 from storage_c.jsonlog import event
 
 from .delta import COMMIT_ATTEMPTS, LakeTable, SchemaConflict, main_schema, ranges_text, rejects_schema
-from .evolve import fits, resolve
+from .evolve import fits, resolve, spark_name
 from .lakefs import Lake
 from .legacy import refuse_format_1
 from .lock import run_lock
@@ -279,7 +279,8 @@ def check_given(given: pa.StructType, table_type: pa.StructType) -> None:
     wrong = [f for f in given if f.name in columns and columns[f.name] != f.type]
     if wrong:
         raise ValueError("--schema changes the type of a column the lake has: " + "; ".join(
-            f"{f.name} is {columns[f.name]} in the lake, {f.type} in the schema" for f in wrong))
+            f"{f.name} is {spark_name(columns[f.name])} in the lake, {spark_name(f.type)} in the "
+            "schema" for f in wrong))
 
 
 def durable_end(storage: Log, stream: str, shard: int) -> int:
@@ -347,9 +348,13 @@ def _run_tasks(spark: Any, opts: ShipOptions, plan: RunPlan, value_type: pa.Stru
 
     if not tasks:
         return []
+    # Only the table's columns are fixed: a field the run's sample found is
+    # new, and a task may still widen it (long to double), as it would one it found.
+    fixed = tuple(f.name for f in LakeTable.main(opts.lake).value_type()) if evolve else None
     job = ShipTask(os.path.abspath(opts.data_dir), opts.lake, plan.stream, plan.run,
                    uuid.uuid4().hex[:12], temp_rel(plan.shipper), value_type, evolve,
-                   plan.event_time_field, plan.event_time_unit)
+                   plan.event_time_field, plan.event_time_unit, fixed=fixed,
+                   incarnation=plan.incarnation)
     # As many Spark partitions as cores, each taking its tasks in turn: a
     # Spark task costs ~0.1 s to schedule, a plan's task numbers stay the same.
     slices = min(len(tasks), max(1, spark.sparkContext.defaultParallelism))
