@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import re
 from array import array
-from typing import Iterator, Literal, overload
+from typing import Iterable, Iterator, Literal, overload
 
 import numpy as np
 import pyarrow as pa
@@ -127,12 +127,14 @@ class JsonParser:
 
     With ``evolve`` (``comet spark-ship`` without ``--schema``) the type
     grows: a field it lacks is inferred and added (``evolve.grow``), and a
-    field it added as long that meets a fractional number becomes double;
-    ``value_type`` is the type so far, every batch is built with it."""
+    field not ``fixed`` (the table's columns; default: every field of
+    ``value_type``) that is long and meets a fractional number becomes
+    double; ``value_type`` is the type so far, every batch is built with it."""
 
-    def __init__(self, value_type: pa.StructType, evolve: bool = False) -> None:
+    def __init__(self, value_type: pa.StructType, evolve: bool = False,
+                 fixed: Iterable[str] | None = None) -> None:
         self.evolve = evolve
-        self._base = {f.name for f in value_type}
+        self._base = set(fixed) if fixed is not None else {f.name for f in value_type}
         self._read = pajson.ReadOptions(use_threads=False, block_size=4 << 20)
         self._use(value_type)
 
@@ -176,7 +178,7 @@ class JsonParser:
         return pa.StructArray.from_arrays(columns, fields=list(self.value_type))
 
     def _widen(self, data: bytes | memoryview, single: bool) -> bool:
-        """After a failed parse: whether fields this parser added as long,
+        """After a failed parse: whether long fields that are not fixed,
         read again as new, come out double (then they are double from now on)."""
         longs = {f.name for f in self.value_type if f.name not in self._base and f.type == pa.int64()}
         if not longs:

@@ -170,7 +170,7 @@ def _fits(written: pa.DataType, target: pa.DataType) -> bool:
 def conform(array: pa.Array, to: pa.DataType) -> pa.Array:
     """``array`` as type ``to``: struct children picked by name, those it
     lacks all null (parsed before the type grew), those it has beyond ``to``
-    left out."""
+    left out; longs as doubles (parsed before the field widened)."""
     if array.type == to:
         return array
     if pa.types.is_struct(to) and pa.types.is_struct(array.type):
@@ -186,6 +186,8 @@ def conform(array: pa.Array, to: pa.DataType) -> pa.Array:
         lengths = pc.fill_null(pc.list_value_length(array), 0).cast(pa.int32())
         offsets = pa.concat_arrays([pa.array([0], pa.int32()), pc.cumulative_sum(lengths)])
         return pa.ListArray.from_arrays(offsets, values, type=to, mask=array.is_null())
+    if pa.types.is_integer(array.type) and pa.types.is_floating(to):
+        return array.cast(to)  # parsed as long before the field became double
     return array
 
 

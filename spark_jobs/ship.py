@@ -352,9 +352,13 @@ def _run_tasks(spark: Any, opts: ShipOptions, plan: RunPlan, value_type: pa.Stru
 
     if not tasks:
         return []
+    # Only the table's columns are fixed: a field the run's sample found is
+    # new, and a task may still widen it (long to double), as it would one it found.
+    fixed = tuple(f.name for f in LakeTable.main(opts.lake).value_type()) if evolve else None
     job = ShipTask(os.path.abspath(opts.data_dir), opts.lake, plan.stream, plan.run,
                    uuid.uuid4().hex[:12], temp_rel(plan.shipper), value_type, evolve,
-                   plan.event_time_field, plan.event_time_unit)
+                   plan.event_time_field, plan.event_time_unit, fixed=fixed,
+                   incarnation=plan.incarnation)
     # As many Spark partitions as cores, each taking its tasks in turn: a
     # Spark task costs ~0.1 s to schedule, a plan's task numbers stay the same.
     slices = min(len(tasks), max(1, spark.sparkContext.defaultParallelism))

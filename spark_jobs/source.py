@@ -32,7 +32,7 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.types import StructType
 
-from storage_c import Log
+from storage_c import Log, StreamNotFound
 
 from . import arrow
 from .offsets import (
@@ -91,12 +91,26 @@ _logs: dict[str, Log] = {}
 _logs_lock = threading.Lock()
 
 
-def shared_log(path: str) -> Log:
+def shared_log(path: str, stream: str | None = None, incarnation: int | None = None) -> Log:
+    """The worker's open log of ``path``.  With ``incarnation``: opened
+    again if its handle of ``stream`` is of another incarnation - a worker
+    kept from earlier jobs may hold the handle of a stream deleted and
+    created again since, whose reads fail."""
     with _logs_lock:
         log = _logs.get(path)
+        if log is not None and not log.closed and incarnation is not None \
+                and _created_ns(log, stream) != incarnation:
+            log.close()
         if log is None or log.closed:
             log = _logs[path] = open_log(path)
         return log
+
+
+def _created_ns(log: Log, stream: str | None) -> int | None:
+    try:
+        return log.stream_created_ns(stream) if stream is not None else None
+    except StreamNotFound:
+        return None
 
 
 class _Reading:

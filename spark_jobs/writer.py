@@ -37,6 +37,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from storage_c import StreamNotFound
 from storage_c.export import HOUR_NS, partition_path
 from storage_c.files import make_dirs_durably, publish_durably
 
@@ -129,11 +130,19 @@ class ShipTask:
     event_time_unit: str = "ms"
     batch_rows: int = 50_000
     batch_bytes: int = 64 << 20
+    fixed: tuple[str, ...] | None = None
+    """With ``evolve``: the table's columns, whose types never change; the
+    run's other fields (from its sample) may still widen from long to double."""
+    incarnation: int | None = None
+    """The stream's incarnation the run was planned for (None: not checked)."""
 
     def __call__(self, items: Iterator[tuple[int, RangePartition]]) -> Iterator[WrittenFile]:
-        log = shared_log(self.data_dir)
+        log = shared_log(self.data_dir, self.stream, self.incarnation)
+        if self.incarnation is not None and log.stream_created_ns(self.stream) != self.incarnation:
+            raise StreamNotFound(f"stream {self.stream!r} was deleted and created again since "
+                                 f"run {self.run} was planned: that run cannot finish")
         for task, part in items:
-            parser = JsonParser(self.value_type, evolve=self.evolve)  # a task's own growth
+            parser = JsonParser(self.value_type, self.evolve, self.fixed)  # a task's own growth
             writer = PartitionWriter(self, task)
             try:
                 for batch in parsed_batches(log, parser, self.stream, part.shard, part.start,

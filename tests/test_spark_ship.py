@@ -1,4 +1,7 @@
-"""``comet spark-ship``: the log into a Parquet lake, exactly once."""
+"""``comet spark-ship``: the log into a Delta Lake table, exactly once, with Spark.
+
+The protocol's finer points (schema growth, incarnations, the lock, the
+commits, other readers) are tested without a JVM in tests/test_lake_ship.py."""
 
 from __future__ import annotations
 
@@ -17,11 +20,13 @@ import pytest
 
 from storage_c import Config, Log
 from spark_jobs import ship as ship_module
-from spark_jobs.lake import manifested_files, read_table, unmanifested_files, read_dataframe
+from spark_jobs.delta import LakeTable
+from spark_jobs.lake import read_dataframe, read_table
 from spark_jobs.lakefs import Lake, LakeError
-from spark_jobs.plan import manifest_runs, manifests, plan_runs
+from spark_jobs.plan import plan_runs
 from spark_jobs.ship import ShipOptions, ship
 
+from .support.lake import check_exactly_once, committed_files, committed_runs, shipper_of
 from .support.processes import REPO
 from .support.server import COMET
 from .support.storage import fill, read_all
@@ -56,34 +61,28 @@ def lake_rows(lake: Lake) -> list[dict[str, Any]]:
 
 
 def check_lake(lake: Lake, data_dir: Path, group: str = "spark-ship") -> None:
-    """The lake holds every JSON entry exactly once, in the right hour, and
-    the group's offsets are at the end of the log."""
+    """A Delta reader sees every entry exactly once (a row, or a reject),
+    each row in the right hour, no temporary file is left, and the group's
+    offsets are at the end of the log."""
+    rows, _ = check_exactly_once(lake, data_dir, "ev", CFG, group)
     events = log_events(data_dir)
-    rows = lake_rows(lake)
-    keys = [(r["_comet_shard"], r["_comet_entry"]) for r in rows]
-    assert len(keys) == len(set(keys)), "duplicate rows in the lake"
-    assert set(keys) == {k for k, v in events.items() if isinstance(v, dict)}
-    for r in rows:
+    for r in rows.to_pylist():
         event = events[(r["_comet_shard"], r["_comet_entry"])]
         assert (r["id"], r["device"], r["temp"]) == (event["id"], event["device"], event["temp"])
         hour = datetime.fromtimestamp(event["at"] / 1000, tz=timezone.utc)
         assert (r["stream"], r["dt"], r["hour"]) == ("ev", f"{hour:%Y-%m-%d}", hour.hour)
-    assert unmanifested_files(lake, "ev") == []
     assert leftovers(lake) == []
-    with Log(data_dir, CFG) as log:
-        for shard in range(4):
-            assert log.group("ev", shard, group, create=False).offset == \
-                log.shard_stats("ev", shard).next_entry
 
 
 def leftovers(lake: Lake) -> list[str]:
-    """Temporary files and staged files anywhere in the lake (none once a run is done)."""
+    """Temporary files anywhere in the lake, and the tasks' files under
+    ``_comet/tmp`` (none once a run is done)."""
     import pyarrow.fs as pafs
 
     selector = pafs.FileSelector(lake.root, recursive=True, allow_not_found=True)
     return sorted(i.path[len(lake.root) + 1:] for i in lake.fs.get_file_info(selector)
                   if i.type == pafs.FileType.File
-                  and (i.path.endswith(".tmp") or "/staging/" in i.path))
+                  and (i.path.endswith(".tmp") or "/_comet/tmp/" in i.path))
 
 
 def options(data_dir: Path, lake: Lake, **kw: Any) -> ShipOptions:
@@ -108,11 +107,12 @@ def test_ship_to_a_local_lake(spark: SparkSession, data_dir: Path, tmp_path: Pat
     second = ship(options(data_dir, lake), lambda: spark)
     assert (second.run, second.rows) == (2, 500)
     check_lake(lake, data_dir)
-    # The recipe for plain Spark: the manifested files, with the partition columns.
+    assert committed_runs(lake) == [1, 2]  # a commit per run
+    # The recipe for Spark without the Delta jars: the committed rows, with the partition columns.
     df = read_dataframe(spark, lake, "ev")
     assert df.count() == 3500
     assert {"id", "device", "stream", "dt", "hour", "_comet_entry"} <= set(df.columns)
-    assert all(f.startswith("stream=ev/dt=") for f in manifested_files(lake, "ev"))
+    assert all(f.startswith("stream=ev/dt=") for f in committed_files(lake))
 
 
 def test_ship_to_s3(spark: SparkSession, data_dir: Path, moto_s3: str, aws_env: None) -> None:
@@ -125,17 +125,30 @@ def test_ship_to_s3(spark: SparkSession, data_dir: Path, moto_s3: str, aws_env: 
     report = ship(options(data_dir, lake, value_schema="id long, device string, temp double, "
                                  "at long, note string", max_entries=1200), lambda: spark)
     assert (report.run, report.rows) == (1, 1200)  # bounded run
-    s3 = boto3.client("s3", endpoint_url=moto_s3)  # as an executor that outlived its driver
-    s3.put_object(Bucket="edge", Key="lake/_comet/ev/staging/00000001/stream=ev/x.parquet", Body=b"P")
+    # What an attempt killed before its commit leaves: a whole Parquet file
+    # under a final name (here a copy of a committed one, rows and all).
+    s3 = boto3.client("s3", endpoint_url=moto_s3)
+    committed = committed_files(lake)[0]
+    stray = f"lake/{committed.rsplit('/', 1)[0]}/part-00000002-00000-001-0123456789ab.zstd.parquet"
+    s3.copy_object(Bucket="edge", Key=stray, CopySource={"Bucket": "edge", "Key": f"lake/{committed}"})
     report = ship(options(data_dir, lake), lambda: spark)  # the rest, with the lake's schema
     assert (report.run, report.rows) == (2, 800)
-    check_lake(lake, data_dir)
+    check_lake(lake, data_dir)  # the stray copy is in no commit: no reader sees its rows
     keys = [o["Key"] for o in s3.list_objects_v2(Bucket="edge", Prefix="lake/")["Contents"]]
-    assert not [k for k in keys if "/staging/" in k and not k.endswith("/")]  # cleaned up
+    assert stray in keys  # until `comet lake vacuum`
+    assert not [k for k in keys if k.startswith("lake/_comet/locks/")]  # the run's lock is released
     assert any(k.startswith("lake/stream=ev/dt=2025-11-21/hour=") for k in keys)
+    # A commit per run.  (Not through DeltaTable.history(): deltalake 1.6 holds
+    # the GIL in it, and this test's S3 server is a thread of this process.)
+    assert [k for k in keys if k.startswith("lake/_delta_log/")] == \
+        [f"lake/_delta_log/{v:020d}.json" for v in (0, 1)]
+    assert LakeTable.main(lake).committed_run(shipper_of(data_dir, "ev", CFG).app_id) == 2
 
 
 def test_rejects_keep_bad_entries_and_lose_nothing(spark: SparkSession, data_dir: Path, tmp_path: Path) -> None:
+    import pandas  # type: ignore[import-untyped]  # the dev dependencies have no pandas-stubs
+    import polars
+
     lake = Lake(str(tmp_path / "lake"))
     with Log(data_dir, CFG) as log:
         fill(log, "ev", events(400), batch=1)
@@ -145,13 +158,23 @@ def test_rejects_keep_bad_entries_and_lose_nothing(spark: SparkSession, data_dir
     report = ship(options(data_dir, lake, value_schema="id long, device string, temp double, "
                                  "at long"), lambda: spark)
     assert (report.rows, report.rejects, report.missing) == (500, 3, 0)
-    rejects = read_table(lake, "ev", kind="rejects").to_pylist()
-    assert {(r["shard"], r["entry"]) for r in rejects} == bad
-    assert {r["value"] for r in rejects} == {b"\xff not json", b'{"id": "x"}', b"[1, 2]"}
-    assert all(r["error"] and r["stream"] == "ev" for r in rejects)
-    assert len(lake_rows(lake)) == 500
-    with Log(data_dir, CFG) as log:  # acked past the rejects too: they are stored, not lost
-        assert all(log.group("ev", s, "spark-ship").lag == 0 for s in range(4))
+    rows, rejects = check_exactly_once(lake, data_dir, "ev", CFG)  # acked past the rejects too
+    assert rows.num_rows == 500
+    by_entry = {(r["shard"], r["entry"]): r for r in rejects.to_pylist()}
+    assert set(by_entry) == bad
+    assert {r["value"] for r in by_entry.values()} == {b"\xff not json", b'{"id": "x"}', b"[1, 2]"}
+    for (shard, entry), r in by_entry.items():  # the reason names the entry, not a batch's row
+        assert r["error"].startswith(f"shard {shard} entry {entry}: ") and r["stream"] == "ev", r
+        assert " in row " not in r["error"], r
+    assert by_entry[2, min(e for s, e in bad if s == 2)]["error"].endswith(
+        "field 'id' is string here, the lake's column is long")
+    # Plain readers read the rejects as they read the lake: the partition
+    # columns are in the paths only, once.
+    for frame in (pandas.read_parquet(tmp_path / "lake" / "_rejects"),
+                  polars.read_delta(str(tmp_path / "lake" / "_rejects")).to_pandas()):
+        assert {(int(s), int(e)) for s, e in zip(frame["shard"], frame["entry"])} == bad
+        assert set(frame["stream"].astype(str)) == {"ev"}
+    assert len(pandas.read_parquet(tmp_path / "lake")) == 500
 
 
 def test_clear_errors_and_nothing_acked(spark: SparkSession, data_dir: Path, tmp_path: Path, aws_env: None) -> None:
@@ -220,6 +243,7 @@ def test_local_lake_paths_are_absolute_before_executors_see_them(tmp_path: Path,
     (and the source's path) it gets must already be absolute."""
     import pickle
 
+    import pyarrow as pa
     from pyspark import cloudpickle
 
     from spark_jobs.offsets import SourceOptions
@@ -238,7 +262,7 @@ def test_local_lake_paths_are_absolute_before_executors_see_them(tmp_path: Path,
     for given, (url, root) in cases.items():
         lake = Lake(given)
         assert (lake.url, lake.root) == (url, root), given
-        task = ShipTask(str(driver / "data"), lake, "ev", 1, None)  # type: ignore[arg-type]  # paths only
+        task = ShipTask(str(driver / "data"), lake, "ev", 1, "attempt", "_comet/tmp/ev/g", pa.struct([]))
         shipped[given] = (pickle.dumps(lake), cloudpickle.dumps(task))
     s3 = Lake("s3://bucket/some/prefix/")
     assert (s3.url, s3.root) == ("s3://bucket/some/prefix/", "bucket/some/prefix")
@@ -281,53 +305,58 @@ def test_a_run_removes_what_killed_runs_left(spark: SparkSession, data_dir: Path
                                             monkeypatch: pytest.MonkeyPatch) -> None:
     lake_dir = tmp_path / "lake"
     lake = Lake(str(lake_dir))
-    meta = lake_dir / "_comet" / "ev"
     with Log(data_dir, CFG) as log:
         fill(log, "ev", events(1200), batch=1)
     assert ship(options(data_dir, lake, entries_per_task=200), lambda: spark).run == 1
     with Log(data_dir, CFG) as log:
         fill(log, "ev", events(1200, start=1200), batch=1)
 
-    # Run 2 stops dead halfway through publishing (in-process, as a SIGKILL there
-    # would): its plan, staged files and half of its files under their final names.
+    # Run 2 stops dead once its files are written (in-process, as a SIGKILL
+    # there would): its plan, and its Parquet files under their final names.
     class Killed(BaseException):
         pass
 
     def crash_point(name: str) -> None:
-        if name == "publishing":
+        if name == "written":
             raise Killed(name)
 
     monkeypatch.setattr(ship_module, "crash_point", crash_point)
     with pytest.raises(Killed):
         ship(options(data_dir, lake, entries_per_task=200), lambda: spark)
     monkeypatch.undo()
-    assert (plan_runs(lake, "ev"), manifest_runs(lake, "ev")) == ([1, 2], [1])
-    assert [p for p in leftovers(lake) if "/staging/00000002/" in p]
-    # Killed inside document writes: run 2's manifest, a plan (real processes, SIGKILL).
-    dead = [killed_writer(meta / "manifests" / "00000002.json"),
-            killed_writer(meta / "plans" / "00000003.json")]
-    # What an executor that outlived its driver leaves in a committed run's staging.
-    orphan = meta / "staging" / "00000001" / "stream=ev" / "dt=2025-11-21" / "hour=04"
-    orphan.mkdir(parents=True)
-    (orphan / "part-00000001-00000.zstd.parquet").write_bytes(b"PAR1")
-    (orphan / f"part-00000001-00001.zstd.parquet.{dead[0].name.split('.')[-2]}.tmp").write_bytes(b"P")
-    # A live writer's temporary file is kept (with no lock on the lake, it may
-    # be writing now): the rule of storage_c.files (tests/test_temp_files.py).
+    shipper = shipper_of(data_dir, "ev", CFG)
+    assert (plan_runs(lake, shipper), committed_runs(lake)) == ([1, 2], [1])
+    uncommitted = sorted(lake_dir.glob("stream=ev/*/*/part-00000002-*.parquet"))
+    assert uncommitted  # in no commit: a Delta reader does not see them
+    assert len(lake_rows(lake)) == 1200
+    plans = lake_dir / shipper.plans_dir
+    # Killed inside a plan's write (a real process, SIGKILL): its temporary file.
+    dead = killed_writer(plans / "00000003.json")
+    # A task's temporary file, left by an executor killed while writing it.
+    dead_pid = dead.name.split(".")[-2]
+    task_temp = lake_dir / "_comet" / "tmp" / "ev" / "spark-ship" / f"part-x.parquet.{dead_pid}.tmp"
+    task_temp.parent.mkdir(parents=True, exist_ok=True)
+    task_temp.write_bytes(b"PAR1")
+    # A live writer's temporary plan is kept (the rule of storage_c.files,
+    # tests/test_temp_files.py); the tasks' directory is the run's own, under its lock.
     live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     try:
-        busy = meta / "manifests" / f".00000009.json.{live.pid}.tmp"
+        busy = plans / f".00000009.json.{live.pid}.tmp"
         busy.write_bytes(b"{")
         report = ship(options(data_dir, lake, entries_per_task=200), lambda: spark)
         assert (report.resumed, report.run, report.rows) == (2, 2, 1200)
         assert leftovers(lake) == [str(busy.relative_to(lake_dir))]
-        assert not (meta / "staging" / "00000001").exists()
+        assert not dead.exists() and not task_temp.exists()
     finally:
         live.kill()
         live.wait()
-    assert ship(options(data_dir, lake), no_spark).run is None  # nothing new; the writer is gone
-    check_lake(lake, data_dir)  # exactly once, and no temporary or staged file left
-    assert [m.run for m in manifests(lake, "ev")] == [1, 2]
-    assert sum(m.rows for m in manifests(lake, "ev")) == 2400
+    assert ship(options(data_dir, lake), no_spark).run is None  # nothing new: no lock, no cleaning
+    with Log(data_dir, CFG) as log:
+        fill(log, "ev", events(100, start=2400), batch=1)
+    assert ship(options(data_dir, lake), lambda: spark).run == 3  # the writer is gone: its file too
+    check_lake(lake, data_dir)  # exactly once through Delta, and no temporary file left
+    assert committed_runs(lake) == [1, 2, 3]
+    assert all(p.exists() for p in uncommitted)  # until `comet lake vacuum`
 
 
 def test_a_bad_schema_is_one_line_and_starts_no_python_worker(data_dir: Path, tmp_path: Path) -> None:
@@ -521,7 +550,7 @@ def test_exactly_once_under_sigkill(data_dir: Path, tmp_path: Path) -> None:
     check_lake(lake, data_dir)
     # A kill at each step of the protocol, two at random moments (more random
     # moments, with power cuts, in tests/powercut/test_spark_ship.py).
-    kills = ["planned", "written", "publishing", "manifested", "acking"] + [None] * 2
+    kills = ["planned", "written", "resolved", "committing", "committed", "acking"] + [None] * 2
     produced = 3000
     for crash in kills:
         with Log(data_dir, CFG) as log:
@@ -531,14 +560,14 @@ def test_exactly_once_under_sigkill(data_dir: Path, tmp_path: Path) -> None:
             assert run_job(data_dir, lake_dir, crash=crash) == -signal.SIGKILL
         else:
             run_job(data_dir, lake_dir, kill_after=rng.uniform(1.0, full_run_s))
-        # Whatever a reader sees meanwhile comes from manifests: never a duplicate.
+        # Whatever a reader sees meanwhile is committed: never a duplicate.
         keys = [(r["_comet_shard"], r["_comet_entry"]) for r in lake_rows(lake)]
         assert len(keys) == len(set(keys))
     assert run_job(data_dir, lake_dir) == 0  # finishes the interrupted run, ships the rest
     check_lake(lake, data_dir)
-    runs = [m.run for m in manifests(lake, "ev")]
+    runs = committed_runs(lake)
     assert runs == sorted(set(runs))
-    assert sum(m.rows for m in manifests(lake, "ev")) == produced
+    assert len(lake_rows(lake)) == produced
 
 
 def test_a_cluster_master_goes_through_spark_submit(tmp_path: Path) -> None:

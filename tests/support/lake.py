@@ -5,12 +5,13 @@ reader of the lake makes."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, cast
 
 import pyarrow as pa
 
-from spark_jobs.lake import read_table
+from spark_jobs.lake import read_table, table_of
 from spark_jobs.lakefs import Lake
+from spark_jobs.plan import Shipper
 from storage_c import Config, Log
 
 
@@ -44,9 +45,8 @@ def in_process() -> InProcessSpark:
 
 
 def entry_keys(table: pa.Table, shard: str = "_comet_shard", entry: str = "_comet_entry") -> list[tuple[int, int]]:
-    shards: list[int] = table.column(shard).to_pylist()  # type: ignore[assignment]  # no nulls
-    entries: list[int] = table.column(entry).to_pylist()  # type: ignore[assignment]  # no nulls
-    return list(zip(shards, entries))
+    shards = cast(list[int], table.column(shard).to_pylist())  # no nulls: the table's own columns
+    return list(zip(shards, cast(list[int], table.column(entry).to_pylist())))
 
 
 def check_exactly_once(lake: Lake, data_dir: Path, stream: str, cfg: Config,
@@ -68,3 +68,49 @@ def check_exactly_once(lake: Lake, data_dir: Path, stream: str, cfg: Config,
             assert log.group(stream, shard, group, create=False).offset == \
                 log.shard_stats(stream, shard).next_entry
     return rows, rejects
+
+
+def committed_runs(lake: Lake, kind: str = "data") -> list[int]:
+    """The runs committed to a table, oldest first (from the commits'
+    ``comet.run`` metadata: commits that add columns carry none).  Not with
+    an S3 server running in this process: deltalake 1.6 holds the GIL while
+    it reads the history, and the server's thread never answers."""
+    table = table_of(lake, kind).open()
+    if table is None:
+        return []
+    return [int(c["comet.run"]) for c in reversed(table.history()) if "comet.run" in c]
+
+
+def duckdb_table(table_root: str, query: str = "select * from delta_scan('{root}')") -> pa.Table:
+    """A Delta table read by DuckDB, offline: its delta extension from the
+    ``duckdb-ext-delta`` package, loaded from the file (DuckDB would
+    download it)."""
+    import importlib.util
+
+    import duckdb
+
+    spec = importlib.util.find_spec("duckdb_ext")  # a directory of files, no module
+    assert spec is not None and spec.submodule_search_locations, "pip install duckdb-ext-delta"
+    [extension] = [p for d in spec.submodule_search_locations
+                   for p in Path(d).glob(f"extensions/v{duckdb.__version__}/*/delta.duckdb_extension")]
+    con = duckdb.connect(config={"autoinstall_known_extensions": False,
+                                 "autoload_known_extensions": False})
+    try:
+        con.execute(f"LOAD '{extension}'")
+        return con.execute(query.format(root=table_root)).fetch_arrow_table()
+    finally:
+        con.close()
+
+
+def shipper_of(data_dir: Path, stream: str, cfg: Config, group: str = "spark-ship") -> Shipper:
+    """Who ships ``stream`` (as it is now: its incarnation) with ``group``."""
+    with Log(data_dir, cfg) as log:
+        return Shipper(stream, log.stream_created_ns(stream), group)
+
+
+def committed_files(lake: Lake, kind: str = "data") -> list[str]:
+    """The files a table's commits add, relative to its root."""
+    table = table_of(lake, kind).open()
+    if table is None:
+        return []
+    return sorted(str(path) for path in pa.table(table.get_add_actions()).column("path").to_pylist())
