@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import urllib.request
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
 
@@ -71,7 +72,11 @@ def moto_s3(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
+    url = f"http://{host}:{port}"
+    # moto keeps its buckets in this process, not in the server: each test starts empty
+    urllib.request.urlopen(urllib.request.Request(f"{url}/moto-api/reset", method="POST"),
+                           timeout=10).close()
+    yield url
     server.stop()
 
 
