@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import shutil
 from typing import Iterator
 
 from .lakefs import Lake
@@ -34,6 +35,7 @@ def run_lock(lake: Lake, stream: str, group: str) -> Iterator[None]:
             yield
         return
     path = lake.path(lock_rel(stream, group))
+    new_lake = not os.path.exists(lake.root)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     try:
@@ -46,3 +48,17 @@ def run_lock(lake: Lake, stream: str, group: str) -> Iterator[None]:
         yield
     finally:
         os.close(fd)  # and the lock with it
+        if new_lake:
+            _remove_if_only_the_lock(lake.root, path)
+
+
+def _remove_if_only_the_lock(root: str, lock: str) -> None:
+    """A run that made the lake's directory for its lock and then stopped
+    before writing anything (a schema Spark refused) leaves no lake behind.
+    (Another run that opened this lock file meanwhile was refused, or holds
+    it on a lake with nothing in it: the app transaction still refuses a
+    second commit of a run.)"""
+    for directory, _, names in os.walk(root):
+        if any(os.path.join(directory, name) != lock for name in names):
+            return
+    shutil.rmtree(root, ignore_errors=True)
