@@ -21,12 +21,14 @@ the retry safe.
 Local lakes are made durable here, where delta-rs does not: its commit is a
 file renamed into ``_delta_log/`` without an fsync, so after each commit the
 new log files and the directory are synced (the run acks its group only
-after that), and a commit file that a power cut left torn (empty, or not
-JSON) is the last one - the commit of a run that never acked - and is
-removed before the next run reads the table (``repair``).  For the same
-reason delta-rs's post-commit hook is off (its checkpoints would be written
-unsynced): ``checkpoint`` writes one every ``CHECKPOINT_EVERY`` versions and
-syncs it, and ``repair`` drops a checkpoint that does not read.
+after that); a run starts by syncing the log (``repair``: a killed run's
+commit may not be, and this run would ack it); so a commit file that a
+power cut left torn (empty, or not JSON) is the last one - the commit of a
+run that never acked - and ``repair`` removes it before the run reads the
+table.  For the same reason delta-rs's post-commit hook is off (its
+checkpoints would be written unsynced): ``checkpoint`` writes one every
+``CHECKPOINT_EVERY`` versions and syncs it, and ``repair`` drops a
+checkpoint that does not read.
 """
 
 from __future__ import annotations
@@ -254,12 +256,23 @@ class LakeTable:
 
     def made_durable(self, table: DeltaTable) -> None:
         """Syncs the log's files up to the table's version, and the directory."""
-        if self.lake.is_s3:
-            return
+        self._sync_log()
+
+    def _sync_log(self) -> None:
+        """Syncs the log's files from the last checkpoint on, then the
+        directory.  The files before a checkpoint were synced before it was
+        written (``commit`` syncs, then checkpoints), so the work stays
+        bounded by CHECKPOINT_EVERY however long the log grows (an fsync of
+        a file with nothing to write may still flush the disk's cache)."""
         log_dir = os.path.join(self.root, LOG_DIR)
+        if self.lake.is_s3 or not os.path.isdir(log_dir):
+            return
         make_dirs_durably(log_dir, self.lake.root)
-        for name in os.listdir(log_dir):
-            if name.endswith((".json", ".parquet")) or name == "_last_checkpoint":
+        names = os.listdir(log_dir)
+        since = max((int(n[:20]) for n in names if n[:20].isdigit() and _is_checkpoint(n)), default=0)
+        for name in names:
+            if name == "_last_checkpoint" or (name[:20].isdigit() and int(name[:20]) >= since
+                                              and name.endswith((".json", ".parquet"))):
                 _fsync_file(os.path.join(log_dir, name))
         fsync_dir(log_dir)
 
@@ -292,9 +305,13 @@ class LakeTable:
             fsync_dir(log_dir)
 
     def repair(self) -> list[str]:
-        """Removes what a power cut can leave torn in a local table's log:
-        the last commit file (a run that never acked), a checkpoint.  The
-        names removed."""
+        """Makes a local table's log safe to act on, before anything reads
+        it: removes what a power cut can leave torn (the last commit file -
+        a run that never acked -, a checkpoint), then syncs the log.  The
+        sync is for a process killed between its commit and its sync: this
+        one would read that run as committed and ack it, and a power cut
+        would then take the commit back but not the ack (the run's entries
+        never shipped).  The names removed."""
         log_dir = os.path.join(self.root, LOG_DIR)
         if self.lake.is_s3 or not os.path.isdir(log_dir):
             return []
@@ -311,8 +328,8 @@ class LakeTable:
                     removed.append(name)
             os.unlink(last)
             removed.append("_last_checkpoint")
+        self._sync_log()
         if removed:
-            fsync_dir(log_dir)
             event(log, "repaired_table_log", table=self.uri, removed=removed)
         return removed
 
@@ -378,6 +395,10 @@ def _fsync_file(path: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _is_checkpoint(name: str) -> bool:
+    return ".checkpoint." in name and name.endswith(".parquet")
 
 
 def _whole_commit(path: str) -> bool:

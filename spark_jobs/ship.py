@@ -209,7 +209,7 @@ def remove_leftovers(lake: Lake, shipper: Shipper) -> dict[str, object]:
 def lake_state(storage: Log, lake: Lake, shipper: Shipper, shards: list[int]) -> LakeState:
     """The shipper's state in the lake, and whether anything is new: no
     Spark, and no group registered (a run that fails later leaves none).
-    Redoes the last committed run's ack (a crash may have come before it)."""
+    Redoes the last committed run's acks if a crash came before them."""
     committed = LakeTable.main(lake).committed_run(shipper.app_id)
     state = LakeState(committed)
     planned = plan_runs(lake, shipper)
@@ -223,7 +223,8 @@ def lake_state(storage: Log, lake: Lake, shipper: Shipper, shards: list[int]) ->
                              f"committed, but not its plan {shipper.plan_rel(committed)}, which "
                              "says where the next run starts: restore it, or ship this stream "
                              "with another group")
-        _ack(storage, shipper.stream, shipper.group, last.ranges)
+        if acks_behind(storage, shipper, last.ranges):
+            _ack(storage, shipper.stream, shipper.group, last.ranges)
         state.done = last.ends
     for shard in shards:
         first, end = bounds(storage, shipper.stream, shard)
@@ -396,6 +397,19 @@ def _file_rel(f: WrittenFile) -> str:
     from .writer import REJECTS_DIR
 
     return f"{REJECTS_DIR}/{f.path}" if f.kind == "rejects" else f.path
+
+
+def acks_behind(storage: Log, shipper: Shipper, ranges: dict[int, tuple[int, int]]) -> bool:
+    """The group is not acked to the end of ``ranges`` in some shard (so
+    ``crash_point("acking")`` is where acks are being done, a redo's too)."""
+    for shard, (start, end) in ranges.items():
+        if end > start:
+            try:
+                if storage.group(shipper.stream, shard, shipper.group, create=False).offset < end:
+                    return True
+            except GroupNotFound:
+                return True
+    return False
 
 
 def _ack(storage: Log, stream: str, group: str, ranges: dict[int, tuple[int, int]]) -> dict[int, int]:

@@ -6,8 +6,6 @@ commits, other readers) are tested without a JVM in tests/test_lake_ship.py."""
 from __future__ import annotations
 
 import os
-import random
-import signal
 import subprocess
 import sys
 import time
@@ -492,82 +490,6 @@ def socket_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-# ---- crashes: the real command, killed -------------------------------------------------
-
-def run_job(data_dir: Path, lake_dir: Path, *, crash: str | None = None,
-            kill_after: float | None = None, timeout: float = 240) -> int:
-    """``comet spark-ship`` in its own session; killed with SIGKILL at a
-    fault point or after ``kill_after`` seconds.  Returns the exit status."""
-    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, SPARK_LOCAL_IP="127.0.0.1",
-               COMET_SPARK_LOG_LEVEL="ERROR")
-    env.pop("COMET_SPARK_SHIP_CRASH", None)
-    if crash:
-        env["COMET_SPARK_SHIP_CRASH"] = crash
-    proc = subprocess.Popen([str(COMET), "spark-ship", str(data_dir), "ev", str(lake_dir),
-                             "--event-time-field", "at", "--entries-per-task", "700",
-                             "--master", "local[2]"],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            start_new_session=True)
-    try:
-        if kill_after is not None:
-            try:
-                proc.wait(kill_after)
-            except subprocess.TimeoutExpired:
-                proc.send_signal(signal.SIGKILL)  # the driver only: its JVM must follow
-        _, err = proc.communicate(timeout=timeout)
-    finally:
-        wait_group_gone(proc.pid)
-    if proc.returncode not in (0, -signal.SIGKILL):
-        raise AssertionError(f"spark-ship failed ({proc.returncode}):\n{err.decode()[-3000:]}")
-    return proc.returncode
-
-
-def wait_group_gone(pgid: int, timeout: float = 20) -> None:
-    """The JVM and Python workers of a killed driver exit by themselves; a
-    test never leaves them behind either way."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return
-        time.sleep(0.2)
-    os.killpg(pgid, signal.SIGKILL)
-    raise AssertionError("processes of the killed spark-ship outlived it")
-
-
-def test_exactly_once_under_sigkill(data_dir: Path, tmp_path: Path) -> None:
-    lake_dir = tmp_path / "lake"
-    lake = Lake(str(lake_dir))
-    rng = random.Random(20261121)
-    with Log(data_dir, CFG) as log:
-        fill(log, "ev", events(3000), batch=1)
-    started = time.monotonic()
-    assert run_job(data_dir, lake_dir) == 0
-    full_run_s = time.monotonic() - started
-    check_lake(lake, data_dir)
-    # A kill at each step of the protocol, two at random moments (more random
-    # moments, with power cuts, in tests/powercut/test_spark_ship.py).
-    kills = ["planned", "written", "resolved", "committing", "committed", "acking"] + [None] * 2
-    produced = 3000
-    for crash in kills:
-        with Log(data_dir, CFG) as log:
-            fill(log, "ev", events(700, start=produced), batch=1)
-        produced += 700
-        if crash:
-            assert run_job(data_dir, lake_dir, crash=crash) == -signal.SIGKILL
-        else:
-            run_job(data_dir, lake_dir, kill_after=rng.uniform(1.0, full_run_s))
-        # Whatever a reader sees meanwhile is committed: never a duplicate.
-        keys = [(r["_comet_shard"], r["_comet_entry"]) for r in lake_rows(lake)]
-        assert len(keys) == len(set(keys))
-    assert run_job(data_dir, lake_dir) == 0  # finishes the interrupted run, ships the rest
-    check_lake(lake, data_dir)
-    runs = committed_runs(lake)
-    assert runs == sorted(set(runs))
-    assert len(lake_rows(lake)) == produced
 
 
 def test_a_cluster_master_goes_through_spark_submit(tmp_path: Path) -> None:

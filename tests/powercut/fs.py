@@ -474,6 +474,15 @@ class PowerCutOps:
 def serve(mountpoint: str) -> None:
     import mfusepy
 
+    class Fuse(mfusepy.FUSE):
+        def truncate_fuse_3(self, path: bytes | None, length: int, fip: object) -> int:
+            """mfusepy's own drops FUSE 3's file handle, and with ``flag_nopath``
+            an ``ftruncate(fd)`` comes without a path: it could not find its file."""
+            fi = getattr(fip, "contents", None)
+            fh = (fi if self.raw_fi else fi.fh) if fi is not None else None
+            return int(self.operations.truncate(
+                None if path is None else path.decode(self.encoding, self.errors), length, fh))
+
     logging.getLogger("mfusepy").setLevel(logging.CRITICAL)
     warnings.simplefilter("ignore")
     ops = PowerCutOps()
@@ -528,7 +537,7 @@ def serve(mountpoint: str) -> None:
     threading.Thread(target=control, daemon=True).start()
     while mount_requests.get() == "mount":
         try:
-            mfusepy.FUSE(ops, mountpoint, foreground=True, nothreads=True, fsname="powercut",
+            Fuse(ops, mountpoint, foreground=True, nothreads=True, fsname="powercut",
                          hard_remove=True, use_ino=True, kernel_cache=True)
         except RuntimeError:
             pass  # an aborted connection ends the loop with an error

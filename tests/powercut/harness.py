@@ -125,6 +125,15 @@ class PowerCutFS:
         self.procs.append(proc)
         return proc
 
+    def kill(self, proc: Writer) -> None:
+        """SIGKILLs one process (with its namespace: see ``spawn``) and waits
+        for it, the power staying on: what it wrote stays in the page cache."""
+        if proc.whole_namespace and proc.poll() is None:
+            _kill_namespace(proc.pid)
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+        proc.wait()
+
     def _kill_all(self) -> None:
         for proc in self.procs:
             if proc.whole_namespace and proc.poll() is None:

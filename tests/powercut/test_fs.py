@@ -109,3 +109,20 @@ def test_nothing_reaches_the_daemon_after_the_cut(powercut: PowerCutFS) -> None:
     assert powercut._cmd("reset clean 0").startswith("reset")
     powercut.mount()
     assert (d / "f").read_bytes() == bytes(4096)
+
+
+def test_ftruncate_through_a_descriptor(powercut: PowerCutFS) -> None:
+    """Was a bug of the filesystem, not of what it tests: FUSE 3 sends an
+    ``ftruncate`` without a path, and mfusepy dropped its file handle, so it
+    failed with EBADF (a spark-ship run's lock file is truncated so)."""
+    d = make_synced_dir(powercut.mnt / "d")
+    fd = os.open(d / "f", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        os.pwrite(fd, b"0123456789", 0)
+        os.ftruncate(fd, 4)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    _fsync_dir(d)
+    powercut.cut("clean", 0)
+    assert (d / "f").read_bytes() == b"0123"

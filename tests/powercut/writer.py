@@ -17,7 +17,8 @@ works until it is killed, printing one line per acknowledged operation:
 
 POWERCUT_RATE limits ``append`` to about that many appends per second;
 POWERCUT_JSON=1 makes it write JSON payloads ``{"p": payload, "pad": "x..."}``
-(a lake needs JSON); the ``A`` line still gives ``payload``.
+(a lake needs JSON), and POWERCUT_BAD=N every Nth one ``not json payload``
+instead (a lake's reject); the ``A`` line still gives ``payload``.
 """
 
 from __future__ import annotations
@@ -133,6 +134,7 @@ def run_append(data: Path, rnd: int, rng: random.Random, durability: Durability,
                shards: int) -> None:
     log = open_and_dump(data, config(durability, shards))
     as_json = os.environ.get("POWERCUT_JSON") == "1"
+    bad_every = int(os.environ.get("POWERCUT_BAD", "0"))
     pause = 1 / float(os.environ.get("POWERCUT_RATE", "inf"))
     seq = 0
     while True:
@@ -142,6 +144,8 @@ def run_append(data: Path, rnd: int, rng: random.Random, durability: Durability,
         pad = b"x" * rng.randrange(200)
         body = (b'{"p":"%s","pad":"%s"}' % (payload.encode(), pad) if as_json
                 else payload.encode() + pad)
+        if as_json and bad_every and seq % bad_every == bad_every - 1:
+            body = b"not json " + payload.encode()
         shard, entry = log.append(STREAM, body, shard=seq % shards)
         say(f"A {shard} {entry} {payload} {time.monotonic()}")
         seq += 1
@@ -221,8 +225,12 @@ def run_ship(data: Path, rnd: int, args: list[str]) -> None:
     (``S``) and closed again.  Then the real command runs in this process
     with its JSON log lines on stdout as ``L {json}``; at the end ``X``.
     ``spark-ship`` also prints ``P name`` at each of the run's crash points
-    (spark_jobs.ship.crash_point) and, at the one named PAUSE_AT, waits for a
-    line on stdin: the test cuts the power there.  ``ship`` waits so after
+    (spark_jobs.ship.crash_point), and ``P unsynced-main`` /
+    ``P unsynced-rejects`` after each Delta commit, before the commit is
+    synced; at the one named PAUSE_AT it waits for a line on stdin: the
+    test cuts the power there (or kills it).  POWERCUT_CHECKPOINT_EVERY
+    sets spark_jobs.delta.CHECKPOINT_EVERY (checkpoints under the cuts).
+    ``ship`` waits so after
     the object POWERCUT_SHIP_PAUSE of shard 0 (1: its first) was stored,
     before it is acknowledged; POWERCUT_READER_FSYNC_MS sets the
     fsync_interval_ms of its ``Config.reader()`` (the flusher of its acks)."""
@@ -277,6 +285,18 @@ def run_ship(data: Path, rnd: int, args: list[str]) -> None:
                 sys.stdin.readline()
 
         spark_jobs.ship.crash_point = crash_point
+        import spark_jobs.delta
+        from spark_jobs.delta import LakeTable
+
+        made_durable = LakeTable.made_durable
+
+        def committed_unsynced(self: LakeTable, table: object) -> None:
+            crash_point(f"unsynced-{self.name}")
+            made_durable(self, table)  # type: ignore[arg-type]  # the DeltaTable, passed on
+
+        setattr(LakeTable, "made_durable", committed_unsynced)
+        if "POWERCUT_CHECKPOINT_EVERY" in os.environ:
+            spark_jobs.delta.CHECKPOINT_EVERY = int(os.environ["POWERCUT_CHECKPOINT_EVERY"])
         spark_ship.main([str(data), STREAM, target, "--schema", "p string, pad string",
                          "--conf", "spark.sql.shuffle.partitions=2", "--master", "local[2]"],
                         standalone_mode=False)
