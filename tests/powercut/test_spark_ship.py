@@ -78,8 +78,10 @@ class LakeView:
 
 
 def read_lake(lake: Path, where: str) -> LakeView:
-    """The lake's tables as deltalake reads them now (the tables must read)."""
-    from deltalake import DeltaTable
+    """The lake's tables as deltalake's log lists them now, read by pyarrow
+    (spark_jobs.lake; the tables must read)."""
+    from spark_jobs.lake import read_table
+    from spark_jobs.lakefs import Lake
 
     view = LakeView()
     for table, kind in ((lake, "main"), (lake / "_rejects", "rejects")):
@@ -87,7 +89,7 @@ def read_lake(lake: Path, where: str) -> LakeView:
             continue
         try:
             runs = run_commits(table)
-            read = DeltaTable(str(table)).to_pyarrow_table().to_pydict()
+            read = read_table(Lake(str(lake)), kind="data" if kind == "main" else "rejects").to_pydict()
         except Exception as exc:
             log_dir = table / "_delta_log"
             raise AssertionError(f"{where}: the {kind} table does not read ({exc}); its log: "

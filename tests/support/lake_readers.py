@@ -24,9 +24,15 @@ def is_table(table: Path) -> bool:
 
 
 def _deltalake(table: Path, columns: tuple[str, str]) -> Keys:
-    from deltalake import DeltaTable
+    """The files deltalake's log lists, read by pyarrow (spark_jobs.lake): what
+    ``DeltaTable.to_pyarrow_table`` does, without its Rust filesystem handler,
+    whose threads make a process abort at exit now and then."""
+    from spark_jobs.lake import read_table
+    from spark_jobs.lakefs import Lake
 
-    read = DeltaTable(str(table)).to_pyarrow_table(columns=list(columns)).to_pydict()
+    rejects = table.name == "_rejects"
+    read = read_table(Lake(str(table.parent if rejects else table)),
+                      kind="rejects" if rejects else "data").to_pydict()
     return [(int(s), int(e)) for s, e in zip(read[columns[0]], read[columns[1]])]
 
 
