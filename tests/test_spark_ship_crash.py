@@ -218,7 +218,7 @@ def test_a_torn_last_commit_fails_readers_until_the_next_run_repairs_it(
             raise Killed()
 
     with monkeypatch.context() as patch:
-        patch.setattr(LakeTable, "_made_durable", dies_unsynced)
+        patch.setattr(LakeTable, "made_durable", dies_unsynced)
         with pytest.raises(Killed):
             ship(opts, in_process)
     table = LakeTable.main(opts.lake).open()
