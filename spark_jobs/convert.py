@@ -62,7 +62,7 @@ from storage_c.files import fsync_dir, make_dirs_durably, publish_durably
 from storage_c.jsonlog import event
 
 from .delta import LakeTable, main_schema, no_hooks, rejects_schema, storage_options, PARTITIONS
-from .evolve import canonical, reserved
+from .evolve import canonical, reserved, widen
 from .history import CONVERT_KEY, OPERATION_KEY, commit_actions
 from .lakefs import Lake
 from .legacy import ARCHIVE_DIR, format_1_streams
@@ -374,7 +374,8 @@ def table_value_type(conversions: list[StreamConversion]) -> pa.StructType:
                 if x.name not in merged:
                     merged[x.name], first_seen[x.name] = x.type, f.path
                     continue
-                both = _merge(merged[x.name], x.type)
+                # files keep their physical types: a long column is not read as double
+                both = widen(merged[x.name], x.type, numbers=False)
                 if both is None:
                     raise ConvertError(
                         f"column {x.name!r} is {merged[x.name]} in {first_seen[x.name]} and {x.type} in "
@@ -387,26 +388,6 @@ def table_value_type(conversions: list[StreamConversion]) -> pa.StructType:
     except Exception as exc:  # delta-rs says which type it cannot hold
         raise ConvertError(f"the lake's columns cannot be a Delta schema: {exc}") from None
     return value_type
-
-
-def _merge(a: pa.DataType, b: pa.DataType) -> pa.DataType | None:
-    if a == b:
-        return a
-    if pa.types.is_struct(a) and pa.types.is_struct(b):
-        children = {f.name: f.type for f in a}
-        for f in b:
-            if f.name in children:
-                both = _merge(children[f.name], f.type)
-                if both is None:
-                    return None
-                children[f.name] = both
-            else:
-                children[f.name] = f.type
-        return pa.struct([pa.field(n, t) for n, t in children.items()])
-    if pa.types.is_list(a) and pa.types.is_list(b):
-        item = _merge(a.value_type, b.value_type)
-        return pa.list_(item) if item is not None else None
-    return None
 
 
 # ---- writing -----------------------------------------------------------------------------------

@@ -94,26 +94,27 @@ def new_fields(base: pa.StructType, grown: pa.StructType) -> list[pa.Field]:
     return [f for f in grown if f.name not in names or names[f.name] != f.type]
 
 
-def widen(a: pa.DataType, b: pa.DataType) -> pa.DataType | None:
-    """One type for values seen as ``a`` in one place and ``b`` in another; None: they disagree."""
+def widen(a: pa.DataType, b: pa.DataType, numbers: bool = True) -> pa.DataType | None:
+    """One type for values seen as ``a`` in one place and ``b`` in another
+    (struct children in ``a``'s order, then ``b``'s new ones; with
+    ``numbers``, long and double are double); None: they disagree."""
     if a == b:
         return a
-    if {a, b} == {pa.int64(), pa.float64()}:
+    if numbers and {a, b} == {pa.int64(), pa.float64()}:
         return pa.float64()
     if pa.types.is_struct(a) and pa.types.is_struct(b):
-        fields = {f.name: f.type for f in a}
-        out = []
+        children = {f.name: f.type for f in a}
         for f in b:
-            if f.name in fields:
-                both = widen(fields.pop(f.name), f.type)
+            if f.name in children:
+                both = widen(children[f.name], f.type, numbers)
                 if both is None:
                     return None
-                out.append(pa.field(f.name, both))
+                children[f.name] = both
             else:
-                out.append(f)
-        return pa.struct([pa.field(n, t) for n, t in fields.items()] + out)
+                children[f.name] = f.type
+        return pa.struct([pa.field(n, t) for n, t in children.items()])
     if pa.types.is_list(a) and pa.types.is_list(b):
-        item = widen(a.value_type, b.value_type)
+        item = widen(a.value_type, b.value_type, numbers)
         return pa.list_(item) if item is not None else None
     return None
 

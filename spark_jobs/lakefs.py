@@ -209,18 +209,6 @@ class Lake:
         if not os.access(existing, os.W_OK | os.X_OK):
             raise LakeError(f"lake {self.url}: {existing} is not writable by this user")
 
-    def move(self, src_rel: str, dst_rel: str) -> None:
-        """Publishes a staged file under its final name (replacing one there)."""
-        src, dst = self.path(src_rel), self.path(dst_rel)
-        if self.is_s3:
-            self.fs.copy_file(src, dst)
-            self.fs.delete_file(src)
-            return
-        # a new partition directory is made durable before the manifest names
-        # files in it (the caller syncs the directory itself after the renames)
-        make_dirs_durably(posixpath.dirname(dst), self.root)
-        os.replace(src, dst)
-
     def delete(self, rel: str) -> None:
         """Removes one file (none there: nothing to do)."""
         try:

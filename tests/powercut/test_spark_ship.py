@@ -44,6 +44,7 @@ import json
 import os
 import random
 import subprocess
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -246,16 +247,23 @@ def test_spark_ship_to_a_local_lake_exactly_once_across_power_cuts(powercut: Pow
 # ---- regression tests: one cut each ------------------------------------------------------
 
 
-def one_run_then_cut(powercut: PowerCutFS, point: str) -> tuple[LakeView, dict]:
-    """The stream exists durably, a writer appends (``interval``, 10 s flush),
-    one spark-ship run goes to ``point`` (a crash point, or ``end``: the run is
-    over), the power goes.  Returns the lake as read and what survived."""
+def appending_stream(powercut: PowerCutFS) -> tuple[Path, Path, Writer, threading.Thread]:
+    """The data directory with the stream created durably, the lake's
+    directory, and a writer appending (``interval``, 10 s flush) whose output
+    a thread drains."""
     data = make_synced_dir(powercut.mnt / "data")
     lake = make_synced_dir(powercut.mnt / "lake")
     durable_stream(powercut, data, "always", ENV)
     writer = powercut.spawn("append", data, 1, 1, "interval", 2, env=ENV)
     read_state(writer)
-    drained = discard_output(writer)
+    return data, lake, writer, discard_output(writer)
+
+
+def one_run_then_cut(powercut: PowerCutFS, point: str) -> tuple[LakeView, dict]:
+    """The stream exists durably, a writer appends (``interval``, 10 s flush),
+    one spark-ship run goes to ``point`` (a crash point, or ``end``: the run is
+    over), the power goes.  Returns the lake as read and what survived."""
+    data, lake, writer, drained = appending_stream(powercut)
     driver = spark_ship(powercut, data, 1, lake, point)
     assert wait_for(driver, "X" if point == "end" else f"P {point}") is not None, \
         driver.stderr_path.read_text()[-3000:]
@@ -299,12 +307,7 @@ def test_a_commit_a_killed_run_left_is_synced_before_it_is_acked(powercut: Power
     ship: it closed the log, the acks synced); a power cut then took the
     commit back, not the acks - the run's entries were never to be shipped.
     A run now syncs a table's log before reading it (``LakeTable.repair``)."""
-    data = make_synced_dir(powercut.mnt / "data")
-    lake = make_synced_dir(powercut.mnt / "lake")
-    durable_stream(powercut, data, "always", ENV)
-    writer = powercut.spawn("append", data, 1, 1, "interval", 2, env=ENV)
-    read_state(writer)
-    drained = discard_output(writer)
+    data, lake, writer, drained = appending_stream(powercut)
     time.sleep(1.0)
     powercut.kill(writer)  # nothing new after the first run: the second one commits nothing
     drained.join()
