@@ -31,6 +31,8 @@ from . import admin, auth, entries, logs, metrics, openapi, reads
 from .config import GatewayConfig
 from .errors import HTTPError, check_name
 from .ingest import PREFIX, Ingest
+from .otlp import SIGNALS as OTLP_PATHS
+from .otlp import OtlpIngest
 from .runtime import Runtime
 
 log = logging.getLogger("comet.gateway.app")
@@ -42,9 +44,10 @@ class GatewayApp:
     """One worker's ASGI application: POST /streams/{name} to the ingest
     path, the rest to Starlette."""
 
-    def __init__(self, app: Starlette, ingest: Ingest) -> None:
+    def __init__(self, app: Starlette, ingest: Ingest, otlp: OtlpIngest) -> None:
         self.app = app
         self.ingest = ingest
+        self.otlp = otlp
         self.state = app.state
         self.router = app.router
 
@@ -56,6 +59,8 @@ class GatewayApp:
         if (scope["type"] == "http" and scope["method"] == "POST"
                 and scope["path"].startswith(PREFIX) and "/" not in scope["path"][len(PREFIX):]):
             await self.ingest(scope, receive, send)
+        elif scope["type"] == "http" and scope["method"] == "POST" and scope["path"] in OTLP_PATHS:
+            await self.otlp(scope, receive, send)
         else:
             await self.app(scope, receive, send)
 
@@ -76,6 +81,7 @@ def create_app(config: GatewayConfig) -> GatewayApp:
     runtime = Runtime(config)
     access = logs.AccessLog() if config.access_log else None
     ingest = Ingest(runtime, access)
+    otlp = OtlpIngest(ingest)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -159,6 +165,9 @@ def create_app(config: GatewayConfig) -> GatewayApp:
         "/streams/{name}/groups/{group}": {"GET": guarded(get_group), "PUT": guarded(put_group),
                                            "DELETE": guarded(delete_group)},
         "/streams": {"GET": guarded(get_streams)},
+        "/v1/logs": {"POST": otlp},
+        "/v1/traces": {"POST": otlp},
+        "/v1/metrics": {"POST": otlp},
         "/healthz": {"GET": guarded(get_health)},
         "/readyz": {"GET": guarded(get_ready)},
         "/metrics": {"GET": guarded(get_metrics)},
@@ -189,5 +198,5 @@ def create_app(config: GatewayConfig) -> GatewayApp:
                     exception_handlers={404: not_found, 405: bad_method})
     app.router.redirect_slashes = False  # "/streams/" is no route, not a redirect
     app.state.runtime = runtime
-    return GatewayApp(app, ingest)
+    return GatewayApp(app, ingest, otlp)
 

@@ -13,6 +13,9 @@
     auto_create = true          # or false, or name patterns: ["logs-*", "metrics.*"]
     max_streams = 100           # streams the data directory may hold (0: no limit)
     access_log = true           # one JSON line per ingest request on stdout
+    otlp_logs_stream = "otel-logs"        # where POST /v1/logs stores (OTLP/HTTP)
+    otlp_traces_stream = "otel-traces"
+    otlp_metrics_stream = "otel-metrics"
 
     [storage]                   # any field of storage_c.Config
     shards = 16
@@ -38,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from storage_c import Config
+from storage_c import CometError, Config, check_stream_name
 
 MiB = 1 << 20
 LOOPBACK_NAMES = {"localhost", "ip6-localhost"}
@@ -77,6 +80,12 @@ class GatewayConfig:
     access_log: bool = True
     """One JSON line per ingest request on stdout (batched: written within 200 ms)."""
     retry_after_s: int = 1
+    otlp_logs_stream: str = "otel-logs"
+    """The stream of POST /v1/logs: one event per OTLP log record."""
+    otlp_traces_stream: str = "otel-traces"
+    """The stream of POST /v1/traces: one event per span."""
+    otlp_metrics_stream: str = "otel-metrics"
+    """The stream of POST /v1/metrics: one event per metric data point."""
     slot_wait_s: float = 10.0
     """How long a starting worker waits for a free process slot before serving (with 503s)."""
     storage: Config = field(default_factory=Config)
@@ -99,6 +108,11 @@ class GatewayConfig:
             raise ConfigError("workers must be >= 0 (0: one per CPU)")
         if self.max_streams < 0:
             raise ConfigError("max_streams must be >= 0 (0: no limit)")
+        for signal in ("logs", "traces", "metrics"):
+            try:
+                check_stream_name(self.otlp_stream(signal))
+            except CometError as exc:
+                raise ConfigError(f"otlp_{signal}_stream: {exc}") from None
         if isinstance(self.auto_create, tuple) and not all(self.auto_create):
             raise ConfigError("auto_create patterns must not be empty")
 
@@ -114,6 +128,10 @@ class GatewayConfig:
         if self.auth == "off":
             return False
         return self.auth == "on" or not is_loopback(self.host)
+
+    def otlp_stream(self, signal: str) -> str:
+        """The stream OTLP records of ``signal`` (logs, traces, metrics) go to."""
+        return str(getattr(self, f"otlp_{signal}_stream"))
 
     def validates(self, stream: str) -> bool:
         policy = self.streams.get(stream)

@@ -56,6 +56,9 @@ JSON_TYPES = ("application/json",)
 NDJSON_TYPES = ("application/x-ndjson", "application/jsonl", "application/json-lines",
                 "application/x-jsonlines")
 BYTES_TYPES = ("application/octet-stream",)
+EVENTS = "events"
+"""The kind of a body of events the gateway made itself (gateway.otlp): one
+JSON event per line, stored without another check."""
 
 # Bodies above this many bytes (as received) are decoded, checked and stored
 # on a worker thread: at the C core's ~1 GB/s this bounds what a request can
@@ -85,8 +88,9 @@ class Head:
     authorization: str = ""
 
     @classmethod
-    def parse(cls, scope: Scope) -> Head:
-        head = cls(scope["path"][len(PREFIX):])
+    def parse(cls, scope: Scope, stream: str | None = None) -> Head:
+        """The head of a request to ``stream``, by default the one its path names."""
+        head = cls(scope["path"][len(PREFIX):] if stream is None else stream)
         for name, value in scope["headers"]:
             if name == b"content-type":
                 head.content_type = value.split(b";", 1)[0].strip().lower().decode("latin-1")
@@ -221,45 +225,65 @@ class Ingest:
         runtime = self.runtime
         config = runtime.config
         check_name(head.stream)
+        self.check_ready()
+        kind = check_media_type(head.content_type)
+        encoding = encoding_of(head.encoding)
+        reserved = self.reserve(head)
+        try:
+            body = await read_body(receive, config.max_body_bytes, head.length)
+            work = partial(decode_and_store, runtime, head, kind, encoding, body)
+            offload = (encoding != "identity" or len(body) > INLINE_BODY_BYTES
+                       or config.storage.durability == "always")
+            res = await self.store(head.stream, work, offload)
+        finally:
+            runtime.release(reserved)
+        outcome.events = res.count
+        return orjson.dumps({"stream": head.stream, "shard": res.shard, "first": res.first,
+                             "last": res.last, "count": res.count}), {}
+
+    def check_ready(self) -> None:
+        """503 while the worker has no slot yet or is shutting down."""
+        runtime = self.runtime
         if not runtime.ready:
             raise HTTPError(503, "draining" if runtime.draining else "starting",
                             "the worker is shutting down" if runtime.draining
                             else "the worker has not claimed its process slot yet",
-                            retry_after=config.retry_after_s)
-        kind = check_media_type(head.content_type)
-        encoding = encoding_of(head.encoding)
+                            retry_after=runtime.config.retry_after_s)
+
+    def reserve(self, head: Head) -> int:
+        """Takes the request's share of the in-flight byte budget (413 for a
+        declared length above the limit, 429 when the budget is spent);
+        the caller gives it back with ``runtime.release``."""
+        config = self.runtime.config
         limit = config.max_body_bytes
         if head.length is not None and head.length > limit:
             raise HTTPError(413, "body_too_large",
                             f"Content-Length {head.length} is above max_body_bytes ({limit})")
         reserved = head.length if head.length is not None else limit
-        if not runtime.reserve(reserved):
+        if not self.runtime.reserve(reserved):
             raise HTTPError(429, "busy", "this worker's in-flight byte budget is spent; retry later",
                             retry_after=config.retry_after_s)
+        return reserved
+
+    async def store(self, stream: str, work: partial[BatchResult], offload: bool) -> BatchResult:
+        """work() into ``stream``, opening (or creating) the stream first and
+        again if it was deleted since this worker opened it."""
+        runtime = self.runtime
+        if stream not in self.opened:
+            self.open_stream(stream)
         try:
-            body = await read_body(receive, limit, head.length)
-            if head.stream not in self.opened:
-                self.open_stream(head.stream)
-            work = partial(decode_and_store, runtime, head, kind, encoding, body)
-            offload = (encoding != "identity" or len(body) > INLINE_BODY_BYTES
-                       or config.storage.durability == "always")
+            res = await store_off_loop(work, offload)
+        except StreamGone:  # deleted since this worker opened it: open (or create) it anew
+            self.opened.discard(stream)
+            self.open_stream(stream)
             try:
                 res = await store_off_loop(work, offload)
-            except StreamGone:  # deleted since this worker opened it: open (or create) it anew
-                self.opened.discard(head.stream)
-                self.open_stream(head.stream)
-                try:
-                    res = await store_off_loop(work, offload)
-                except StreamGone:
-                    raise HTTPError(503, "stream_deleted", f"stream {head.stream!r} is being "
-                                    "deleted; retry", retry_after=config.retry_after_s) from None
-        finally:
-            runtime.release(reserved)
-        outcome.events = res.count
+            except StreamGone:
+                raise HTTPError(503, "stream_deleted", f"stream {stream!r} is being "
+                                "deleted; retry", retry_after=runtime.config.retry_after_s) from None
         if runtime.storage_full is not None:
             runtime.storage_full = None
-        return orjson.dumps({"stream": head.stream, "shard": res.shard, "first": res.first,
-                             "last": res.last, "count": res.count}), {}
+        return res
 
 
 async def store_off_loop(work: partial[BatchResult], offload: bool) -> BatchResult:
@@ -313,12 +337,14 @@ def one_event(body: Body) -> Body:
     return body
 
 
-def store(runtime: Runtime, stream: str, kind: str, body: Body, key: str | None,
+def store(runtime: Runtime, stream: str, kind: str, body: Body, key: str | bytes | None,
           wait: bool = True, shard: int | None = None) -> BatchResult:
     """One body into the log; ``shard`` None: the key's, or the next in turn."""
     log = runtime.log
     assert log is not None
     try:
+        if kind == EVENTS:
+            return log.append_delimited(stream, body, key=key, shard=shard, wait=wait)
         if kind in BYTES_TYPES:
             return log.append_batch(stream, [one_event(body)], key=key, shard=shard, wait=wait)
         validate = runtime.config.validates(stream)

@@ -121,6 +121,60 @@ def _ingest(c: Context) -> Operation:
     }
 
 
+STATUS = {"$ref": "#/components/schemas/Status"}
+
+
+def _status(description: str, retry: bool = False) -> dict[str, Any]:
+    out: dict[str, Any] = {"description": description, "content": {
+        "application/json": {"schema": STATUS},
+        "application/x-protobuf": {"schema": {"type": "string", "format": "binary"},
+                                   "description": "A google.rpc.Status message."}}}
+    if retry:
+        out["headers"] = {"Retry-After": {"schema": {"type": "integer"},
+                                          "description": "Seconds to wait before retrying."}}
+    return out
+
+
+def _otlp(signal: str, records: str) -> Callable[[Context], Operation]:
+    request = f"Export{signal}ServiceRequest"
+    def build(c: Context) -> Operation:
+        stream = c.config.otlp_stream(signal.lower() if signal != "Trace" else "traces")
+        return {
+            "summary": f"OTLP/HTTP export of {records}",
+            "description": f"Each of the request's {records} becomes one JSON event in stream "
+                           f"{stream!r} (docs/opentelemetry.md); the request is one atomic batch "
+                           "in the shard of its first resource's service.name. Answers and errors "
+                           "come in the request's encoding.",
+            "security": c.security,
+            "parameters": [{"name": "Content-Encoding", "in": "header", "required": False,
+                            "schema": {"type": "string", "enum": ["identity", "gzip", "zstd"]}}],
+            "requestBody": {"required": True, "content": {
+                "application/x-protobuf": {"schema": {"type": "string", "format": "binary"},
+                                           "description": f"An {request} message."},
+                "application/json": {"schema": {"type": "object"},
+                                     "description": f"An {request} in OTLP's JSON encoding."}}},
+            "responses": {
+                "200": {"description": "Stored; partial_success counts the records refused "
+                                       "(ids of a wrong length, an event above max_entry_bytes).",
+                        "content": {"application/json": {"schema": {"type": "object"}},
+                                    "application/x-protobuf": {"schema": {
+                                        "type": "string", "format": "binary"}}}},
+                "400": _status("Not an OTLP request of this signal; nothing is stored."),
+                "401": _status("No bearer token (when tokens are required)."),
+                "403": _status("The bearer token is not accepted."),
+                "404": _status("The stream does not exist while auto-create is off."),
+                "409": _status("Creating the stream would pass max_streams."),
+                "413": _status("Body, decompressed body or the request's events above their "
+                               "limit."),
+                "415": _status("Unsupported Content-Type or Content-Encoding."),
+                "429": _status("The worker's in-flight byte budget is spent.", retry=True),
+                "503": _status("The worker is starting or draining, or storage is full.",
+                               retry=True),
+            },
+        }
+    return build
+
+
 def _entries(c: Context) -> Operation:
     limit = {"type": "integer", "minimum": 1, "maximum": c.config.max_entries_per_read}
     return c.stream_read(
@@ -178,6 +232,9 @@ OPERATIONS: dict[tuple[str, str], Callable[[Context], Operation]] = {
         "Unregister a consumer group", "The shards it was deleted from.", extra=[GROUP_NAME],
         not_found="Unknown stream."),
     ("/streams", "GET"): _simple("List streams", "Streams."),
+    ("/v1/logs", "POST"): _otlp("Logs", "log records"),
+    ("/v1/traces", "POST"): _otlp("Trace", "spans"),
+    ("/v1/metrics", "POST"): _otlp("Metrics", "metric data points"),
     ("/healthz", "GET"): _simple("Liveness", "Alive.", open_=True),
     ("/readyz", "GET"): lambda c: {
         "summary": "Readiness: slot claimed, storage writable",
@@ -209,6 +266,9 @@ def document(config: GatewayConfig, routed: Iterable[tuple[str, str]]) -> dict[s
                 "Error": {"type": "object", "required": ["error", "detail"],
                           "properties": {"error": {"type": "string"}, "detail": {"type": "string"},
                                          "index": {"type": "integer"}}},
+                "Status": {"type": "object", "description": "google.rpc.Status",
+                           "properties": {"code": {"type": "integer"}, "message": {"type": "string"},
+                                          "details": {"type": "array"}}},
                 "Accepted": {"type": "object", "required": ["stream", "shard", "first", "last", "count"],
                              "properties": {"stream": {"type": "string"}, "shard": {"type": "integer"},
                                             "first": {"type": "integer"}, "last": {"type": "integer"},

@@ -37,6 +37,7 @@ from .errors import (
     WouldBlock,
     StreamNotFound,
 )
+from .otlp import InvalidOTLP  # TEMPORARY (shim)
 from .group_admin import ResetResult, ResetTo, delete_group, reset_group
 from .groups import Group, check_group_name
 from .log import Log, check_stream_name
@@ -77,6 +78,7 @@ __all__ = [
     "InvalidJSON",
     "Log",
     "NoEvents",
+    "InvalidOTLP",
     "NoFreeSlot",
     "Problem",
     "ProcessCountMismatch",

@@ -1,0 +1,232 @@
+"""POST /v1/logs, /v1/traces and /v1/metrics: OTLP/HTTP export requests.
+
+Each log record, span or metric data point becomes one JSON event (the
+layout: docs/opentelemetry.md) in the signal's stream (``otlp_*_stream``),
+and one request is one atomic batch in one shard: the shard of the first
+resource's ``service.name``, so one service's records stay in order.
+
+A binary (``application/x-protobuf``) body is decoded and turned into events
+in C in one pass (``storage_c.otlp``).  A JSON body (``application/json``,
+OTLP's JSON encoding: hex ids, 64-bit integers as strings or numbers, enums
+as integers, unknown fields ignored) is parsed by protobuf's own JSON parser
+into the same message and then takes the same path, so both encodings store
+the same events.
+
+The answers are OTLP's: 200 with an Export*ServiceResponse (its
+``partial_success`` counts records refused for bad ids or size while the
+others were stored), every error a ``google.rpc.Status``, both in the
+request's encoding.  The statuses are chosen for what exporters do with them:
+they retry 429, 502, 503 and 504 (honouring Retry-After) and drop the rest,
+so a full disk is 503 with Retry-After here, not the 507 of /streams/.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+import time
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, Callable
+
+import orjson
+from google.protobuf import json_format
+from google.protobuf.message import Message
+from google.rpc.status_pb2 import Status
+from opentelemetry.proto.collector.logs.v1 import logs_service_pb2 as logs_service
+from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2 as metrics_service
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as trace_service
+from starlette.concurrency import run_in_threadpool
+from starlette.types import Receive, Scope, Send
+
+import storage_c.otlp
+from storage_c import BatchTooLarge
+
+from . import auth
+from .bodies import decompress, encoding_of
+from .errors import HTTPError
+from .ingest import EVENTS, INLINE_BODY_BYTES, ClientGone, Head, Ingest, Outcome, read_body, store
+
+PROTOBUF = "application/x-protobuf"
+JSON = "application/json"
+
+
+@dataclass(frozen=True)
+class Signal:
+    name: str
+    """logs, traces or metrics: the name storage_c.otlp and the config use."""
+    request: type[Message]
+    response: type[Message]
+    rejected_field: str
+    """The partial_success field counting refused records."""
+    records: str
+    """What the records are called in messages."""
+
+
+SIGNALS = {
+    "/v1/logs": Signal("logs", logs_service.ExportLogsServiceRequest,
+                       logs_service.ExportLogsServiceResponse, "rejected_log_records", "log records"),
+    "/v1/traces": Signal("traces", trace_service.ExportTraceServiceRequest,
+                         trace_service.ExportTraceServiceResponse, "rejected_spans", "spans"),
+    "/v1/metrics": Signal("metrics", metrics_service.ExportMetricsServiceRequest,
+                          metrics_service.ExportMetricsServiceResponse, "rejected_data_points",
+                          "data points"),
+}
+
+# google.rpc.Code of each HTTP status the gateway answers.
+GRPC_CODES = {400: 3, 401: 16, 403: 7, 404: 5, 405: 12, 409: 8, 413: 8, 415: 3, 429: 8,
+              500: 13, 503: 14}
+
+
+def status_body(exc: HTTPError, media_type: str) -> tuple[bytes, str]:
+    status = Status(code=GRPC_CODES.get(exc.status, 2), message=exc.detail)
+    if media_type == PROTOBUF:
+        return status.SerializeToString(), PROTOBUF
+    return json_format.MessageToJson(status, indent=None).encode(), JSON
+
+
+def retriable(exc: HTTPError, retry_after_s: int) -> HTTPError:
+    """The answer an OTLP exporter acts on: it retries only 429, 502, 503 and
+    504, so the storage-full 507 of /streams/ becomes 503 with Retry-After."""
+    if exc.status == 507:
+        return HTTPError(503, exc.code, exc.detail, retry_after=retry_after_s)
+    return exc
+
+
+# ---- the JSON encoding ------------------------------------------------------------------
+
+ID_FIELDS = frozenset(("traceId", "spanId", "parentSpanId", "trace_id", "span_id", "parent_span_id"))
+HEX = re.compile(r"(?:[0-9a-fA-F]{2})*")
+
+
+def ids_to_base64(node: Any) -> None:
+    """OTLP JSON writes trace and span ids in hex where protobuf's JSON
+    mapping has base64: rewrites them in place (only message fields are
+    object keys: attributes are lists of {key, value})."""
+    if isinstance(node, dict):
+        for name, value in node.items():
+            if name in ID_FIELDS and isinstance(value, str):
+                if not HEX.fullmatch(value):
+                    raise HTTPError(400, "invalid_otlp", f"{name} {value[:64]!r} is not hex")
+                node[name] = base64.b64encode(bytes.fromhex(value)).decode("ascii")
+            else:
+                ids_to_base64(value)
+    elif isinstance(node, list):
+        for value in node:
+            ids_to_base64(value)
+
+
+def json_to_protobuf(signal: Signal, body: bytes | bytearray) -> bytes:
+    """An OTLP JSON body as the protobuf bytes of the same request (400 if it
+    is not one)."""
+    try:
+        tree = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise HTTPError(400, "invalid_json", f"the body is not valid JSON: {exc}") from None
+    if not isinstance(tree, dict):
+        raise HTTPError(400, "invalid_otlp", "an OTLP JSON body is one object")
+    try:
+        ids_to_base64(tree)
+        message = json_format.ParseDict(tree, signal.request(), ignore_unknown_fields=True)
+    except RecursionError:
+        raise HTTPError(400, "invalid_otlp", "the body nests too deeply") from None
+    except (json_format.ParseError, ValueError, TypeError) as exc:
+        raise HTTPError(400, "invalid_otlp", f"the body is not an OTLP {signal.name} request: "
+                        f"{exc}") from None
+    return bytes(message.SerializeToString())
+
+
+# ---- the request ------------------------------------------------------------------------
+
+def decode(signal: Signal, media_type: str, encoding: str, body: bytes | bytearray,
+           max_decompressed: int, max_event_bytes: int) -> storage_c.otlp.Decoded:
+    """Decompresses and decodes one body into its events (on the loop or a thread)."""
+    raw = decompress(body, encoding, max_decompressed)
+    if media_type == JSON:
+        raw = json_to_protobuf(signal, raw)
+    try:
+        return storage_c.otlp.decode(signal.name, raw, max_event_bytes, max_decompressed)
+    except storage_c.otlp.InvalidOTLP as exc:
+        raise HTTPError(400, "invalid_otlp", f"the body is not an OTLP {signal.name} request: "
+                        f"{exc}") from None
+    except BatchTooLarge as exc:
+        raise HTTPError(413, "batch_too_large", str(exc)) from None
+
+
+def answer(signal: Signal, media_type: str, decoded: storage_c.otlp.Decoded) -> bytes:
+    response = signal.response()
+    if decoded.rejected:
+        partial_success = getattr(response, "partial_success")
+        setattr(partial_success, signal.rejected_field, decoded.rejected)
+        partial_success.error_message = (f"{decoded.rejected} {signal.records} refused, "
+                                         f"the first: {decoded.reason}")
+    if media_type == PROTOBUF:
+        return bytes(response.SerializeToString())
+    return json_format.MessageToJson(response, indent=None).encode()
+
+
+class OtlpIngest:
+    """The three OTLP paths as one plain ASGI application, on the admission,
+    storing and accounting of the /streams/ ingest path."""
+
+    def __init__(self, ingest: Ingest) -> None:
+        self.ingest = ingest
+        self.runtime = ingest.runtime
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        t0 = time.perf_counter()
+        signal = SIGNALS[scope["path"]]
+        runtime = self.runtime
+        head = Head.parse(scope, runtime.config.otlp_stream(signal.name))
+        media_type = head.content_type if head.content_type in (PROTOBUF, JSON) else JSON
+        outcome = Outcome()
+        headers: dict[str, str] = {}
+        try:
+            auth.check_header(head.authorization, runtime.config)
+            body = await self.handle(signal, head, receive, outcome)
+            outcome.status = 200
+        except HTTPError as exc:
+            exc = retriable(exc, runtime.config.retry_after_s)
+            outcome.status, headers = exc.status, exc.headers
+            body, media_type = status_body(exc, media_type)
+        except ClientGone:
+            return
+        raw_headers = [(b"content-type", media_type.encode()),
+                       (b"content-length", str(len(body)).encode())]
+        raw_headers += [(k.lower().encode(), v.encode()) for k, v in headers.items()]
+        await send({"type": "http.response.start", "status": outcome.status, "headers": raw_headers})
+        await send({"type": "http.response.body", "body": body})
+        seconds = time.perf_counter() - t0
+        if runtime.metrics is not None:
+            runtime.metrics.observe(outcome.status, seconds, outcome.events, head.length or 0)
+        if self.ingest.access_log is not None:
+            self.ingest.access_log.request(scope["path"], outcome.status, outcome.events, seconds,
+                                           runtime.slot)
+
+    async def handle(self, signal: Signal, head: Head, receive: Receive, outcome: Outcome) -> bytes:
+        ingest = self.ingest
+        runtime = self.runtime
+        config = runtime.config
+        ingest.check_ready()
+        if head.content_type not in (PROTOBUF, JSON):
+            raise HTTPError(415, "unsupported_media_type",
+                            f"Content-Type {head.content_type or '(none)'!r} is not accepted on "
+                            f"/v1/{signal.name}; use {PROTOBUF} or {JSON}")
+        encoding = encoding_of(head.encoding)
+        reserved = ingest.reserve(head)
+        try:
+            body = await read_body(receive, config.max_body_bytes, head.length)
+            offload = (encoding != "identity" or len(body) > INLINE_BODY_BYTES
+                       or head.content_type == JSON)
+            work: Callable[[], storage_c.otlp.Decoded] = partial(
+                decode, signal, head.content_type, encoding, body, config.max_decompressed_bytes,
+                config.storage.max_entry_bytes)
+            decoded = await run_in_threadpool(work) if offload else work()
+            if decoded.count:
+                work_store = partial(store, runtime, head.stream, EVENTS, decoded.events, decoded.key)
+                await ingest.store(head.stream, work_store,
+                                   offload or config.storage.durability == "always")
+        finally:
+            runtime.release(reserved)
+        outcome.events = decoded.count
+        return answer(signal, head.content_type, decoded)
