@@ -11,6 +11,7 @@ next to its anchor, so a slow or fast spell of this VM (runs of one case spread 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from collections import Counter
 import signal
@@ -50,6 +51,9 @@ class Case:
     bound: float | None = None
     twin: str | None = None     # the same body with validation off, and the least ratio to it
     twin_bound: float | None = None
+    path: str = f"/streams/{STREAM}"
+    stream: str = STREAM        # where the gateway stores what the case posts
+    accept: int = 202           # the status of a stored request
 
     @property
     def unit(self) -> str:
@@ -97,11 +101,12 @@ FULL, QUICK = Scale(5, 10, 3), Scale(1, 5, 2)
 def run_wrk(wrk: str, port: int, case: Case, load_s: float, rate: float | None) -> dict[str, Any]:
     """One bounded wrk run: the script's WRKJSON summary plus the command line."""
     argv = [wrk, f"-t{WRK_THREADS}", f"-c{WRK_CONNECTIONS}", f"-d{int(load_s) + DRAIN_S}s",
-            "-s", str(LOADTESTS / "wrk" / case.script), f"http://{HOST}:{port}/streams/{STREAM}",
-            "--", f"stop_after={load_s}", f"events={case.events}"]
+            "-s", str(LOADTESTS / "wrk" / case.script), f"http://{HOST}:{port}{case.path}",
+            "--", f"stop_after={load_s}", f"events={case.events}", f"accept={case.accept}"]
     if rate:
         argv.append(f"rate={rate / WRK_THREADS:.3f}")
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=load_s + DRAIN_S + 60)
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=load_s + DRAIN_S + 60,
+                          env={**os.environ, **case.env})
     for line in done.stdout.splitlines():
         if line.startswith("WRKJSON "):
             return {**json.loads(line[8:]), "argv": argv[1:], "exit_code": done.returncode}
@@ -146,7 +151,7 @@ def one_run(wrk: str, case: Case, label: str, load_s: float,
     if rate:
         rec["target_rate_req_s"] = rate
     if isinstance(server, GatewayProcess):
-        rec.update(check_stored_count(server.data_dir, STREAM, accepted * case.events))
+        rec.update(check_stored_count(server.data_dir, case.stream, accepted * case.events))
         shutil.rmtree(server.data_dir, ignore_errors=True)
     lat, found = summary["latency_us"], rec["log_findings"]
     print(f"  {label:<34} {rec['rate_req_s']:>9,.0f} req/s {rec['events_s']:>11,.0f} ev/s  p50/p99 "

@@ -2,7 +2,8 @@
 --
 -- A body script sets wrk.method, wrk.body and the Content-Type header, then
 -- loads this file, which adds:
---   * status counting in response(): a request is accepted only if it got 202;
+--   * status counting in response(): a request is accepted only if it got 202
+--     (or the status given as accept=N: OTLP answers 200);
 --   * a clean stop: after `stop_after` seconds (wall clock, per thread) delay()
 --     parks every connection once its response is in, so that nothing is in
 --     flight when wrk ends (run wrk with -d at least 1 s longer).  Every request
@@ -17,7 +18,7 @@
 --     socket errors, window_s (first send to last response), latency in µs.
 --
 -- Arguments after "--" on the wrk command line: stop_after=SECONDS rate=REQ_PER_S
--- events=N (events per request, echoed back in the JSON).
+-- events=N (events per request, echoed back in the JSON) accept=STATUS.
 
 local ffi = require("ffi")
 ffi.cdef [[
@@ -42,6 +43,7 @@ accepted = 0          -- 202s
 other = {}            -- status -> count, every status but 202
 interval = 0          -- seconds between sends of this thread (0: as fast as possible)
 events = 1
+local accept = 202
 local next_send = nil
 
 local threads = {}
@@ -59,6 +61,8 @@ function init(args)
       interval = 1 / tonumber(value)
     elseif key == "events" then
       events = tonumber(value)
+    elseif key == "accept" then
+      accept = tonumber(value)
     end
   end
   started = now()
@@ -82,7 +86,7 @@ end
 
 function response(status, headers, body)
   last_response = now()
-  if status == 202 then
+  if status == accept then
     accepted = accepted + 1
   else
     other[status] = (other[status] or 0) + 1
