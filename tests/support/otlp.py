@@ -352,3 +352,251 @@ FIELDS = {
     "traces": ("resource_spans", "scope_spans", "spans"),
     "metrics": ("resource_metrics", "scope_metrics", "metrics"),
 }
+
+
+# ---- the way back: events to an export request --------------------------------
+
+def number_back(value: Any) -> float:
+    return float(value)  # "NaN", "Infinity" and "-Infinity" included
+
+
+def any_back(value: Any, pointer: str, types: dict[str, str]) -> AnyValue:
+    out = AnyValue()
+    kind = types.get(pointer)
+    if kind == "bytes":
+        out.bytes_value = base64.b64decode(value)
+    elif kind == "double" or isinstance(value, float):
+        out.double_value = number_back(value)
+    elif value is None:
+        pass
+    elif isinstance(value, bool):
+        out.bool_value = value
+    elif isinstance(value, int):
+        out.int_value = value
+    elif isinstance(value, str):
+        out.string_value = value
+    elif isinstance(value, list):
+        out.array_value.SetInParent()
+        out.array_value.values.extend(any_back(v, f"{pointer}/{i}", types) for i, v in enumerate(value))
+    else:
+        out.kvlist_value.SetInParent()
+        out.kvlist_value.values.extend(attributes_back(value, pointer, types))
+    return out
+
+
+def attributes_back(obj: dict[str, Any], pointer: str, types: dict[str, str]) -> list[KeyValue]:
+    out = []
+    for key, value in obj.items():
+        token = key.replace("~", "~0").replace("/", "~1")
+        kv = KeyValue(key=key)
+        item = any_back(value, f"{pointer}/{token}", types)
+        if item.WhichOneof("value") is not None:
+            kv.value.CopyFrom(item)
+        out.append(kv)
+    return out
+
+
+def _fill_resource(group: Any, resource: Event, types: dict[str, str]) -> None:
+    group.resource.attributes.extend(attributes_back(resource["attributes"], "/resource/attributes", types))
+    group.resource.dropped_attributes_count = resource.get("dropped_attributes_count", 0)
+    for ref in resource.get("entity_refs", []):
+        group.resource.entity_refs.add(**ref)
+    group.schema_url = resource.get("schema_url", "")
+
+
+def _fill_scope(group: Any, scope: Event, types: dict[str, str]) -> None:
+    group.scope.name, group.scope.version = scope["name"], scope["version"]
+    group.scope.attributes.extend(attributes_back(scope["attributes"], "/scope/attributes", types))
+    group.scope.dropped_attributes_count = scope.get("dropped_attributes_count", 0)
+    group.schema_url = scope.get("schema_url", "")
+
+
+def _fill_log(record: Any, e: Event, types: dict[str, str]) -> None:
+    record.time_unix_nano, record.observed_time_unix_nano = e["time_unix_nano"], e["observed_time_unix_nano"]
+    record.severity_number, record.severity_text = e["severity_number"], e["severity_text"]
+    body = any_back(e["body"], "/body", types)
+    if body.WhichOneof("value") is not None:
+        record.body.CopyFrom(body)
+    record.attributes.extend(attributes_back(e["attributes"], "/attributes", types))
+    record.dropped_attributes_count = e.get("dropped_attributes_count", 0)
+    record.flags, record.event_name = e["flags"], e["event_name"]
+    record.trace_id, record.span_id = bytes.fromhex(e["trace_id"]), bytes.fromhex(e["span_id"])
+
+
+def _fill_span(span: Any, e: Event, types: dict[str, str]) -> None:
+    span.trace_id, span.span_id = bytes.fromhex(e["trace_id"]), bytes.fromhex(e["span_id"])
+    span.parent_span_id = bytes.fromhex(e["parent_span_id"])
+    span.trace_state, span.flags, span.name, span.kind = e["trace_state"], e["flags"], e["name"], e["kind"]
+    span.start_time_unix_nano, span.end_time_unix_nano = e["start_time_unix_nano"], e["end_time_unix_nano"]
+    span.attributes.extend(attributes_back(e["attributes"], "/attributes", types))
+    span.dropped_attributes_count = e.get("dropped_attributes_count", 0)
+    for i, item in enumerate(e["events"]):
+        span.events.add(time_unix_nano=item["time_unix_nano"], name=item["name"],
+                        attributes=attributes_back(item["attributes"], f"/events/{i}/attributes", types),
+                        dropped_attributes_count=item.get("dropped_attributes_count", 0))
+    span.dropped_events_count = e.get("dropped_events_count", 0)
+    for i, item in enumerate(e["links"]):
+        span.links.add(trace_id=bytes.fromhex(item["trace_id"]), span_id=bytes.fromhex(item["span_id"]),
+                       trace_state=item["trace_state"], flags=item["flags"],
+                       attributes=attributes_back(item["attributes"], f"/links/{i}/attributes", types),
+                       dropped_attributes_count=item.get("dropped_attributes_count", 0))
+    span.dropped_links_count = e.get("dropped_links_count", 0)
+    if e["status"] != {"code": 0, "message": ""}:
+        span.status.code, span.status.message = e["status"]["code"], e["status"]["message"]
+
+
+def _set_number(target: Any, value: Any) -> None:
+    if isinstance(value, int) and not isinstance(value, bool):
+        target.as_int = value
+    elif value is not None:
+        target.as_double = number_back(value)
+
+
+def _fill_point(metric: Any, e: Event, types: dict[str, str]) -> None:
+    kind = e["metric"]["type"]
+    data = getattr(metric, kind)
+    data.SetInParent()
+    point = data.data_points.add()
+    point.attributes.extend(attributes_back(e["attributes"], "/attributes", types))
+    point.start_time_unix_nano, point.time_unix_nano = e["start_time_unix_nano"], e["time_unix_nano"]
+    point.flags = e["flags"]
+    if kind in ("gauge", "sum"):
+        _set_number(point, e["value"])
+    elif kind == "summary":
+        point.count, point.sum = e["count"], number_back(e["sum"])
+        for q in e["quantile_values"]:
+            point.quantile_values.add(quantile=number_back(q["quantile"]), value=number_back(q["value"]))
+    else:
+        point.count = e["count"]
+        for name in ("sum", "min", "max"):
+            if e[name] is not None:
+                setattr(point, name, number_back(e[name]))
+        if kind == "histogram":
+            point.bucket_counts.extend(e["bucket_counts"])
+            point.explicit_bounds.extend(number_back(b) for b in e["explicit_bounds"])
+        else:
+            point.scale, point.zero_count = e["scale"], e["zero_count"]
+            point.zero_threshold = number_back(e["zero_threshold"])
+            for side in ("positive", "negative"):
+                if e[side] != {"offset": 0, "bucket_counts": []}:
+                    getattr(point, side).offset = e[side]["offset"]
+                    getattr(point, side).bucket_counts.extend(e[side]["bucket_counts"])
+    for i, x in enumerate(e.get("exemplars", [])):
+        exemplar = point.exemplars.add(
+            time_unix_nano=x["time_unix_nano"], span_id=bytes.fromhex(x["span_id"]),
+            trace_id=bytes.fromhex(x["trace_id"]),
+            filtered_attributes=attributes_back(x["filtered_attributes"],
+                                                f"/exemplars/{i}/filtered_attributes", types))
+        _set_number(exemplar, x["value"])
+
+
+def request_from_events(signal: str, stored: Iterable[Event]) -> Message:
+    """The export request the events came from: consecutive events with the
+    same resource (and scope, and metric) share one group."""
+    request = REQUESTS[signal]()
+    resources, scopes, records = FIELDS[signal]
+    last: tuple[Any, ...] = ()
+    group = scope_group = metric = None
+    for e in stored:
+        types = e.get("value_types", {})
+        resource, scope = e["resource"], e["scope"]
+        if not last or last[0] != resource:
+            group = getattr(request, resources).add()
+            _fill_resource(group, resource, types)
+            last = ()
+        if not last or last[1] != scope:
+            scope_group = getattr(group, scopes).add()
+            _fill_scope(scope_group, scope, types)
+        if signal == "logs":
+            _fill_log(getattr(scope_group, records).add(), e, types)
+        elif signal == "traces":
+            _fill_span(getattr(scope_group, records).add(), e, types)
+        else:
+            described = {k: v for k, v in e["metric"].items()}
+            if len(last) < 3 or last[2] != described:
+                metric = getattr(scope_group, records).add(
+                    name=described["name"], description=described["description"], unit=described["unit"])
+                data = getattr(metric, described["type"])
+                data.SetInParent()
+                if "aggregation_temporality" in described:
+                    data.aggregation_temporality = described["aggregation_temporality"]
+                if "is_monotonic" in described:
+                    data.is_monotonic = described["is_monotonic"]
+                if "metadata" in described:
+                    metric.metadata.extend(attributes_back(described["metadata"], "/metric/metadata", types))
+            _fill_point(metric, e, types)
+            last = (resource, scope, described)
+            continue
+        last = (resource, scope)
+    return request
+
+
+def normalized(signal: str, body: bytes) -> bytes:
+    """A request as its events tell it: groups without records dropped,
+    neighbouring groups with equal heads (resource, scope, metric) merged, an
+    empty value or message the same as an absent one; as deterministic
+    bytes, so that NaNs compare."""
+    request = decode(signal, body)
+    resources, scopes, records = FIELDS[signal]
+    out = REQUESTS[signal]()
+    heads: list[bytes] = []
+    containers: list[Any] = []
+
+    def container(level: int, head: Message, parent: Any, field: str) -> Any:
+        """The group for ``head`` at ``level``: the last one if its head is equal, else a new one."""
+        key = bytes(_canonical(head).SerializeToString(deterministic=True))
+        if len(heads) > level and heads[level] == key and containers[level] is not None:
+            return containers[level]
+        del heads[level:], containers[level:]
+        made = getattr(parent, field).add()
+        made.CopyFrom(head)
+        heads.append(key)
+        containers.append(made)
+        return made
+
+    for group in getattr(request, resources):
+        group_head = type(group)()
+        group_head.CopyFrom(group)
+        group_head.ClearField(scopes)
+        for scope_group in getattr(group, scopes):
+            scope_head = type(scope_group)()
+            scope_head.CopyFrom(scope_group)
+            scope_head.ClearField(records)
+            for item in getattr(scope_group, records):
+                if signal != "metrics":
+                    g = container(0, group_head, out, resources)
+                    getattr(container(1, scope_head, g, scopes), records).add().CopyFrom(item)
+                    continue
+                kind = item.WhichOneof("data")
+                if kind is None or not getattr(item, kind).data_points:
+                    continue
+                metric_head = type(item)()
+                metric_head.CopyFrom(item)
+                getattr(metric_head, kind).ClearField("data_points")
+                getattr(metric_head, kind).SetInParent()
+                for point in getattr(item, kind).data_points:
+                    g = container(0, group_head, out, resources)
+                    sg = container(1, scope_head, g, scopes)
+                    m = container(2, metric_head, sg, records)
+                    getattr(m, kind).data_points.add().CopyFrom(point)
+    return bytes(_canonical(out).SerializeToString(deterministic=True))
+
+
+def rebuilt(signal: str, stored: Iterable[Event]) -> bytes:
+    """request_from_events, as normalized() writes a request."""
+    return bytes(_canonical(request_from_events(signal, stored)).SerializeToString(deterministic=True))
+
+
+def _canonical(message: Message) -> Message:
+    """Clears empty values and messages (unset and empty are one in the layout)."""
+    for field, value in message.ListFields():
+        if field.message_type is None:
+            continue
+        if field.is_repeated:
+            for item in value:
+                _canonical(item)
+            continue
+        _canonical(value)
+        if value.ByteSize() == 0 and not (field.containing_oneof and field.containing_oneof.name == "data"):
+            message.ClearField(field.name)
+    return message
