@@ -19,9 +19,9 @@ from pathlib import Path
 
 from storage_c import Log
 
-STATUSES = (202, 400, 401, 403, 404, 409, 413, 415, 429, 500, 503, 507)
+STATUSES = (200, 202, 400, 401, 403, 404, 409, 413, 415, 429, 500, 503, 507)
 BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
-MAGIC = 0x434D4D48  # "HMMC": a new value whenever the layout below changes
+MAGIC = 0x434D4D49  # "IMMC": a new value whenever the layout below changes
 # layout (u64 words): magic, per-status counts (+1 other), buckets (+Inf last),
 # latency sum ns, events accepted, bytes received
 STATUS_AT = 1
@@ -107,7 +107,7 @@ def render(log: Log, data_dir: str | os.PathLike[str]) -> str:
         lines.append(f"# TYPE {name} {kind}")
 
     workers = read_all_workers(data_dir)
-    family("comet_http_requests_total", "counter", "Requests to POST /streams/{name} by status.")
+    family("comet_http_requests_total", "counter", "Ingest requests (POST /streams/{name}, the OTLP paths) by status.")
     for slot, w in workers.items():
         for i, code in enumerate(STATUSES):
             lines.append(_line("comet_http_requests_total", {"slot": slot, "code": code}, w[STATUS_AT + i]))
@@ -125,7 +125,7 @@ def render(log: Log, data_dir: str | os.PathLike[str]) -> str:
                            {"slot": slot, "le": "+Inf"}, running))
         lines.append(_line("comet_http_request_duration_seconds_sum", {"slot": slot}, w[SUM_AT] / 1e9))
         lines.append(_line("comet_http_request_duration_seconds_count", {"slot": slot}, running))
-    family("comet_http_events_accepted_total", "counter", "Events acknowledged with 202.")
+    family("comet_http_events_accepted_total", "counter", "Events acknowledged (202; 200 on the OTLP paths).")
     for slot, w in workers.items():
         lines.append(_line("comet_http_events_accepted_total", {"slot": slot}, w[EVENTS_AT]))
     family("comet_http_received_bytes_total", "counter", "Request body bytes received.")
