@@ -131,6 +131,8 @@ def json_to_protobuf(signal: Signal, body: bytes | bytearray) -> bytes:
     except RecursionError:
         raise HTTPError(400, "invalid_otlp", "the body nests too deeply") from None
     except (json_format.ParseError, ValueError, TypeError) as exc:
+        if "Message too deep" in str(exc):  # else a "Failed to parse ... field: " per level
+            raise HTTPError(400, "invalid_otlp", "the body nests too deeply") from None
         raise HTTPError(400, "invalid_otlp", f"the body is not an OTLP {signal.name} request: "
                         f"{exc}") from None
     return bytes(message.SerializeToString())
