@@ -8,7 +8,8 @@ import zstandard
 
 from .errors import HTTPError
 
-ENCODINGS = ("identity", "gzip", "zstd")
+ENCODINGS = ("identity", "gzip", "deflate", "zstd")
+ZLIB_WBITS = {"gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}  # HTTP's deflate is zlib
 CHUNK = 1 << 16
 
 
@@ -16,7 +17,7 @@ def encoding_of(header: str | None) -> str:
     value = (header or "identity").strip().lower()
     if value not in ENCODINGS:
         raise HTTPError(415, "unsupported_encoding",
-                        f"Content-Encoding {value!r} is not supported; use gzip, zstd or identity")
+                        f"Content-Encoding {value!r} is not supported; use gzip, deflate, zstd or identity")
     return value
 
 
@@ -30,23 +31,27 @@ def decompress(body: bytes | bytearray, encoding: str, limit: int) -> bytes | by
     it is not valid data of that encoding."""
     if encoding == "identity":
         return body
-    if encoding == "gzip":
-        d = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
-        try:
-            out = d.decompress(body, limit + 1)
-            if len(out) > limit or d.unconsumed_tail:
-                raise _too_big(limit)
-            out += d.flush()
-        except zlib.error as exc:
-            raise HTTPError(400, "bad_encoding", f"body is not valid gzip: {exc}") from None
-        if len(out) > limit:
-            raise _too_big(limit)
-        if not d.eof:
-            raise HTTPError(400, "bad_encoding", "gzip body is truncated")
-        if d.unused_data:
-            raise HTTPError(400, "bad_encoding", "bytes after the end of the gzip stream")
-        return out
+    if encoding in ZLIB_WBITS:
+        return _zlib(body, encoding, limit)
     return _zstd(body, limit)
+
+
+def _zlib(body: bytes | bytearray, encoding: str, limit: int) -> bytes:
+    d = zlib.decompressobj(wbits=ZLIB_WBITS[encoding])
+    try:
+        out = d.decompress(body, limit + 1)
+        if len(out) > limit or d.unconsumed_tail:
+            raise _too_big(limit)
+        out += d.flush()
+    except zlib.error as exc:
+        raise HTTPError(400, "bad_encoding", f"body is not valid {encoding}: {exc}") from None
+    if len(out) > limit:
+        raise _too_big(limit)
+    if not d.eof:
+        raise HTTPError(400, "bad_encoding", f"{encoding} body is truncated")
+    if d.unused_data:
+        raise HTTPError(400, "bad_encoding", f"bytes after the end of the {encoding} stream")
+    return out
 
 
 def _zstd(body: bytes | bytearray, limit: int) -> bytes:

@@ -91,7 +91,7 @@ def _ingest(c: Context) -> Operation:
             {"name": "X-Comet-Key", "in": "header", "required": False, "schema": {"type": "string"},
              "description": "Partition key (same as ?key=)."},
             {"name": "Content-Encoding", "in": "header", "required": False,
-             "schema": {"type": "string", "enum": ["identity", "gzip", "zstd"]}},
+             "schema": {"type": "string", "enum": ["identity", "gzip", "deflate", "zstd"]}},
         ],
         "requestBody": {"required": True, "content": {
             "application/json": {"schema": {"anyOf": [{"not": {"type": "array"}},
@@ -147,7 +147,7 @@ def _otlp(signal: str, records: str) -> Callable[[Context], Operation]:
                            "come in the request's encoding.",
             "security": c.security,
             "parameters": [{"name": "Content-Encoding", "in": "header", "required": False,
-                            "schema": {"type": "string", "enum": ["identity", "gzip", "zstd"]}}],
+                            "schema": {"type": "string", "enum": ["identity", "gzip", "deflate", "zstd"]}}],
             "requestBody": {"required": True, "content": {
                 "application/x-protobuf": {"schema": {"type": "string", "format": "binary"},
                                            "description": f"An {request} message."},

@@ -27,7 +27,7 @@ import re
 import time
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import orjson
 from google.protobuf import json_format
@@ -95,25 +95,50 @@ def retriable(exc: HTTPError, retry_after_s: int) -> HTTPError:
 
 # ---- the JSON encoding ------------------------------------------------------------------
 
-ID_FIELDS = frozenset(("traceId", "spanId", "parentSpanId", "trace_id", "span_id", "parent_span_id"))
 HEX = re.compile(r"(?:[0-9a-fA-F]{2})*")
+IdPath = tuple[tuple[str, ...], tuple[str, ...]]
+EXEMPLARS: list[IdPath] = [(("resourceMetrics", "scopeMetrics", "metrics", kind, "dataPoints", "exemplars"),
+              ("traceId", "spanId"))
+             for kind in ("gauge", "sum", "histogram", "exponentialHistogram")]
+# Where OTLP JSON holds trace and span ids: the path of messages down to them, the id fields.
+ID_PATHS: dict[str, list[IdPath]] = {
+    "logs": [(("resourceLogs", "scopeLogs", "logRecords"), ("traceId", "spanId"))],
+    "traces": [(("resourceSpans", "scopeSpans", "spans"), ("traceId", "spanId", "parentSpanId")),
+               (("resourceSpans", "scopeSpans", "spans", "links"), ("traceId", "spanId"))],
+    "metrics": EXEMPLARS,
+}
 
 
-def ids_to_base64(node: Any) -> None:
+def snake_case(name: str) -> str:
+    """protobuf's JSON parser takes a field's proto name as well as its JSON name."""
+    return re.sub(r"[A-Z]", lambda m: "_" + m.group().lower(), name)
+
+
+def messages_at(node: Any, path: tuple[str, ...]) -> Iterator[dict[str, Any]]:
+    if not isinstance(node, dict):
+        return
+    if not path:
+        yield node
+        return
+    for name in {path[0], snake_case(path[0])}:
+        child = node.get(name)
+        for item in child if isinstance(child, list) else [child]:
+            yield from messages_at(item, path[1:])
+
+
+def ids_to_base64(signal: Signal, tree: dict[str, Any]) -> None:
     """OTLP JSON writes trace and span ids in hex where protobuf's JSON
-    mapping has base64: rewrites them in place (only message fields are
-    object keys: attributes are lists of {key, value})."""
-    if isinstance(node, dict):
-        for name, value in node.items():
-            if name in ID_FIELDS and isinstance(value, str):
-                if not HEX.fullmatch(value):
-                    raise HTTPError(400, "invalid_otlp", f"{name} {value[:64]!r} is not hex")
-                node[name] = base64.b64encode(bytes.fromhex(value)).decode("ascii")
-            else:
-                ids_to_base64(value)
-    elif isinstance(node, list):
-        for value in node:
-            ids_to_base64(value)
+    mapping has base64: rewrites them in place, where the messages that
+    hold ids are (an unknown field is left alone, to be ignored)."""
+    for path, fields in ID_PATHS[signal.name]:
+        for message in messages_at(tree, path):
+            for name in fields:
+                for key in {name, snake_case(name)}:
+                    value = message.get(key)
+                    if isinstance(value, str):
+                        if not HEX.fullmatch(value):
+                            raise HTTPError(400, "invalid_otlp", f"{key} {value[:64]!r} is not hex")
+                        message[key] = base64.b64encode(bytes.fromhex(value)).decode("ascii")
 
 
 def json_to_protobuf(signal: Signal, body: bytes | bytearray) -> bytes:
@@ -126,7 +151,7 @@ def json_to_protobuf(signal: Signal, body: bytes | bytearray) -> bytes:
     if not isinstance(tree, dict):
         raise HTTPError(400, "invalid_otlp", "an OTLP JSON body is one object")
     try:
-        ids_to_base64(tree)
+        ids_to_base64(signal, tree)
         message = json_format.ParseDict(tree, signal.request(), ignore_unknown_fields=True)
     except RecursionError:
         raise HTTPError(400, "invalid_otlp", "the body nests too deeply") from None

@@ -39,7 +39,7 @@ def client(data_dir: Path) -> Iterator[TestClient]:
 EVENTS = [{"n": i, "msg": "héllo", "tags": ["a", "b"], "v": 1.5} for i in range(5)]
 
 
-@pytest.mark.parametrize("encoding", ["identity", "gzip", "zstd"])
+@pytest.mark.parametrize("encoding", ["identity", "gzip", "deflate", "zstd"])
 @pytest.mark.parametrize("keyed", [False, True])
 def test_every_type_and_encoding(client: TestClient, data_dir: Path, encoding: str, keyed: bool) -> None:
     def enc(body: bytes) -> bytes:
@@ -47,6 +47,8 @@ def test_every_type_and_encoding(client: TestClient, data_dir: Path, encoding: s
             return gzip.compress(body)
         if encoding == "zstd":
             return zstandard.ZstdCompressor().compress(body)
+        if encoding == "deflate":
+            return zlib.compress(body)
         return body
 
     headers = {"content-encoding": encoding} if encoding != "identity" else {}

@@ -59,7 +59,7 @@ from .support.otlp_http import (
 )
 from .support.server import SMALL, GatewayProcess
 
-GZIP = {"gzip": Compression.Gzip, "none": Compression.NoCompression}
+GZIP = {"gzip": Compression.Gzip, "deflate": Compression.Deflate, "none": Compression.NoCompression}
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +102,7 @@ SPAN_ATTRIBUTES: dict[str, Any] = {
 }
 
 
-@pytest.mark.parametrize("compression", ["gzip", "none"])
+@pytest.mark.parametrize("compression", ["gzip", "deflate", "none"])
 def test_sdk_logs(server: GatewayProcess, compression: str) -> None:
     recording = Recording()
     exporter = OTLPLogExporter(endpoint=f"{server.url}/v1/logs", compression=GZIP[compression],
@@ -124,7 +124,7 @@ def test_sdk_logs(server: GatewayProcess, compression: str) -> None:
     assert len(recording.attempts) == 1
     sent = recording.attempts[0]
     assert {k.lower(): v for k, v in sent.headers.items()}.get("content-encoding") == (
-        "gzip" if compression == "gzip" else None)
+        None if compression == "none" else compression)
     events = check_stored(server, "logs", before, recording)
     # and a few fields as the SDK was given them, not only as the reference reads the bytes
     first, plain, binary = events
@@ -144,7 +144,7 @@ def test_sdk_logs(server: GatewayProcess, compression: str) -> None:
     assert binary["body"] == "AGJpbmFyeQ==" and binary["value_types"] == {"/body": "bytes"}
 
 
-@pytest.mark.parametrize("compression", ["gzip", "none"])
+@pytest.mark.parametrize("compression", ["gzip", "deflate", "none"])
 def test_sdk_spans(server: GatewayProcess, compression: str) -> None:
     recording = Recording()
     exporter = OTLPSpanExporter(endpoint=f"{server.url}/v1/traces", compression=GZIP[compression],
@@ -190,7 +190,7 @@ def test_sdk_spans(server: GatewayProcess, compression: str) -> None:
     assert by_name["root"]["end_time_unix_nano"] >= by_name["root"]["start_time_unix_nano"] > 0
 
 
-@pytest.mark.parametrize("compression", ["gzip", "none"])
+@pytest.mark.parametrize("compression", ["gzip", "deflate", "none"])
 def test_sdk_metrics(server: GatewayProcess, compression: str) -> None:
     recording = Recording()
     exporter = OTLPMetricExporter(endpoint=f"{server.url}/v1/metrics", compression=GZIP[compression],

@@ -569,3 +569,15 @@ def test_json_ids_in_either_case_and_in_snake_case(client: TestClient, data_dir:
     spans = [orjson.loads(e) for e in stored(data_dir, "otel-traces")]
     field = {"traceId": "trace_id", "spanId": "span_id", "parentSpanId": "parent_span_id"}[name]
     assert [s[field] for s in spans] == ["ab" * (size // 2)] * 6
+
+
+def test_json_ids_inside_unknown_fields_are_ignored(client: TestClient, data_dir: Path) -> None:
+    """Unknown fields are ignored, whatever they hold: an object with a
+    traceId that is not hex among them is no reason to refuse the request."""
+    body = orjson.dumps({"resourceLogs": [{"scopeLogs": [{"logRecords": [
+        {"body": {"stringValue": "kept"}, "futureField": {"traceId": "not hex at all"}}]}],
+        "futureGroup": [{"spanId": "zz"}]}], "extra": {"traceId": "??"}})
+    r = client.post("/v1/logs", content=body, headers=JSON)
+    assert r.status_code == 200 and r.content == b"{}", r.content
+    (event,) = [orjson.loads(e) for e in stored(data_dir, "otel-logs")]
+    assert event["body"] == "kept" and event["trace_id"] == ""
