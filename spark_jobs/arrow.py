@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import re
 from array import array
-from typing import Iterable, Iterator, Literal, overload
+from typing import Iterable, Iterator, Literal, Protocol, overload
 
 import numpy as np
 import pyarrow as pa
@@ -49,7 +49,7 @@ def parsed_schema(value_type: pa.StructType) -> pa.Schema:
     return pa.schema(META_FIELDS + [pa.field("value", value_type)] + ERROR_FIELDS)
 
 
-def _meta_columns(stream: str, shard: int, entries: pa.Array, timestamps_ns: np.ndarray) -> list[pa.Array]:
+def meta_columns(stream: str, shard: int, entries: pa.Array, timestamps_ns: np.ndarray) -> list[pa.Array]:
     n = len(entries)
     name = stream.encode()
     offsets = np.arange(0, (n + 1) * len(name), len(name) or 1, dtype=np.int32)[: n + 1] \
@@ -67,7 +67,7 @@ def _meta_columns(stream: str, shard: int, entries: pa.Array, timestamps_ns: np.
     return [streams, shards, entries, times]
 
 
-def _int64s(values: array) -> np.ndarray:
+def int64s(values: array) -> np.ndarray:
     return np.frombuffer(memoryview(values), dtype=np.int64)
 
 
@@ -76,7 +76,7 @@ def raw_batch(batch: ReadBatch) -> pa.RecordBatch:
     entries = pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(batch.entries)])
     values = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(batch.offsets),
                                                     pa.py_buffer(batch.data)])
-    columns = _meta_columns(batch.stream, batch.shard, entries, _int64s(batch.timestamps))
+    columns = meta_columns(batch.stream, batch.shard, entries, int64s(batch.timestamps))
     return pa.RecordBatch.from_arrays(columns + [values], schema=RAW_SCHEMA)
 
 
@@ -200,7 +200,7 @@ class JsonParser:
         n = len(got.entries)
         stream, shard = got.stream, got.shard
         entries = pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(got.entries)])
-        meta = _meta_columns(stream, shard, entries, _int64s(got.timestamps))
+        meta = meta_columns(stream, shard, entries, int64s(got.timestamps))
         parsed = None if got.newline_payloads else self.parse(got.data, n)
         if isinstance(parsed, pa.StructArray):
             nulls: list[pa.Array] = [pa.nulls(n, pa.string()), pa.nulls(n, pa.binary())]
@@ -212,7 +212,7 @@ class JsonParser:
     def _bisected(self, raw: ReadBatch) -> pa.RecordBatch:
         n = len(raw)
         entries = pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(raw.entries)])
-        meta = _meta_columns(raw.stream, raw.shard, entries, _int64s(raw.timestamps))
+        meta = meta_columns(raw.stream, raw.shard, entries, int64s(raw.timestamps))
         payloads = raw.payloads
         pieces: list[pa.StructArray] = []
         errors: list[str | None] = []
@@ -242,7 +242,17 @@ class JsonParser:
             schema=self.schema)
 
 
-def parsed_batches(log: Log, parser: JsonParser, stream: str, shard: int, start: int, end: int,
+class BatchParser(Protocol):
+    """What turns a read's NDJSON into a parsed record batch (``parsed_schema``
+    of its ``value_type``, rejects included): ``JsonParser``, or
+    ``otlp_rows.OtlpParser`` for the OTLP streams."""
+
+    value_type: pa.StructType
+
+    def batch(self, got: NdjsonBatch, log: Log, max_bytes: int) -> pa.RecordBatch: ...
+
+
+def parsed_batches(log: Log, parser: BatchParser, stream: str, shard: int, start: int, end: int,
                    rows: int, max_bytes: int) -> Iterator[pa.RecordBatch]:
     for got in read_range(log, stream, shard, start, end, rows, max_bytes, newlines=True):
         yield _cut(parser.batch(got, log, max_bytes), end)

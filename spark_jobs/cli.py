@@ -35,9 +35,15 @@ SUBMIT_SCRIPT = Path(__file__).with_name("submit.py")
 @click.argument("lake")
 @click.option("--group", default="spark-ship", show_default=True,
               help="Consumer group whose offsets the job starts from and acks.")
-@click.option("--schema", "schema", help="Spark DDL of the JSON values, e.g. 'device string, temp double'.")
+@click.option("--schema", "schema", help="Spark DDL of the JSON values, e.g. 'device string, temp double'; "
+              "it wins over the built-in OTLP schema of a stream named otel-logs, otel-traces or "
+              "otel-metrics.")
 @click.option("--schema-file", type=click.Path(exists=True, dir_okay=False),
               help="File with the schema: DDL text, or a StructType's JSON.")
+@click.option("--otlp", type=click.Choice(["logs", "traces", "metrics"]),
+              help="The stream holds the gateway's OTLP events of this signal: ship them with its "
+              "built-in schema (typed columns, attributes as maps).  Default: from the stream's name "
+              "(otel-logs, otel-traces, otel-metrics) unless --schema is given; not with --schema.")
 @click.option("--sample", type=int, default=1000, show_default=True,
               help="Entries sampled to infer the schema when none is given.")
 @click.option("--event-time-field", help="Value field (timestamp or epoch number) for dt/hour; "
@@ -57,13 +63,14 @@ SUBMIT_SCRIPT = Path(__file__).with_name("submit.py")
               "keep a second writer out; the Delta commits are then made in a local copy of the "
               "table's log and uploaded.")
 def spark_ship(data_dir: str, stream: str, lake: str, group: str, schema: str | None,
-               schema_file: str | None, sample: int, event_time_field: str | None,
+               schema_file: str | None, otlp: str | None, sample: int, event_time_field: str | None,
                event_time_unit: str, max_entries: int | None, entries_per_task: int,
                master: str | None, confs: tuple[str, ...], endpoint_url: str | None,
                single_writer: bool) -> None:
     """Ships STREAM into the Delta Lake table at LAKE (a directory or
     s3://bucket/prefix), partitioned by stream/dt/hour, exactly once: one run
-    per call.  Without --schema, new JSON fields become new columns."""
+    per call.  Without --schema, new JSON fields become new columns; the OTLP
+    streams (--otlp) have a built-in schema."""
     from .jvm_output import spark_log_level
     from deltalake.exceptions import DeltaError
 
@@ -79,6 +86,8 @@ def spark_ship(data_dir: str, stream: str, lake: str, group: str, schema: str | 
         raise click.UsageError("give --schema or --schema-file, not both")
     if schema_file:
         schema = Path(schema_file).read_text()
+    if otlp and schema:
+        raise click.UsageError("give --otlp or a schema (--schema, --schema-file), not both")
     conf = []
     for item in confs:
         key, eq, value = item.partition("=")
@@ -99,7 +108,7 @@ def spark_ship(data_dir: str, stream: str, lake: str, group: str, schema: str | 
     try:
         target = Lake(lake, endpoint_url=endpoint_url, single_writer=single_writer)
         opts = ShipOptions(os.path.abspath(data_dir), stream, target, group, schema, sample,
-                           event_time_field, event_time_unit, max_entries, entries_per_task)
+                           event_time_field, event_time_unit, max_entries, entries_per_task, otlp=otlp)
         report = ship(opts, start_spark)
     except (CometError, LakeError, LakeBusy, SparkStartError, ValueError, FileNotFoundError) as exc:
         raise click.ClickException(str(exc)) from None

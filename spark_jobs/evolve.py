@@ -237,6 +237,8 @@ def type_name(t: pa.DataType) -> str:
         return "struct<" + ", ".join(f"{f.name} {type_name(f.type)}" for f in t) + ">"
     if pa.types.is_list(t):
         return f"array<{type_name(t.value_type)}>"
+    if pa.types.is_map(t):
+        return f"map<{type_name(t.key_type)},{type_name(t.item_type)}>"
     return next((name for test, name in _TYPE_NAMES if test(t)), str(t))
 
 
@@ -247,6 +249,8 @@ def canonical(t: pa.DataType) -> pa.DataType:
         return pa.struct([pa.field(f.name, canonical(f.type)) for f in t])
     if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_list_view(t):
         return pa.list_(canonical(t.value_type))
+    if pa.types.is_map(t):
+        return pa.map_(canonical(t.key_type), canonical(t.item_type))
     if pa.types.is_large_string(t) or pa.types.is_string_view(t):
         return pa.string()
     if pa.types.is_large_binary(t) or pa.types.is_binary_view(t):

@@ -40,6 +40,8 @@ from .legacy import refuse_format_1
 from .lock import run_lock
 from .lockinfo import LakeBusy
 from .offsets import Offsets, SourceOptions, bounds, cap, shard_list, to_json
+from . import otlp_schema
+from .otlp_schema import signal_of
 from .plan import RunPlan, Shipper, plan_runs, read_plan, remove_old_plans, struct_to_json, write_plan
 from .schema import check_value_type, given_value_type, sample_value_type, value_ddl
 from .writer import WrittenFile
@@ -67,6 +69,16 @@ class ShipOptions:
     event_time_unit: str = "ms"
     max_entries: int | None = None
     entries_per_task: int = DEFAULT_ENTRIES_PER_TASK
+    otlp: str | None = None
+    """The stream holds the gateway's OTLP events of this signal (``logs``,
+    ``traces``, ``metrics``): ship them with its built-in schema
+    (``otlp_schema.py``).  Without it and without ``value_schema``, the
+    streams ``otel-logs``, ``otel-traces``, ``otel-metrics`` are shipped so."""
+
+    @property
+    def signal(self) -> str | None:
+        """The OTLP signal whose schema the run ships with (None: none)."""
+        return signal_of(self.stream, self.otlp, self.value_schema)
 
 
 @dataclass
@@ -125,6 +137,7 @@ def ship(opts: ShipOptions, spark: Callable[[], Any]) -> ShipReport:
     if opts.event_time_unit not in EVENT_TIME_UNITS:
         raise ValueError(f"event time unit {opts.event_time_unit!r}: use one of {EVENT_TIME_UNITS}")
     given_ddl = value_ddl(opts.value_schema) if opts.value_schema else None
+    signal = opts.signal  # a wrong one fails here, before anything else
     lake = opts.lake
     lake.check()
     refuse_format_1(lake)
@@ -143,6 +156,8 @@ def ship(opts: ShipOptions, spark: Callable[[], Any]) -> ShipReport:
             with run_lock(lake, opts.stream, opts.group):
                 session = spark()
                 given = given_value_type(given_ddl) if given_ddl else None
+                if signal is not None:
+                    given = otlp_schema.value_type(signal)  # no JVM needed
                 if given is not None:
                     check_value_type(given, opts.event_time_field)
                 remove_leftovers(lake, shipper)
@@ -257,7 +272,7 @@ def _plan(storage: Log, opts: ShipOptions, shipper: Shipper, shards: list[int], 
         return None
     table_type = LakeTable.main(opts.lake).value_type()
     if given is not None:
-        check_given(given, table_type)
+        check_given(given, table_type, opts.signal)
         value_type, evolve = given, False
     else:
         value_type = sample_value_type(storage, opts.stream, starts, ends, opts.sample, table_type)
@@ -266,18 +281,20 @@ def _plan(storage: Log, opts: ShipOptions, shipper: Shipper, shards: list[int], 
     run = max([state.committed, *plan_runs(opts.lake, shipper)]) + 1
     plan = RunPlan(run, opts.stream, shipper.incarnation, opts.group,
                    {s: (starts[s], ends[s]) for s in shards}, struct_to_json(value_type), evolve,
-                   opts.entries_per_task, opts.event_time_field, opts.event_time_unit)
+                   opts.entries_per_task, opts.event_time_field, opts.event_time_unit,
+                   otlp=opts.signal)
     write_plan(opts.lake, plan)
     crash_point("planned")
     return plan
 
 
-def check_given(given: pa.StructType, table_type: pa.StructType) -> None:
-    """A given schema may add columns, not change one."""
+def check_given(given: pa.StructType, table_type: pa.StructType, signal: str | None = None) -> None:
+    """A given schema (``signal``'s built-in one, if given) may add columns, not change one."""
     columns = {f.name: f.type for f in table_type}
     wrong = [f for f in given if f.name in columns and columns[f.name] != f.type]
     if wrong:
-        raise ValueError("--schema changes the type of a column the lake has: " + "; ".join(
+        what = f"the built-in schema of OTLP {signal}" if signal else "--schema"
+        raise ValueError(f"{what} changes the type of a column the lake has: " + "; ".join(
             f"{f.name} is {type_name(columns[f.name])} in the lake, {type_name(f.type)} in the schema"
             for f in wrong))
 
@@ -359,7 +376,7 @@ def _run_tasks(spark: Any, opts: ShipOptions, plan: RunPlan, value_type: pa.Stru
     job = ShipTask(os.path.abspath(opts.data_dir), opts.lake, plan.stream, plan.run,
                    uuid.uuid4().hex[:12], temp_rel(plan.shipper), value_type, evolve,
                    plan.event_time_field, plan.event_time_unit, fixed=fixed,
-                   incarnation=plan.incarnation)
+                   incarnation=plan.incarnation, otlp=plan.otlp)
     # As many Spark partitions as cores, each taking its tasks in turn: a
     # Spark task costs ~0.1 s to schedule, a plan's task numbers stay the same.
     slices = min(len(tasks), max(1, spark.sparkContext.defaultParallelism))

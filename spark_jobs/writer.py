@@ -41,7 +41,7 @@ from storage_c import StreamNotFound
 from storage_c.export import HOUR_NS, partition_path
 from storage_c.files import make_dirs_durably, publish_durably
 
-from .arrow import TIMESTAMP, JsonParser, parsed_batches
+from .arrow import TIMESTAMP, BatchParser, JsonParser, parsed_batches
 from .lakefs import Lake
 from .source import RangePartition, shared_log
 
@@ -135,6 +135,8 @@ class ShipTask:
     run's other fields (from its sample) may still widen from long to double."""
     incarnation: int | None = None
     """The stream's incarnation the run was planned for (None: not checked)."""
+    otlp: str | None = None
+    """The OTLP signal of the stream's events: they are read by ``otlp_rows.OtlpParser``."""
 
     def __call__(self, items: Iterator[tuple[int, RangePartition]]) -> Iterator[WrittenFile]:
         log = shared_log(self.data_dir, self.stream, self.incarnation)
@@ -142,7 +144,7 @@ class ShipTask:
             raise StreamNotFound(f"stream {self.stream!r} was deleted and created again since "
                                  f"run {self.run} was planned: that run cannot finish")
         for task, part in items:
-            parser = JsonParser(self.value_type, self.evolve, self.fixed)  # a task's own growth
+            parser = self.parser()
             writer = PartitionWriter(self, task)
             try:
                 for batch in parsed_batches(log, parser, self.stream, part.shard, part.start,
@@ -153,6 +155,14 @@ class ShipTask:
                 writer.discard()
                 raise
             yield from files
+
+    def parser(self) -> BatchParser:
+        """A task's parser (with ``evolve``, its own growth of the schema)."""
+        if self.otlp:
+            from .otlp_rows import OtlpParser
+
+            return OtlpParser(self.value_type)
+        return JsonParser(self.value_type, self.evolve, self.fixed)
 
 
 class PartitionWriter:
