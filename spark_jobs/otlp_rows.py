@@ -39,6 +39,8 @@ Convert = Callable[[Any], Any]
 """One field's conversion: the event's object in, the field's row value out."""
 
 NON_FINITE = {"NaN": float("nan"), "Infinity": float("inf"), "-Infinity": float("-inf")}
+CHUNK_ROWS = 2048
+"""Events converted to Python objects at a time (their memory: a few MiB)."""
 LONG_MAX = (1 << 63) - 1
 INT_MAX = (1 << 31) - 1
 
@@ -221,9 +223,20 @@ class OtlpParser:
 
     def rows(self, payloads: list[bytes]) -> tuple[pa.StructArray, list[str | None]]:
         """The payloads' rows (null for a reject) and each one's reason to be a reject."""
+        arrays: list[pa.Array] = []
+        errors: list[str | None] = []
+        for start in range(0, len(payloads), CHUNK_ROWS):
+            array, chunk_errors = self._chunk(payloads[start:start + CHUNK_ROWS])
+            arrays.append(array)
+            errors += chunk_errors
+        if not arrays:
+            return self._array([]), errors
+        return cast(pa.StructArray, pa.concat_arrays(arrays)), errors
+
+    def _chunk(self, payloads: list[bytes]) -> tuple[pa.StructArray, list[str | None]]:
         rows: list[Any] = []
         errors: list[str | None] = []
-        # Every event is a tree of new objects, all alive until the batch is
+        # Every event is a tree of new objects, all alive until the chunk is
         # built: the cyclic collector would scan them again and again
         # (measured: half the time) and finds no cycles in JSON.
         collecting = gc.isenabled()

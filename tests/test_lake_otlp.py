@@ -18,6 +18,7 @@ import pyarrow as pa
 import pytest
 from click.testing import CliRunner
 
+from spark_jobs import otlp_rows
 from spark_jobs.cli import spark_ship
 from spark_jobs.delta import LakeTable
 from spark_jobs.lake import read_table
@@ -228,7 +229,8 @@ def test_the_three_streams_ship_without_a_schema_into_typed_columns(data_dir: Pa
 
 
 def test_a_repeated_key_keeps_the_last_value_and_what_does_not_fit_is_a_reject(
-        data_dir: Path, tmp_path: Path) -> None:
+        data_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(otlp_rows, "CHUNK_ROWS", 3)  # rows and rejects in several chunks
     lake = Lake(str(tmp_path / "lake"))
     repeated = (b'{"resource":{"attributes":{"k":"first","k":"last","n":1}},"time_unix_nano":5000,'
                 b'"body":{"x":1,"x":{"y":2,"y":3}},"attributes":{"a":1,"b":true,"a":"two"},'

@@ -484,6 +484,37 @@ def test_cheap_checks_and_a_run_with_nothing_new_start_no_jvm(data_dir: Path, tm
     assert record.exists()
 
 
+def test_otlp_schemas_as_spark_reads_them_and_a_run_in_its_executors(
+        spark: SparkSession, data_dir: Path, tmp_path: Path) -> None:
+    """The built-in OTLP schemas are Spark DDL that Spark's parser reads as
+    spark_jobs/otlp_schema.py does; an OTLP stream's tasks run in Spark's
+    Python workers (the rows' checks: tests/test_lake_otlp.py)."""
+    from pyspark.sql.types import MapType, TimestampType
+
+    from spark_jobs.otlp_schema import SIGNALS, ddl, value_type
+    from spark_jobs.schema import given_value_type
+
+    from .support import otlp
+    from .support.otlp_requests import metrics_request
+
+    for signal in SIGNALS:
+        assert given_value_type(ddl(signal)) == value_type(signal), signal
+    points, _ = otlp.events("metrics", metrics_request().SerializeToString())
+    with Log(data_dir, CFG) as log:
+        log.create_stream("otel-metrics", 4)
+        log.append_delimited("otel-metrics", b"".join(orjson.dumps(p) + b"\n" for p in points))
+    lake = Lake(str(tmp_path / "lake"))
+    report = ship(ShipOptions(str(data_dir), "otel-metrics", lake), lambda: spark)
+    assert (report.rows, report.rejects) == (len(points), 0)
+    df = read_dataframe(spark, lake, "otel-metrics")
+    assert isinstance(df.schema["attributes"].dataType, MapType)
+    assert isinstance(df.schema["time"].dataType, TimestampType)
+    found = df.where("metric.name = 'requests'").selectExpr(
+        "resource.attributes['service.name'] AS service", "as_int", "time_unix_nano").collect()
+    assert [r.asDict() for r in found] == [{"service": "checkout", "as_int": 12345,
+                                            "time_unix_nano": 1_763_700_000_123_456_789}]
+
+
 def socket_port() -> int:
     import socket
 
