@@ -285,6 +285,33 @@ def test_otlp_ships_a_stream_of_another_name(data_dir: Path, tmp_path: Path) -> 
     assert LakeTable.main(lake).value_type() == value_type("traces")
 
 
+def test_a_run_a_crash_interrupted_is_redone_with_the_otlp_schema(
+        data_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The plan says the stream is OTLP: the redo (by a call that could not tell
+    from the stream's name) reads the events as the crashed attempt did."""
+    from spark_jobs import ship as ship_module
+
+    class Killed(BaseException):
+        pass
+
+    def crash_point(name: str) -> None:
+        if name == "resolved":
+            raise Killed(name)
+
+    lake = Lake(str(tmp_path / "lake"))
+    spans = events_of("traces")
+    append(data_dir, "app-spans", [orjson.dumps(e) for e in spans])
+    with monkeypatch.context() as patched:
+        patched.setattr(ship_module, "crash_point", crash_point)
+        with pytest.raises(Killed):
+            run(data_dir, "app-spans", lake, otlp="traces")
+    assert read_table(lake, "app-spans").num_columns == 0  # nothing committed
+    report = run(data_dir, "app-spans", lake)  # no --otlp: the plan knows
+    assert (report.resumed, report.rows, report.rejects) == (1, len(spans), 0)
+    assert [r["duration_ns"] for r in rows_of(lake, "app-spans")] == [None, 1_234_567_891, 2_469_135_782]
+    check_exactly_once(lake, data_dir, "app-spans", CFG)
+
+
 def test_a_lake_column_of_another_type_is_a_clear_error(data_dir: Path, tmp_path: Path) -> None:
     """A lake whose ``attributes`` column a stream of plain JSON made a struct."""
     lake = Lake(str(tmp_path / "lake"))
