@@ -79,15 +79,15 @@ def spark_ship(data_dir: str, stream: str, lake: str, group: str, schema: str | 
     from .session import SparkStartError, job_session, under_spark_submit
     from .ship import ShipOptions, ship
 
+    if schema and schema_file:
+        raise click.UsageError("give --schema or --schema-file, not both")
+    if otlp and (schema or schema_file):
+        raise click.UsageError("give --otlp or a schema (--schema, --schema-file), not both")
     if master and not master.startswith("local") and not under_spark_submit():
         submit_to_cluster(master, confs)
     log_to(sys.stderr, quiet=("py4j",))
-    if schema and schema_file:
-        raise click.UsageError("give --schema or --schema-file, not both")
     if schema_file:
         schema = Path(schema_file).read_text()
-    if otlp and schema:
-        raise click.UsageError("give --otlp or a schema (--schema, --schema-file), not both")
     conf = []
     for item in confs:
         key, eq, value = item.partition("=")
