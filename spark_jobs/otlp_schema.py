@@ -1,7 +1,7 @@
 """The built-in value schemas of the OTLP streams (``comet spark-ship`` without ``--schema``).
 
 The gateway stores each OTLP log record, span and metric data point as one
-JSON event (the layout's reference: tests/support/otlp.py)
+JSON event (docs/opentelemetry.md; the reference: tests/support/otlp.py)
 in the streams ``otel-logs``, ``otel-traces`` and ``otel-metrics``.  Their
 lake columns are declared here once, as Spark DDL: the docs show this text,
 and Spark's parser reads it as this module does (tests/test_spark_ship.py).
