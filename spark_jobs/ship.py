@@ -15,6 +15,8 @@ lock) comes first, and a run with nothing to ship never starts it.  The
 lock (``lock.py``): a second run of the same stream and group at the same
 time is refused at once and changes nothing.  A given value schema is
 checked by Spark's parser as soon as the session is up, before any job.
+The OTLP streams have built-in schemas (``otlp_schema.py``), which need
+no JVM.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from storage_c import Config, GroupNotFound, Log, check_group_name
 from storage_c.files import remove_stale_temp_files
 from storage_c.jsonlog import event
 
+from . import otlp_schema
 from .delta import COMMIT_ATTEMPTS, LakeTable, SchemaConflict, main_schema, ranges_text, rejects_schema
 from .evolve import fits, resolve, type_name
 from .lakefs import Lake
@@ -40,8 +43,6 @@ from .legacy import refuse_format_1
 from .lock import run_lock
 from .lockinfo import LakeBusy
 from .offsets import Offsets, SourceOptions, bounds, cap, shard_list, to_json
-from . import otlp_schema
-from .otlp_schema import signal_of
 from .plan import RunPlan, Shipper, plan_runs, read_plan, remove_old_plans, struct_to_json, write_plan
 from .schema import check_value_type, given_value_type, sample_value_type, value_ddl
 from .writer import WrittenFile
@@ -78,7 +79,7 @@ class ShipOptions:
     @property
     def signal(self) -> str | None:
         """The OTLP signal whose schema the run ships with (None: none)."""
-        return signal_of(self.stream, self.otlp, self.value_schema)
+        return otlp_schema.signal_of(self.stream, self.otlp, self.value_schema)
 
 
 @dataclass
