@@ -54,6 +54,7 @@ STORAGE_ERRORS: dict[type[CometError], ErrorAnswer] = {
     storage_c.ShardRangeError: ErrorAnswer(400, "bad_parameter"),
     storage_c.InvalidArgument: ErrorAnswer(400, "bad_parameter"),
     storage_c.InvalidJSON: ErrorAnswer(400, "invalid_json"),
+    storage_c.InvalidOTLP: ErrorAnswer(400, "invalid_otlp"),
     storage_c.NoEvents: ErrorAnswer(400, "empty_body"),
     storage_c.EntryTooLarge: ErrorAnswer(413, "event_too_large"),
     storage_c.BatchTooLarge: ErrorAnswer(413, "batch_too_large"),
