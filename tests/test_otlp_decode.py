@@ -701,6 +701,9 @@ def test_a_rejected_record_says_why() -> None:
 def test_doubles_read_back_exactly() -> None:
     rng = random.Random(SEED)
     values = [struct.unpack("<d", rng.randbytes(8))[0] for _ in range(3000)] + DOUBLES
+    values += [round(rng.uniform(-1e6, 1e6), rng.randrange(0, 12)) for _ in range(3000)]
+    values += [rng.randrange(-2**53, 2**53) / 10.0 ** rng.randrange(0, 25) for _ in range(3000)]
+    values += [math.nextafter(x, math.inf) for x in values[-3000:]]
     values = [x for x in values if math.isfinite(x)]
     req = ExportLogsServiceRequest()
     records = req.resource_logs.add().scope_logs.add().log_records

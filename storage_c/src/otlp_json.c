@@ -171,6 +171,44 @@ void oj_i64(ojbuf *b, int64_t v)
     oj_put(b, p, (size_t)(tmp + sizeof tmp - p));
 }
 
+/* Powers of ten that are exact doubles. */
+static const double POW10[] = {1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11,
+                               1e12, 1e13, 1e14, 1e15, 1e16, 1e17};
+
+/* The common case without snprintf and strtod: x written as m / 10^k with the
+ * fewest digits k after the point (k <= 17) such that the division, done in
+ * doubles, gives x back.  With m below 2^53 (exact) and 10^k exact, that
+ * division and a reader's conversion of the text are both the correctly
+ * rounded value of the same rational number, so the text reads back as x.
+ * Returns 0 when no such m exists (very large, very small or long values). */
+static int short_decimal(ojbuf *b, double x)
+{
+    double mag = x < 0 ? -x : x;
+    if (!(mag >= 1e-7 && mag < 1e15))
+        return 0;
+    for (int k = 1; k < (int)(sizeof POW10 / sizeof *POW10); k++) {
+        double scaled = mag * POW10[k];
+        if (scaled >= 9007199254740991.0)
+            return 0;
+        uint64_t v = (uint64_t)(scaled + 0.5), unit = 1; /* a candidate: checked next */
+        if ((double)v / POW10[k] != mag)
+            continue;
+        for (int i = 0; i < k; i++)
+            unit *= 10;
+        char tmp[48];
+        char *end = tmp + sizeof tmp, *p = u64_digits(v % unit, end);
+        while (end - p < k)
+            *--p = '0'; /* the fraction's leading zeros */
+        *--p = '.';
+        p = u64_digits(v / unit, p);
+        if (x < 0)
+            *--p = '-';
+        oj_put(b, p, (size_t)(end - p));
+        return 1;
+    }
+    return 0;
+}
+
 void oj_double(ojbuf *b, double x)
 {
     if (x != x) {
@@ -190,6 +228,8 @@ void oj_double(ojbuf *b, double x)
         oj_lit(b, ".0");
         return;
     }
+    if (short_decimal(b, x))
+        return;
     char text[40];
     int n = 0;
     for (int digits = 15; digits <= 17; digits++) {
@@ -245,9 +285,9 @@ void oj_hex(ojbuf *b, const uint8_t *s, size_t n)
     if (!w)
         return;
     *w++ = '"';
-    for (size_t i = 0; i < n; i++) {
-        *w++ = (uint8_t)hex[s[i] >> 4];
-        *w++ = (uint8_t)hex[s[i] & 15];
+    for (size_t i = 0; i < n; i++, w += 2) {
+        w[0] = (uint8_t)hex[s[i] >> 4];
+        w[1] = (uint8_t)hex[s[i] & 15];
     }
     *w++ = '"';
     b->len = (size_t)(w - b->p);
