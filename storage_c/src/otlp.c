@@ -429,24 +429,25 @@ static const uint8_t *utf8_invalid(const uint8_t *s, size_t n)
 static const uint8_t *check_message(dec *d, int m, const uint8_t *p, const uint8_t *end,
                                     int depth, uint32_t group)
 {
-    const char *name = MSGS[m].name;
+    /* "a ScopeLogs", "an AnyValue" */
+    const char *name = MSGS[m].name, *a = strchr("AEIOU", name[0]) ? "an" : "a";
     while (p < end) {
         const uint8_t *at = p;
         uint64_t tag;
         if (!(p = read_varint(p, end, &tag)) || p - at > 5 || tag > UINT32_MAX) {
-            fail(d, at, "a %s: a field's tag is cut short, longer than 5 bytes or above 2^32",
-                 name);
+            fail(d, at, "%s %s: a field's tag is cut short, longer than 5 bytes or above 2^32",
+                 a, name);
             return NULL;
         }
         uint32_t num = (uint32_t)(tag >> 3), wt = (uint32_t)(tag & 7);
         if (wt == WT_END) {
             if (num == group)
                 return p;
-            fail(d, at, "a %s: an end-group tag of field %u with no such group open", name, num);
+            fail(d, at, "%s %s: an end-group tag of field %u with no such group open", a, name, num);
             return NULL;
         }
         if (num == 0 && group == NO_GROUP) {
-            fail(d, at, "a %s: a field numbered 0", name);
+            fail(d, at, "%s %s: a field numbered 0", a, name);
             return NULL;
         }
         const field_def *f = field_of(m, num);
@@ -455,8 +456,8 @@ static const uint8_t *check_message(dec *d, int m, const uint8_t *p, const uint8
         switch (wt) {
         case WT_VARINT:
             if (!(p = read_varint(p, end, &n))) {
-                fail(d, at, "field %u of a %s: a varint cut short or longer than 10 bytes", num,
-                     name);
+                fail(d, at, "field %u of %s %s: a varint cut short or longer than 10 bytes", num,
+                     a, name);
                 return NULL;
             }
             break;
@@ -464,26 +465,26 @@ static const uint8_t *check_message(dec *d, int m, const uint8_t *p, const uint8
         case WT_I32:
             n = wt == WT_I64 ? 8 : 4;
             if ((uint64_t)(end - p) < n) {
-                fail(d, at, "field %u of a %s: %u bytes needed, %zu left in its message", num,
-                     name, (unsigned)n, (size_t)(end - p));
+                fail(d, at, "field %u of %s %s: %u bytes needed, %zu left in its message", num,
+                     a, name, (unsigned)n, (size_t)(end - p));
                 return NULL;
             }
             p += n;
             break;
         case WT_LEN:
             if (!(p = read_varint(p, end, &n))) {
-                fail(d, at, "field %u of a %s: its length is cut short", num, name);
+                fail(d, at, "field %u of %s %s: its length is cut short", num, a, name);
                 return NULL;
             }
             if (n >= INT32_MAX || n > (uint64_t)(end - p)) {
-                fail(d, at, "field %u of a %s: length %llu runs past the end of its message", num,
-                     name, (unsigned long long)n);
+                fail(d, at, "field %u of %s %s: length %llu runs past the end of its message", num,
+                     a, name, (unsigned long long)n);
                 return NULL;
             }
             if (known && f->kind == K_STRING) {
                 const uint8_t *bad = utf8_invalid(p, n);
                 if (bad) {
-                    fail(d, bad, "field %u of a %s: the string is not valid UTF-8", num, name);
+                    fail(d, bad, "field %u of %s %s: the string is not valid UTF-8", num, a, name);
                     return NULL;
                 }
             } else if (known && f->kind == K_MESSAGE) {
@@ -494,15 +495,15 @@ static const uint8_t *check_message(dec *d, int m, const uint8_t *p, const uint8
                 if (!check_message(d, f->msg, p, p + n, depth - 1, NO_GROUP))
                     return NULL;
             } else if (known && f->kind == K_PACKED_I64 && n % 8) {
-                fail(d, at, "field %u of a %s: %llu packed bytes are not a whole number of 8-byte values",
-                     num, name, (unsigned long long)n);
+                fail(d, at, "field %u of %s %s: %llu packed bytes are not a whole number of 8-byte values",
+                     num, a, name, (unsigned long long)n);
                 return NULL;
             } else if (known && f->kind == K_PACKED_VARINT) {
                 for (const uint8_t *q = p; q < p + n;) {
                     uint64_t v;
                     if (!(q = read_varint(q, p + n, &v))) {
-                        fail(d, at, "field %u of a %s: a packed varint runs past its field", num,
-                             name);
+                        fail(d, at, "field %u of %s %s: a packed varint runs past its field", num,
+                             a, name);
                         return NULL;
                     }
                 }
@@ -518,7 +519,7 @@ static const uint8_t *check_message(dec *d, int m, const uint8_t *p, const uint8
                 return NULL;
             break;
         default:
-            fail(d, at, "field %u of a %s: wire type %u does not exist", num, name, wt);
+            fail(d, at, "field %u of %s %s: wire type %u does not exist", num, a, name, wt);
             return NULL;
         }
     }
