@@ -6,7 +6,8 @@ opentelemetry-proto classes (every field, oneofs, presence fields, nested
 values up to and past the depth limit, non-finite doubles, bytes, unicode,
 empty containers, ids of bad lengths), then mutations of their bytes: fields
 duplicated (a singular message sent twice merges), moved, split, unpacked,
-re-encoded with another wire type, unknown fields and groups added, bits
+re-encoded with another wire type, taken from other messages (a oneof
+switching members and back), unknown fields and groups added, bits
 flipped, bytes inserted and deleted, truncation, slices duplicated.  For each
 body both refuse it, or both give the same events (values, their JSON types
 and key order), the same rejected count and the same partition key.
@@ -16,6 +17,7 @@ COMET_FUZZ_SEED=N replays a run; every failure message names the seed.
 
 from __future__ import annotations
 
+import copy
 import math
 import os
 import random
@@ -486,14 +488,14 @@ class Mutator:
         self.lists = []
         self.collect(fields)
         msg = self.r.choice(self.lists)
-        op = self.r.randrange(9)
+        op = self.r.randrange(11)
         if not msg or op == 0:
             msg.insert(self.r.randrange(len(msg) + 1), Field(0, 0, raw=self.unknown()))
             return
         i = self.r.randrange(len(msg))
         f = msg[i]
         if op == 1:  # the same field again: merged, or the last wins
-            msg.insert(self.r.randrange(len(msg) + 1), f)
+            msg.insert(self.r.randrange(len(msg) + 1), copy.deepcopy(f))
         elif op == 2:
             j = self.r.randrange(len(msg))
             msg[i], msg[j] = msg[j], msg[i]
@@ -529,6 +531,13 @@ class Mutator:
                 values = [Field(f.num, 1, payload[k:k + 8]) for k in range(0, len(payload), 8)]
             if values:
                 msg[i:i + 1] = values
+        elif op in (8, 9):  # a field of another message, alone or between two of this one
+            # mostly another field of a message like this one (a oneof's other member)
+            alike = [g for fields in self.lists if any(h.num == f.num for h in fields)
+                     for g in fields if g.num != f.num]
+            everything = [g for fields in self.lists for g in fields]
+            other = copy.deepcopy(self.r.choice(alike if alike and self.r.random() < 0.8 else everything))
+            msg[i:i + 1] = [other] if op == 8 else [f, other, copy.deepcopy(f)]
         else:
             msg.insert(i, Field(0, 0, raw=self.unknown()))
 
