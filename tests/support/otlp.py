@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import math
+from functools import partial
 from typing import Any, Callable, Iterable, Iterator
 
 from google.protobuf.message import DecodeError, Message
@@ -207,7 +208,7 @@ def log_records(request: Any) -> Iterator[Callable[[], Event]]:
     for rl in request.resource_logs:
         for sl in rl.scope_logs:
             for record in sl.log_records:
-                yield lambda rl=rl, sl=sl, record=record: log_event(rl, sl, record)
+                yield partial(log_event, rl, sl, record)
 
 
 # ---- traces -----------------------------------------------------------
@@ -254,7 +255,7 @@ def spans(request: Any) -> Iterator[Callable[[], Event]]:
     for rs in request.resource_spans:
         for ss in rs.scope_spans:
             for span in ss.spans:
-                yield lambda rs=rs, ss=ss, span=span: span_event(rs, ss, span)
+                yield partial(span_event, rs, ss, span)
 
 
 # ---- metrics ----------------------------------------------------------
@@ -339,8 +340,7 @@ def data_points(request: Any) -> Iterator[Callable[[], Event]]:
                 if kind is None:
                     continue
                 for point in getattr(metric, kind).data_points:
-                    yield lambda rm=rm, sm=sm, metric=metric, kind=kind, point=point: \
-                        point_event(rm, sm, metric, kind, point)
+                    yield partial(point_event, rm, sm, metric, kind, point)
 
 
 RECORDS: dict[str, Callable[[Any], Iterator[Callable[[], Event]]]] = {
