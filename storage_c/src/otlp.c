@@ -895,6 +895,17 @@ static int write_attributes_at(dec *d, view msg, const fields *f, int m, uint32_
     return rc;
 }
 
+/* The attributes of item i of a list of the event: /list/i/name/... */
+static int write_item_attributes(dec *d, const char *list, uint32_t i, view msg, const fields *f,
+                                 int m, uint32_t num, const char *name)
+{
+    path_name(d, list);
+    path_push(d, NULL, 0, i);
+    int rc = write_attributes_at(d, msg, f, m, num, name);
+    d->path.n -= 2;
+    return rc;
+}
+
 /* ',"name":n' for a uint32 count that is not zero. */
 static void write_dropped(dec *d, const fields *f, uint32_t num, const char *key)
 {
@@ -1160,10 +1171,8 @@ static int span_events(dec *d, view sv, const fields *s)
         oj_lit(d->o, ",\"name\":");
         write_string_field(d, &e, 2);
         oj_lit(d->o, ",\"attributes\":");
-        path_name(d, "events");
-        path_push(d, NULL, 0, i++);
-        int rc = write_attributes_at(d, one_view(&ev), &e, M_SPAN_EVENT, 3, "attributes");
-        d->path.n -= 2;
+        int rc = write_item_attributes(d, "events", i++, one_view(&ev), &e, M_SPAN_EVENT, 3,
+                                       "attributes");
         if (rc)
             return rc;
         write_dropped(d, &e, 4, ",\"dropped_attributes_count\":");
@@ -1192,10 +1201,7 @@ static int span_links(dec *d, view sv, const fields *s)
         oj_lit(d->o, ",\"trace_state\":");
         write_string_field(d, &l, 3);
         oj_lit(d->o, ",\"attributes\":");
-        path_name(d, "links");
-        path_push(d, NULL, 0, i++);
-        rc = write_attributes_at(d, one_view(&ln), &l, M_SPAN_LINK, 4, "attributes");
-        d->path.n -= 2;
+        rc = write_item_attributes(d, "links", i++, one_view(&ln), &l, M_SPAN_LINK, 4, "attributes");
         if (rc)
             return rc;
         write_dropped(d, &l, 5, ",\"dropped_attributes_count\":");
@@ -1352,10 +1358,8 @@ static int write_exemplars(dec *d, view pv, const fields *p, int m, uint32_t num
         fields e;
         scan(d, M_EXEMPLAR, one_view(&ex), &e);
         oj_lit(d->o, i ? ",{\"filtered_attributes\":" : "{\"filtered_attributes\":");
-        path_name(d, "exemplars");
-        path_push(d, NULL, 0, i++);
-        int rc = write_attributes_at(d, one_view(&ex), &e, M_EXEMPLAR, 7, "filtered_attributes");
-        d->path.n -= 2;
+        int rc = write_item_attributes(d, "exemplars", i++, one_view(&ex), &e, M_EXEMPLAR, 7,
+                                       "filtered_attributes");
         if (rc)
             return rc;
         oj_lit(d->o, ",\"time_unix_nano\":");
