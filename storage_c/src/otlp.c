@@ -260,15 +260,18 @@ static inline const field_def *field_of(int m, uint32_t num)
  * (else protobuf keeps it as an unknown field). */
 static inline int wire_matches(int kind, uint32_t wt)
 {
-    switch (kind) {
-    case K_VARINT: return wt == WT_VARINT;
-    case K_I64: return wt == WT_I64;
-    case K_I32: return wt == WT_I32;
-    case K_STRING: case K_BYTES: case K_MESSAGE: return wt == WT_LEN;
-    case K_PACKED_VARINT: return wt == WT_VARINT || wt == WT_LEN;
-    case K_PACKED_I64: return wt == WT_I64 || wt == WT_LEN;
-    default: return 0;
-    }
+    static const uint8_t WIRES[] = {
+        [K_NONE] = 0,
+        [K_VARINT] = 1 << WT_VARINT,
+        [K_I64] = 1 << WT_I64,
+        [K_I32] = 1 << WT_I32,
+        [K_STRING] = 1 << WT_LEN,
+        [K_BYTES] = 1 << WT_LEN,
+        [K_MESSAGE] = 1 << WT_LEN,
+        [K_PACKED_VARINT] = 1 << WT_VARINT | 1 << WT_LEN,
+        [K_PACKED_I64] = 1 << WT_I64 | 1 << WT_LEN,
+    };
+    return WIRES[kind] >> wt & 1;
 }
 
 /* ---- the decoder's state ---------------------------------------------------- */
@@ -359,8 +362,12 @@ static span *arena_spans(dec *d, size_t n)
 
 /* A varint of at most 10 bytes (bits past the 64th are dropped, as upb
  * does): the byte after it, or NULL when it is truncated or longer. */
-static const uint8_t *read_varint(const uint8_t *p, const uint8_t *end, uint64_t *out)
+static inline const uint8_t *read_varint(const uint8_t *p, const uint8_t *end, uint64_t *out)
 {
+    if (p < end && *p < 0x80) {
+        *out = *p;
+        return p + 1;
+    }
     uint64_t v = 0;
     for (int i = 0; i < 10 && p + i < end; i++) {
         uint8_t b = p[i];
@@ -417,6 +424,12 @@ static const uint8_t *utf8_invalid(const uint8_t *s, size_t n)
     return NULL;
 }
 
+/* "a ScopeLogs", "an AnyValue": for errors. */
+static const char *an(const char *name)
+{
+    return strchr("AEIOU", name[0]) ? "an" : "a";
+}
+
 /* check_message's group for a message, which ends at its end (field numbers
  * are below 2^29). */
 #define NO_GROUP UINT32_MAX
@@ -429,25 +442,24 @@ static const uint8_t *utf8_invalid(const uint8_t *s, size_t n)
 static const uint8_t *check_message(dec *d, int m, const uint8_t *p, const uint8_t *end,
                                     int depth, uint32_t group)
 {
-    /* "a ScopeLogs", "an AnyValue" */
-    const char *name = MSGS[m].name, *a = strchr("AEIOU", name[0]) ? "an" : "a";
+    const char *name = MSGS[m].name;
     while (p < end) {
         const uint8_t *at = p;
         uint64_t tag;
         if (!(p = read_varint(p, end, &tag)) || p - at > 5 || tag > UINT32_MAX) {
             fail(d, at, "%s %s: a field's tag is cut short, longer than 5 bytes or above 2^32",
-                 a, name);
+                 an(name), name);
             return NULL;
         }
         uint32_t num = (uint32_t)(tag >> 3), wt = (uint32_t)(tag & 7);
         if (wt == WT_END) {
             if (num == group)
                 return p;
-            fail(d, at, "%s %s: an end-group tag of field %u with no such group open", a, name, num);
+            fail(d, at, "%s %s: an end-group tag of field %u with no such group open", an(name), name, num);
             return NULL;
         }
         if (num == 0 && group == NO_GROUP) {
-            fail(d, at, "%s %s: a field numbered 0", a, name);
+            fail(d, at, "%s %s: a field numbered 0", an(name), name);
             return NULL;
         }
         const field_def *f = field_of(m, num);
@@ -457,7 +469,7 @@ static const uint8_t *check_message(dec *d, int m, const uint8_t *p, const uint8
         case WT_VARINT:
             if (!(p = read_varint(p, end, &n))) {
                 fail(d, at, "field %u of %s %s: a varint cut short or longer than 10 bytes", num,
-                     a, name);
+                     an(name), name);
                 return NULL;
             }
             break;
@@ -466,25 +478,25 @@ static const uint8_t *check_message(dec *d, int m, const uint8_t *p, const uint8
             n = wt == WT_I64 ? 8 : 4;
             if ((uint64_t)(end - p) < n) {
                 fail(d, at, "field %u of %s %s: %u bytes needed, %zu left in its message", num,
-                     a, name, (unsigned)n, (size_t)(end - p));
+                     an(name), name, (unsigned)n, (size_t)(end - p));
                 return NULL;
             }
             p += n;
             break;
         case WT_LEN:
             if (!(p = read_varint(p, end, &n))) {
-                fail(d, at, "field %u of %s %s: its length is cut short", num, a, name);
+                fail(d, at, "field %u of %s %s: its length is cut short", num, an(name), name);
                 return NULL;
             }
             if (n >= INT32_MAX || n > (uint64_t)(end - p)) {
                 fail(d, at, "field %u of %s %s: length %llu runs past the end of its message", num,
-                     a, name, (unsigned long long)n);
+                     an(name), name, (unsigned long long)n);
                 return NULL;
             }
             if (known && f->kind == K_STRING) {
                 const uint8_t *bad = utf8_invalid(p, n);
                 if (bad) {
-                    fail(d, bad, "field %u of %s %s: the string is not valid UTF-8", num, a, name);
+                    fail(d, bad, "field %u of %s %s: the string is not valid UTF-8", num, an(name), name);
                     return NULL;
                 }
             } else if (known && f->kind == K_MESSAGE) {
@@ -496,14 +508,14 @@ static const uint8_t *check_message(dec *d, int m, const uint8_t *p, const uint8
                     return NULL;
             } else if (known && f->kind == K_PACKED_I64 && n % 8) {
                 fail(d, at, "field %u of %s %s: %llu packed bytes are not a whole number of 8-byte values",
-                     num, a, name, (unsigned long long)n);
+                     num, an(name), name, (unsigned long long)n);
                 return NULL;
             } else if (known && f->kind == K_PACKED_VARINT) {
                 for (const uint8_t *q = p; q < p + n;) {
                     uint64_t v;
                     if (!(q = read_varint(q, p + n, &v))) {
                         fail(d, at, "field %u of %s %s: a packed varint runs past its field", num,
-                             a, name);
+                             an(name), name);
                         return NULL;
                     }
                 }
@@ -519,7 +531,7 @@ static const uint8_t *check_message(dec *d, int m, const uint8_t *p, const uint8
                 return NULL;
             break;
         default:
-            fail(d, at, "field %u of %s %s: wire type %u does not exist", num, a, name, wt);
+            fail(d, at, "field %u of %s %s: wire type %u does not exist", num, an(name), name, wt);
             return NULL;
         }
     }
@@ -608,9 +620,17 @@ typedef struct slot {
 } slot;
 
 typedef struct fields {
+    uint32_t present; /* bit n: f[n] holds what was seen of field n (else nothing was) */
+    uint32_t which;   /* the member of the message's oneof set last, 0 if none */
     slot f[MAX_FIELD + 1];
-    uint32_t which; /* the member of the message's oneof set last, 0 if none */
 } fields;
+
+/* The slot of field num, empty when the field was not seen. */
+static inline const slot *get(const fields *f, uint32_t num)
+{
+    static const slot none;
+    return f->present >> num & 1 ? &f->f[num] : &none;
+}
 
 static void add_payload(dec *d, slot *s, const uint8_t *p, uint64_t len)
 {
@@ -638,8 +658,7 @@ static void add_payload(dec *d, slot *s, const uint8_t *p, uint64_t len)
 /* Reads every field of the message of type m in v into out. */
 static void scan(dec *d, int m, view v, fields *out)
 {
-    for (int i = 0; i <= MAX_FIELD; i++)
-        out->f[i].n = 0;
+    out->present = 0;
     out->which = 0;
     for (uint32_t k = 0; k < v.n; k++) {
         const uint8_t *p = v.s[k].p, *end = v.s[k].end;
@@ -654,6 +673,10 @@ static void scan(dec *d, int m, view v, fields *out)
                 continue;
             }
             slot *s = &out->f[num];
+            if (!(out->present >> num & 1)) {
+                out->present |= 1u << num;
+                s->n = 0;
+            }
             if (f->oneof && out->which != num) {
                 out->which = num;
                 s->n = 0;
@@ -715,7 +738,7 @@ static inline view message_view(const slot *s, span *one)
 
 static inline uint64_t num_of(const fields *f, uint32_t num)
 {
-    return f->f[num].n ? f->f[num].v : 0;
+    return get(f, num)->n ? get(f, num)->v : 0;
 }
 
 /* The occurrences of a repeated field, in order. */
@@ -729,7 +752,7 @@ typedef struct iter {
 
 static iter iter_of(view v, const fields *f, int m, uint32_t num)
 {
-    const slot *s = &f->f[num];
+    const slot *s = get(f, num);
     return (iter){v, s->seg, s->n ? s->at : NULL, num, field_of(m, num)->kind, s->n, NULL};
 }
 
@@ -776,7 +799,7 @@ static inline void path_name(dec *d, const char *name)
 
 static void write_string_field(dec *d, const fields *f, uint32_t num)
 {
-    const slot *s = &f->f[num];
+    const slot *s = get(f, num);
     if (s->n)
         oj_string(d->o, s->at, s->v);
     else
@@ -794,7 +817,7 @@ static int write_any(dec *d, view v, int depth, const uint8_t *at)
                     COMET_OTLP_MAX_DEPTH);
     fields f;
     scan(d, M_ANY_VALUE, v, &f);
-    const slot *s = &f.f[f.which];
+    const slot *s = get(&f, f.which);
     ojbuf *o = d->o;
     span one;
     switch (f.which) {
@@ -870,12 +893,12 @@ static int write_attributes(dec *d, view msg, const fields *f, int m, uint32_t n
             oj_byte(d->o, ',');
         write_string_field(d, &k, 1);
         oj_byte(d->o, ':');
-        if (k.f[1].n)
-            path_push(d, k.f[1].at, k.f[1].v, 0);
+        if (get(&k, 1)->n)
+            path_push(d, get(&k, 1)->at, get(&k, 1)->v, 0);
         else
             path_name(d, "");
         span one;
-        int rc = write_any(d, message_view(&k.f[2], &one), depth, it.at);
+        int rc = write_any(d, message_view(get(&k, 2), &one), depth, it.at);
         d->path.n--;
         if (rc)
             return rc;
@@ -919,7 +942,7 @@ static void write_dropped(dec *d, const fields *f, uint32_t num, const char *key
 /* An id: lowercase hex; REJECT unless its length is 0 or size. */
 static int write_id(dec *d, const fields *f, uint32_t num, size_t size, const char *what)
 {
-    const slot *s = &f->f[num];
+    const slot *s = get(f, num);
     size_t len = s->n ? s->v : 0;
     if (len != 0 && len != size) {
         snprintf(d->why, sizeof d->why, "%s has %zu bytes, not %zu", what, len, size);
@@ -973,7 +996,7 @@ static int write_resource(dec *d, const fields *group)
 {
     fragment_begin(d, &d->resource, "resource");
     span one;
-    view rv = message_view(&group->f[1], &one);
+    view rv = message_view(get(group, 1), &one);
     fields r;
     scan(d, M_RESOURCE, rv, &r);
     oj_lit(d->o, "{\"attributes\":");
@@ -981,7 +1004,7 @@ static int write_resource(dec *d, const fields *group)
     if (rc)
         return fragment_end(d, &d->resource, rc);
     write_dropped(d, &r, 2, ",\"dropped_attributes_count\":");
-    if (r.f[3].n) {
+    if (get(&r, 3)->n) {
         iter it = iter_of(rv, &r, M_RESOURCE, 3);
         uint32_t wt, i = 0;
         span ref;
@@ -1007,7 +1030,7 @@ static int write_resource(dec *d, const fields *group)
         }
         oj_byte(d->o, ']');
     }
-    if (group->f[3].n && group->f[3].v) {
+    if (get(group, 3)->n && get(group, 3)->v) {
         oj_lit(d->o, ",\"schema_url\":");
         write_string_field(d, group, 3);
     }
@@ -1020,7 +1043,7 @@ static int write_scope(dec *d, const fields *group)
 {
     fragment_begin(d, &d->scope, "scope");
     span one;
-    view sv = message_view(&group->f[1], &one);
+    view sv = message_view(get(group, 1), &one);
     fields s;
     scan(d, M_SCOPE, sv, &s);
     oj_lit(d->o, "{\"name\":");
@@ -1032,7 +1055,7 @@ static int write_scope(dec *d, const fields *group)
     if (rc)
         return fragment_end(d, &d->scope, rc);
     write_dropped(d, &s, 4, ",\"dropped_attributes_count\":");
-    if (group->f[3].n && group->f[3].v) {
+    if (get(group, 3)->n && get(group, 3)->v) {
         oj_lit(d->o, ",\"schema_url\":");
         write_string_field(d, group, 3);
     }
@@ -1128,10 +1151,10 @@ static int log_fields(dec *d, span rec)
     write_string_field(d, &r, 3);
     oj_lit(o, ",\"body\":");
     int rc;
-    if (r.f[5].n) {
+    if (get(&r, 5)->n) {
         span one;
         path_name(d, "body");
-        rc = write_any(d, message_view(&r.f[5], &one), 0, r.f[5].at);
+        rc = write_any(d, message_view(get(&r, 5), &one), 0, get(&r, 5)->at);
         d->path.n--;
         if (rc)
             return rc;
@@ -1253,7 +1276,7 @@ static int span_fields(dec *d, span rec)
     write_dropped(d, &s, 14, ",\"dropped_links_count\":");
     span one;
     fields st;
-    scan(d, M_STATUS, message_view(&s.f[15], &one), &st);
+    scan(d, M_STATUS, message_view(get(&s, 15), &one), &st);
     oj_lit(o, ",\"status\":{\"code\":");
     oj_i64(o, int32_of(num_of(&st, 3)));
     oj_lit(o, ",\"message\":");
@@ -1292,7 +1315,7 @@ static int write_metric(dec *d, view mv, const fields *m, const fields *data)
     }
     if (m->which == 7)
         oj_lit(d->o, num_of(data, 3) ? ",\"is_monotonic\":true" : ",\"is_monotonic\":false");
-    if (m->f[12].n) {
+    if (get(m, 12)->n) {
         oj_lit(d->o, ",\"metadata\":");
         int rc = write_attributes_at(d, mv, m, M_METRIC, 12, "metadata");
         if (rc)
@@ -1306,17 +1329,17 @@ static int write_metric(dec *d, view mv, const fields *m, const fields *data)
 static void write_number(dec *d, const fields *f, uint32_t as_double, uint32_t as_int)
 {
     if (f->which == as_int)
-        oj_i64(d->o, (int64_t)f->f[as_int].v);
+        oj_i64(d->o, (int64_t)get(f, as_int)->v);
     else if (f->which == as_double)
-        oj_double(d->o, double_of(f->f[as_double].v));
+        oj_double(d->o, double_of(get(f, as_double)->v));
     else
         oj_lit(d->o, "null");
 }
 
 static void write_optional_double(dec *d, const fields *f, uint32_t num)
 {
-    if (f->f[num].n)
-        oj_double(d->o, double_of(f->f[num].v));
+    if (get(f, num)->n)
+        oj_double(d->o, double_of(get(f, num)->v));
     else
         oj_lit(d->o, "null");
 }
@@ -1381,7 +1404,7 @@ static int write_exemplars(dec *d, view pv, const fields *p, int m, uint32_t num
 static void write_buckets(dec *d, const fields *p, uint32_t num)
 {
     span one;
-    view bv = message_view(&p->f[num], &one);
+    view bv = message_view(get(p, num), &one);
     fields b;
     scan(d, M_BUCKETS, bv, &b);
     oj_lit(d->o, "{\"offset\":");
@@ -1495,7 +1518,7 @@ static int walk_scope(dec *d, const fields *rg, view sv, const fields *sg, int s
             if (!m.which)
                 continue;
             span one;
-            view dv = message_view(&m.f[m.which], &one);
+            view dv = message_view(get(&m, m.which), &one);
             fields data;
             scan(d, METRIC_DATA[m.which], dv, &data);
             d->metric.ready = 0;
@@ -1561,21 +1584,21 @@ static void find_key(dec *d, view req, const fields *rq, int request, int rm)
     fields rg, r;
     scan(d, rm, one_view(&rs), &rg);
     span one;
-    view rv = message_view(&rg.f[1], &one);
+    view rv = message_view(get(&rg, 1), &one);
     scan(d, M_RESOURCE, rv, &r);
     iter it = iter_of(rv, &r, M_RESOURCE, 1);
     span kv;
     while (iter_next(&it, &wt, &kv)) {
         fields k, v;
         scan(d, M_KEY_VALUE, one_view(&kv), &k);
-        if (!k.f[1].n || k.f[1].v != 12 || memcmp(k.f[1].at, "service.name", 12) != 0)
+        if (!get(&k, 1)->n || get(&k, 1)->v != 12 || memcmp(get(&k, 1)->at, "service.name", 12) != 0)
             continue;
         span vone;
-        scan(d, M_ANY_VALUE, message_view(&k.f[2], &vone), &v);
+        scan(d, M_ANY_VALUE, message_view(get(&k, 2), &vone), &v);
         if (v.which == 1) {
             d->res->has_key = 1;
-            d->res->key_offset = (uint64_t)(v.f[1].at - d->body);
-            d->res->key_len = (uint32_t)v.f[1].v;
+            d->res->key_offset = (uint64_t)(get(&v, 1)->at - d->body);
+            d->res->key_len = (uint32_t)get(&v, 1)->v;
             return;
         }
     }
