@@ -657,23 +657,25 @@ def test_edge_cases_of_the_wire(name: str) -> None:
 def test_max_event_bytes_rejects_the_longer_events() -> None:
     rng = random.Random(SEED)
     gen = Gen(rng)
-    for _ in range(50):
-        body = gen.request("traces")
+    for case in range(150):
+        signal = SIGNALS[case % 3]
+        body = gen.request(signal)
         try:
-            whole = decode("traces", body, 0)
+            whole = decode(signal, body, 0)
         except InvalidOTLP:
             continue
-        sizes = [len(line) for line in whole.events.split(b"\n")[:-1]]
+        lines = whole.events.split(b"\n")[:-1]
+        sizes = sorted(len(line) for line in lines)
         if not sizes:
             continue
-        limit = sorted(sizes)[len(sizes) // 2]
-        cut = decode("traces", body, limit)
-        assert cut.count == sum(size <= limit for size in sizes), SEED
-        assert cut.rejected == whole.rejected + sum(size > limit for size in sizes), SEED
-        assert cut.events == b"".join(line + b"\n" for line in whole.events.split(b"\n")[:-1]
-                                      if len(line) <= limit), SEED
-        if cut.rejected > whole.rejected and not whole.rejected:
-            assert "above the limit" in cut.reason
+        for limit in {sizes[0], sizes[len(sizes) // 2], sizes[-1], sizes[-1] - 1}:
+            cut = decode(signal, body, limit)
+            kept = [line for line in lines if len(line) <= limit]
+            assert cut.events == b"".join(line + b"\n" for line in kept), (SEED, case, limit)
+            assert cut.count == len(kept), (SEED, case, limit)
+            assert cut.rejected == whole.rejected + len(lines) - len(kept), (SEED, case, limit)
+            if len(kept) < len(lines) and not whole.rejected:
+                assert f"the limit of {limit}" in cut.reason, (SEED, case, cut.reason)
 
 
 def test_refusals_say_where_and_why() -> None:

@@ -407,9 +407,11 @@ int64_t comet_json_split(const comet_ingest_request *req, uint32_t max_entry_byt
  * attribute value or a body nests arrays and maps deeper than
  * COMET_OTLP_MAX_DEPTH, or when it uses key_strindex or
  * string_value_strindex.  A record whose trace or span id has a length other
- * than 0 or 16 (trace) / 8 (span), or whose event would be longer than
- * max_event_bytes (0: no limit), is left out and counted in `rejected`
- * (partial success).  The partition key is the service.name string attribute
+ * than 0 or 16 (trace) / 8 (span), or whose event (without its '\n') would
+ * be longer than max_event_bytes, is left out and counted in `rejected`
+ * (partial success).  max_event_bytes 0 means no limit: every event holds
+ * its resource and scope, so a large resource over many small records makes
+ * output many times the body's size; a limit bounds each event's memory.  The partition key is the service.name string attribute
  * of the first resource.  COMET_E_INVALID for a bad argument, COMET_E_NOMEM.
  * Call comet_otlp_free after every call, whatever it returned. */
 #define COMET_OTLP_LOGS 1

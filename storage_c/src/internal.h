@@ -449,24 +449,29 @@ void json_report(const json_splitter *j, comet_ingest_result *res);
 
 /* ---- otlp_json.c: the JSON text of OTLP events (otlp.c decodes) ------------ */
 
-/* A growing byte buffer.  A failed allocation sets `failed` and drops every
- * later write, so that writers need not return codes: the decoder checks
- * `failed` once per event. */
+/* A growing byte buffer.  A failed allocation sets `failed`, and a write that
+ * would pass `limit` sets `over`; either drops every later write, so that
+ * writers need not return codes: the decoder checks the marks once per event
+ * (an event over max_event_bytes then costs no memory beyond the limit). */
 typedef struct ojbuf {
     uint8_t *p;
     size_t len, cap;
-    int failed;
+    size_t limit; /* 0 (none), or the length writes may not pass (> len when set) */
+    size_t room;  /* what writes may fill without a call: cap, or limit if lower */
+    int failed, over;
 } ojbuf;
 
-/* Makes room for n more bytes: 1, or 0 with failed set. */
+/* Makes room for n more bytes: 1, or 0 with failed or over set. */
 int ojbuf_grow(ojbuf *b, size_t n);
+/* Sets the limit (0: none) and clears `over`. */
+void ojbuf_limit(ojbuf *b, size_t limit);
 void ojbuf_free(ojbuf *b);
 
 /* Where n more bytes may be written (then add n to len), or NULL when the
- * buffer has failed. */
+ * buffer has failed or is over its limit. */
 static inline uint8_t *ojbuf_room(ojbuf *b, size_t n)
 {
-    if (b->cap - b->len < n && !ojbuf_grow(b, n))
+    if (b->room - b->len < n && !ojbuf_grow(b, n))
         return NULL;
     return b->p + b->len;
 }

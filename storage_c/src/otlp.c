@@ -40,7 +40,13 @@
  *     also the order in which it evaluates what can refuse the request or
  *     reject the record: the first problem met is the reference's.
  *   - A rejected record (bad id length, event above max_event_bytes) is
- *     written and then rolled back: rejection is rare.
+ *     written and then rolled back: rejection is rare.  Writing an event
+ *     stops at max_event_bytes (its buffers drop what would pass it), but
+ *     the walk goes on: a refusal later in the record still refuses the
+ *     request.  The JSON pointers of value_types are held, before they are
+ *     sorted and deduplicated, within the same limit: a record with
+ *     repeated keys (which OTLP forbids) whose pointers add up to more is
+ *     rejected even when the deduplicated event would fit.
  *   - Recursion: pass 1 is bounded by upb's 100 levels, pass 2 by
  *     COMET_OTLP_MAX_DEPTH (a value's arrays and maps) over a fixed depth of
  *     messages.
@@ -975,7 +981,9 @@ static inline double double_of(uint64_t bits)
 static void fragment_begin(dec *d, fragment *fr, const char *name)
 {
     fr->json.len = 0;
+    ojbuf_limit(&fr->json, d->max_event);
     ojtypes_clear(&fr->types);
+    ojbuf_limit(&fr->types.chars, d->max_event);
     d->o = &fr->json;
     d->t = &fr->types;
     d->path.n = 0;
@@ -1076,8 +1084,10 @@ static int64_t begin_event(dec *d, const fields *resource_group, const fields *s
     if (!d->scope.ready && (rc = write_scope(d, scope_group)))
         return rc;
     ojtypes_clear(&d->types);
+    ojbuf_limit(&d->types.chars, d->max_event);
     d->path.n = 0;
     size_t start = d->events.len;
+    ojbuf_limit(&d->events, d->max_event ? start + d->max_event + 1 : 0);
     oj_lit(d->o, "{\"resource\":");
     oj_put(d->o, d->resource.json.p, d->resource.json.len);
     oj_lit(d->o, ",\"scope\":");
@@ -1090,6 +1100,16 @@ static int failed(const dec *d)
 {
     return d->failed || d->events.failed || d->resource.json.failed || d->scope.json.failed ||
            d->metric.json.failed;
+}
+
+/* Whether the event, or a part of it, passed max_event_bytes while written. */
+static int over(const dec *d)
+{
+    const fragment *frags[] = {&d->resource, &d->scope, &d->metric};
+    for (int i = 0; i < 3; i++)
+        if (frags[i]->json.over || frags[i]->types.chars.over)
+            return 1;
+    return d->events.over || d->types.chars.over;
 }
 
 static void reject(dec *d, size_t start, const char *what, const char *fmt, ...)
@@ -1122,6 +1142,10 @@ static int end_event(dec *d, size_t start, const char *what, int rc)
     oj_byte(d->o, '}');
     if (failed(d))
         return set_error(COMET_E_NOMEM, "out of memory writing the events of an OTLP request");
+    if (over(d)) {
+        reject(d, start, what, "its event is longer than the limit of %u bytes", d->max_event);
+        return 0;
+    }
     size_t size = d->events.len - start;
     if (d->max_event && size > d->max_event) {
         reject(d, start, what, "its event is %zu bytes, above the limit of %u", size,

@@ -29,10 +29,28 @@
 #include "internal.h"
 #include "sys.h"
 
+static void set_room(ojbuf *b)
+{
+    b->room = b->limit && b->limit < b->cap ? b->limit : b->cap;
+}
+
+void ojbuf_limit(ojbuf *b, size_t limit)
+{
+    b->limit = limit;
+    b->over = 0;
+    set_room(b);
+}
+
 int ojbuf_grow(ojbuf *b, size_t n)
 {
-    if (b->failed)
+    if (b->failed || b->over)
         return 0;
+    if (b->limit && b->limit - b->len < n) {
+        b->over = 1;
+        return 0;
+    }
+    if (b->cap - b->len >= n)
+        return 1;
     size_t cap = b->cap ? b->cap : 256;
     while (cap - b->len < n) {
         if (cap > SIZE_MAX / 2) {
@@ -48,6 +66,7 @@ int ojbuf_grow(ojbuf *b, size_t n)
     }
     b->p = p;
     b->cap = cap;
+    set_room(b);
     return 1;
 }
 
@@ -88,44 +107,52 @@ static size_t clean_run(const uint8_t *s, size_t i, size_t n)
     return i;
 }
 
-void oj_string(ojbuf *b, const uint8_t *s, size_t n)
+/* Escapes the byte c (one NEEDS_ESCAPE) into w: returns the bytes written. */
+static size_t escape(uint8_t c, uint8_t *w)
 {
     static const char hex[] = "0123456789abcdef";
-    uint8_t *w = ojbuf_room(b, n + 2);
-    if (!w)
+    static const char SHORT[32] = {['\b'] = 'b', ['\t'] = 't', ['\n'] = 'n', ['\f'] = 'f',
+                                   ['\r'] = 'r'};
+    w[0] = '\\';
+    if (c == '"' || c == '\\') {
+        w[1] = c;
+        return 2;
+    }
+    if (SHORT[c]) {
+        w[1] = (uint8_t)SHORT[c];
+        return 2;
+    }
+    memcpy(w + 1, "u00", 3);
+    w[4] = (uint8_t)hex[c >> 4];
+    w[5] = (uint8_t)hex[c & 15];
+    return 6;
+}
+
+void oj_string(ojbuf *b, const uint8_t *s, size_t n)
+{
+    size_t i = clean_run(s, 0, n);
+    uint8_t *w;
+    if (i == n) { /* nothing to escape: the common case */
+        if (!(w = ojbuf_room(b, n + 2)))
+            return;
+        w[0] = '"';
+        memcpy(w + 1, s, n);
+        w[n + 1] = '"';
+        b->len += n + 2;
         return;
-    *w++ = '"';
-    size_t i = 0;
-    for (;;) {
-        size_t from = i;
-        i = clean_run(s, i, n);
-        memcpy(w, s + from, i - from);
-        w += i - from;
+    }
+    /* room for exactly what is written, so that a limit is met to the byte */
+    oj_byte(b, '"');
+    for (size_t from = 0;;) {
+        oj_put(b, s + from, i - from);
         if (i == n)
             break;
-        /* an escape takes up to 6 bytes where the byte took 1 */
-        b->len = (size_t)(w - b->p);
-        if (!(w = ojbuf_room(b, 6 + (n - i) + 1)))
-            return;
-        uint8_t c = s[i++];
-        *w++ = '\\';
-        switch (c) {
-        case '"': *w++ = '"'; break;
-        case '\\': *w++ = '\\'; break;
-        case '\n': *w++ = 'n'; break;
-        case '\r': *w++ = 'r'; break;
-        case '\t': *w++ = 't'; break;
-        case '\b': *w++ = 'b'; break;
-        case '\f': *w++ = 'f'; break;
-        default:
-            memcpy(w, "u00", 3);
-            w[3] = (uint8_t)hex[c >> 4];
-            w[4] = (uint8_t)hex[c & 15];
-            w += 5;
-        }
+        uint8_t esc[6];
+        oj_put(b, esc, escape(s[i], esc));
+        from = ++i;
+        i = clean_run(s, i, n);
     }
-    *w++ = '"';
-    b->len = (size_t)(w - b->p);
+    oj_byte(b, '"');
 }
 
 /* ---- numbers ---------------------------------------------------------------- */
@@ -298,6 +325,16 @@ void oj_hex(ojbuf *b, const uint8_t *s, size_t n)
 void ojtypes_add(ojtypes *t, const ojpath *path, uint32_t kind)
 {
     ojbuf *c = &t->chars;
+    if (c->over || c->failed)
+        return;
+    /* a pointer longer than the limit is not rendered at all: keys can be long */
+    size_t least = 0;
+    for (uint32_t i = 0; i < path->n; i++)
+        least += 1 + (path->t[i].name ? path->t[i].len : 1);
+    if (c->limit && c->limit - c->len < least) {
+        c->over = 1;
+        return;
+    }
     size_t start = c->len;
     for (uint32_t i = 0; i < path->n; i++) {
         const ojtoken *k = &path->t[i];
@@ -316,6 +353,8 @@ void ojtypes_add(ojtypes *t, const ojpath *path, uint32_t kind)
                 oj_byte(c, ch);
         }
     }
+    if (c->over)
+        return;
     ojtype e = {(uint32_t)start, (uint32_t)(c->len - start), kind};
     if (c->failed || c->len > UINT32_MAX)
         t->list.failed = 1;

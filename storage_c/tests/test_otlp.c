@@ -622,6 +622,47 @@ static void test_rejected_records(void)
     CHECK(strstr(out.reason, "log record 0: its event is") && strstr(out.reason, "above the limit"));
     comet_otlp_free(&out);
     free(req.p);
+    /* far above the limit: writing stops there (a long key in a resource
+     * shared by many records, a long key over many bytes values) */
+    static char key[20000];
+    memset(key, 'k', sizeof key - 1);
+    wbuf v = {0}, map = {0};
+    for (int i = 0; i < 200; i++) {
+        char name[16];
+        snprintf(name, sizeof name, "b%d", i);
+        bytes_field(&v, 7, "x", 1);
+        kv(&map, 1, name, &v);
+    }
+    sub(&v, 6, &map);
+    kv(&rec, 6, key, &v);
+    sub(&recs, 2, &rec);
+    sub(&recs, 2, &rec); /* an empty record */
+    req = request(&res, &scope, &recs);
+    CHECK_OK(decode(COMET_OTLP_LOGS, &req, 1000, &out));
+    CHECK(out.count == 1 && out.rejected == 1);
+    CHECK(strcmp(out.reason, "log record 0: its event is longer than the limit of 1000 bytes") == 0);
+    comet_otlp_free(&out);
+    CHECK_OK(decode(COMET_OTLP_LOGS, &req, 0, &out));
+    CHECK(out.count == 2 && out.events_len > 200 * sizeof key); /* 200 pointers through the key */
+    comet_otlp_free(&out);
+    free(req.p);
+    kv_string(&res, 1, key, "");
+    for (int i = 0; i < 100; i++)
+        sub(&recs, 2, &rec);
+    req = request(&res, &scope, &recs);
+    CHECK_OK(decode(COMET_OTLP_LOGS, &req, 1000, &out));
+    CHECK(out.count == 0 && out.rejected == 100);
+    comet_otlp_free(&out);
+    /* the nesting limit still refuses the request past max_event_bytes */
+    wbuf deep = nested_body(COMET_OTLP_MAX_DEPTH + 1, "", 0);
+    wbuf both = {0};
+    put(&both, req.p, req.len);
+    put(&both, deep.p, deep.len);
+    CHECK(decode(COMET_OTLP_LOGS, &both, 1000, &out) == COMET_E_BAD_OTLP);
+    comet_otlp_free(&out);
+    free(both.p);
+    free(deep.p);
+    free(req.p);
 }
 
 /* ---- robustness ----------------------------------------------------------------- */
