@@ -6,8 +6,11 @@
  * the same on the official protobuf library (upb); a differential fuzz test
  * (tests/test_otlp_decode.py) holds the two to the same answer for any body.
  *
+ * Three files: otlp_wire.c reads the protobuf wire, this one decides what
+ * goes where in the events, otlp_json.c writes the JSON text.
+ *
  * Two passes over the body:
- *   1. check_message walks every byte as upb's decoder does and refuses what
+ *   1. pb_check walks every byte as upb's decoder does and refuses what
  *      upb refuses: tags of more than 5 bytes or above 2^32, field number 0,
  *      wire types 6 and 7, varints of more than 10 bytes, lengths past the
  *      end of their message, unmatched groups, more than 100 levels of
@@ -17,7 +20,7 @@
  *      numbers come packed or not.  Nothing is written in this pass: upb
  *      refuses before any event exists.
  *   2. The walk writes the events from the checked bytes (no bounds checks
- *      left to do).  A message is scanned once (scan) into one slot per field
+ *      left to do).  A message is read once (pb_scan) into one slot per field
  *      number: the last value of a scalar, the last payload of a string, the
  *      first position and count of a repeated field, and every payload of a
  *      singular message field: protobuf merges the occurrences of such a
@@ -59,245 +62,13 @@
 
 #include "errors.h"
 #include "internal.h"
+#include "otlp_wire.h"
 #include "sys.h"
-
-/* upb's default limit on nested messages and groups below the request. */
-#define WIRE_MAX_DEPTH 100
-
-enum { WT_VARINT = 0, WT_I64 = 1, WT_LEN = 2, WT_START = 3, WT_END = 4, WT_I32 = 5 };
-
-/* ---- the schema: the messages an export request holds ---------------------- */
-
-enum msg {
-    M_UNKNOWN, /* an unknown group: all of its fields are unknown */
-    M_LOGS_REQUEST, M_TRACES_REQUEST, M_METRICS_REQUEST,
-    M_RESOURCE_LOGS, M_RESOURCE_SPANS, M_RESOURCE_METRICS,
-    M_SCOPE_LOGS, M_SCOPE_SPANS, M_SCOPE_METRICS,
-    M_RESOURCE, M_SCOPE, M_KEY_VALUE, M_ANY_VALUE, M_ARRAY_VALUE, M_KVLIST, M_ENTITY_REF,
-    M_LOG_RECORD, M_SPAN, M_SPAN_EVENT, M_SPAN_LINK, M_STATUS,
-    M_METRIC, M_GAUGE, M_SUM, M_HISTOGRAM, M_EXP_HISTOGRAM, M_SUMMARY,
-    M_NUMBER_POINT, M_HISTOGRAM_POINT, M_EXP_POINT, M_BUCKETS, M_SUMMARY_POINT, M_QUANTILE,
-    M_EXEMPLAR,
-    M_COUNT
-};
-
-/* How a field is sent: K_VARINT (int32, int64, uint32, uint64, sint32, bool,
- * enum), K_I64 (fixed64, sfixed64, double), K_I32 (fixed32), K_STRING (UTF-8
- * checked), K_BYTES, K_MESSAGE, and repeated numbers that may come packed. */
-enum kind { K_NONE, K_VARINT, K_I64, K_I32, K_STRING, K_BYTES, K_MESSAGE, K_PACKED_VARINT, K_PACKED_I64 };
-
-typedef struct field_def {
-    uint8_t kind;
-    uint8_t msg;      /* K_MESSAGE: its type */
-    uint8_t repeated;
-    uint8_t oneof;    /* a member of the message's (one) oneof */
-} field_def;
-
-#define MAX_FIELD 16
-
-typedef struct msg_def {
-    const char *name;
-    field_def f[MAX_FIELD + 1]; /* by field number: {kind, msg, repeated, oneof} */
-} msg_def;
-
-static const msg_def MSGS[M_COUNT] = {
-    [M_UNKNOWN] = {"group", {{0}}},
-    [M_LOGS_REQUEST] = {"ExportLogsServiceRequest", {[1] = {K_MESSAGE, M_RESOURCE_LOGS, 1, 0}}},
-    [M_TRACES_REQUEST] = {"ExportTraceServiceRequest", {[1] = {K_MESSAGE, M_RESOURCE_SPANS, 1, 0}}},
-    [M_METRICS_REQUEST] = {"ExportMetricsServiceRequest",
-                           {[1] = {K_MESSAGE, M_RESOURCE_METRICS, 1, 0}}},
-    [M_RESOURCE_LOGS] = {"ResourceLogs", {[1] = {K_MESSAGE, M_RESOURCE, 0, 0},
-                                          [2] = {K_MESSAGE, M_SCOPE_LOGS, 1, 0},
-                                          [3] = {K_STRING, 0, 0, 0}}},
-    [M_RESOURCE_SPANS] = {"ResourceSpans", {[1] = {K_MESSAGE, M_RESOURCE, 0, 0},
-                                            [2] = {K_MESSAGE, M_SCOPE_SPANS, 1, 0},
-                                            [3] = {K_STRING, 0, 0, 0}}},
-    [M_RESOURCE_METRICS] = {"ResourceMetrics", {[1] = {K_MESSAGE, M_RESOURCE, 0, 0},
-                                                [2] = {K_MESSAGE, M_SCOPE_METRICS, 1, 0},
-                                                [3] = {K_STRING, 0, 0, 0}}},
-    [M_SCOPE_LOGS] = {"ScopeLogs", {[1] = {K_MESSAGE, M_SCOPE, 0, 0},
-                                    [2] = {K_MESSAGE, M_LOG_RECORD, 1, 0},
-                                    [3] = {K_STRING, 0, 0, 0}}},
-    [M_SCOPE_SPANS] = {"ScopeSpans", {[1] = {K_MESSAGE, M_SCOPE, 0, 0},
-                                      [2] = {K_MESSAGE, M_SPAN, 1, 0},
-                                      [3] = {K_STRING, 0, 0, 0}}},
-    [M_SCOPE_METRICS] = {"ScopeMetrics", {[1] = {K_MESSAGE, M_SCOPE, 0, 0},
-                                          [2] = {K_MESSAGE, M_METRIC, 1, 0},
-                                          [3] = {K_STRING, 0, 0, 0}}},
-    [M_RESOURCE] = {"Resource", {[1] = {K_MESSAGE, M_KEY_VALUE, 1, 0},
-                                 [2] = {K_VARINT, 0, 0, 0},
-                                 [3] = {K_MESSAGE, M_ENTITY_REF, 1, 0}}},
-    [M_SCOPE] = {"InstrumentationScope", {[1] = {K_STRING, 0, 0, 0},
-                                          [2] = {K_STRING, 0, 0, 0},
-                                          [3] = {K_MESSAGE, M_KEY_VALUE, 1, 0},
-                                          [4] = {K_VARINT, 0, 0, 0}}},
-    [M_KEY_VALUE] = {"KeyValue", {[1] = {K_STRING, 0, 0, 0},
-                                  [2] = {K_MESSAGE, M_ANY_VALUE, 0, 0},
-                                  [3] = {K_VARINT, 0, 0, 0}}},
-    [M_ANY_VALUE] = {"AnyValue", {[1] = {K_STRING, 0, 0, 1},
-                                  [2] = {K_VARINT, 0, 0, 1},
-                                  [3] = {K_VARINT, 0, 0, 1},
-                                  [4] = {K_I64, 0, 0, 1},
-                                  [5] = {K_MESSAGE, M_ARRAY_VALUE, 0, 1},
-                                  [6] = {K_MESSAGE, M_KVLIST, 0, 1},
-                                  [7] = {K_BYTES, 0, 0, 1},
-                                  [8] = {K_VARINT, 0, 0, 1}}},
-    [M_ARRAY_VALUE] = {"ArrayValue", {[1] = {K_MESSAGE, M_ANY_VALUE, 1, 0}}},
-    [M_KVLIST] = {"KeyValueList", {[1] = {K_MESSAGE, M_KEY_VALUE, 1, 0}}},
-    [M_ENTITY_REF] = {"EntityRef", {[1] = {K_STRING, 0, 0, 0},
-                                    [2] = {K_STRING, 0, 0, 0},
-                                    [3] = {K_STRING, 0, 1, 0},
-                                    [4] = {K_STRING, 0, 1, 0}}},
-    [M_LOG_RECORD] = {"LogRecord", {[1] = {K_I64, 0, 0, 0},
-                                    [2] = {K_VARINT, 0, 0, 0},
-                                    [3] = {K_STRING, 0, 0, 0},
-                                    [5] = {K_MESSAGE, M_ANY_VALUE, 0, 0},
-                                    [6] = {K_MESSAGE, M_KEY_VALUE, 1, 0},
-                                    [7] = {K_VARINT, 0, 0, 0},
-                                    [8] = {K_I32, 0, 0, 0},
-                                    [9] = {K_BYTES, 0, 0, 0},
-                                    [10] = {K_BYTES, 0, 0, 0},
-                                    [11] = {K_I64, 0, 0, 0},
-                                    [12] = {K_STRING, 0, 0, 0}}},
-    [M_SPAN] = {"Span", {[1] = {K_BYTES, 0, 0, 0},
-                         [2] = {K_BYTES, 0, 0, 0},
-                         [3] = {K_STRING, 0, 0, 0},
-                         [4] = {K_BYTES, 0, 0, 0},
-                         [5] = {K_STRING, 0, 0, 0},
-                         [6] = {K_VARINT, 0, 0, 0},
-                         [7] = {K_I64, 0, 0, 0},
-                         [8] = {K_I64, 0, 0, 0},
-                         [9] = {K_MESSAGE, M_KEY_VALUE, 1, 0},
-                         [10] = {K_VARINT, 0, 0, 0},
-                         [11] = {K_MESSAGE, M_SPAN_EVENT, 1, 0},
-                         [12] = {K_VARINT, 0, 0, 0},
-                         [13] = {K_MESSAGE, M_SPAN_LINK, 1, 0},
-                         [14] = {K_VARINT, 0, 0, 0},
-                         [15] = {K_MESSAGE, M_STATUS, 0, 0},
-                         [16] = {K_I32, 0, 0, 0}}},
-    [M_SPAN_EVENT] = {"Span.Event", {[1] = {K_I64, 0, 0, 0},
-                                     [2] = {K_STRING, 0, 0, 0},
-                                     [3] = {K_MESSAGE, M_KEY_VALUE, 1, 0},
-                                     [4] = {K_VARINT, 0, 0, 0}}},
-    [M_SPAN_LINK] = {"Span.Link", {[1] = {K_BYTES, 0, 0, 0},
-                                   [2] = {K_BYTES, 0, 0, 0},
-                                   [3] = {K_STRING, 0, 0, 0},
-                                   [4] = {K_MESSAGE, M_KEY_VALUE, 1, 0},
-                                   [5] = {K_VARINT, 0, 0, 0},
-                                   [6] = {K_I32, 0, 0, 0}}},
-    [M_STATUS] = {"Status", {[2] = {K_STRING, 0, 0, 0}, [3] = {K_VARINT, 0, 0, 0}}},
-    [M_METRIC] = {"Metric", {[1] = {K_STRING, 0, 0, 0},
-                             [2] = {K_STRING, 0, 0, 0},
-                             [3] = {K_STRING, 0, 0, 0},
-                             [5] = {K_MESSAGE, M_GAUGE, 0, 1},
-                             [7] = {K_MESSAGE, M_SUM, 0, 1},
-                             [9] = {K_MESSAGE, M_HISTOGRAM, 0, 1},
-                             [10] = {K_MESSAGE, M_EXP_HISTOGRAM, 0, 1},
-                             [11] = {K_MESSAGE, M_SUMMARY, 0, 1},
-                             [12] = {K_MESSAGE, M_KEY_VALUE, 1, 0}}},
-    [M_GAUGE] = {"Gauge", {[1] = {K_MESSAGE, M_NUMBER_POINT, 1, 0}}},
-    [M_SUM] = {"Sum", {[1] = {K_MESSAGE, M_NUMBER_POINT, 1, 0},
-                       [2] = {K_VARINT, 0, 0, 0},
-                       [3] = {K_VARINT, 0, 0, 0}}},
-    [M_HISTOGRAM] = {"Histogram", {[1] = {K_MESSAGE, M_HISTOGRAM_POINT, 1, 0},
-                                   [2] = {K_VARINT, 0, 0, 0}}},
-    [M_EXP_HISTOGRAM] = {"ExponentialHistogram", {[1] = {K_MESSAGE, M_EXP_POINT, 1, 0},
-                                                  [2] = {K_VARINT, 0, 0, 0}}},
-    [M_SUMMARY] = {"Summary", {[1] = {K_MESSAGE, M_SUMMARY_POINT, 1, 0}}},
-    [M_NUMBER_POINT] = {"NumberDataPoint", {[2] = {K_I64, 0, 0, 0},
-                                            [3] = {K_I64, 0, 0, 0},
-                                            [4] = {K_I64, 0, 0, 1},
-                                            [5] = {K_MESSAGE, M_EXEMPLAR, 1, 0},
-                                            [6] = {K_I64, 0, 0, 1},
-                                            [7] = {K_MESSAGE, M_KEY_VALUE, 1, 0},
-                                            [8] = {K_VARINT, 0, 0, 0}}},
-    [M_HISTOGRAM_POINT] = {"HistogramDataPoint", {[2] = {K_I64, 0, 0, 0},
-                                                  [3] = {K_I64, 0, 0, 0},
-                                                  [4] = {K_I64, 0, 0, 0},
-                                                  [5] = {K_I64, 0, 0, 0},
-                                                  [6] = {K_PACKED_I64, 0, 1, 0},
-                                                  [7] = {K_PACKED_I64, 0, 1, 0},
-                                                  [8] = {K_MESSAGE, M_EXEMPLAR, 1, 0},
-                                                  [9] = {K_MESSAGE, M_KEY_VALUE, 1, 0},
-                                                  [10] = {K_VARINT, 0, 0, 0},
-                                                  [11] = {K_I64, 0, 0, 0},
-                                                  [12] = {K_I64, 0, 0, 0}}},
-    [M_EXP_POINT] = {"ExponentialHistogramDataPoint", {[1] = {K_MESSAGE, M_KEY_VALUE, 1, 0},
-                                                       [2] = {K_I64, 0, 0, 0},
-                                                       [3] = {K_I64, 0, 0, 0},
-                                                       [4] = {K_I64, 0, 0, 0},
-                                                       [5] = {K_I64, 0, 0, 0},
-                                                       [6] = {K_VARINT, 0, 0, 0},
-                                                       [7] = {K_I64, 0, 0, 0},
-                                                       [8] = {K_MESSAGE, M_BUCKETS, 0, 0},
-                                                       [9] = {K_MESSAGE, M_BUCKETS, 0, 0},
-                                                       [10] = {K_VARINT, 0, 0, 0},
-                                                       [11] = {K_MESSAGE, M_EXEMPLAR, 1, 0},
-                                                       [12] = {K_I64, 0, 0, 0},
-                                                       [13] = {K_I64, 0, 0, 0},
-                                                       [14] = {K_I64, 0, 0, 0}}},
-    [M_BUCKETS] = {"ExponentialHistogramDataPoint.Buckets", {[1] = {K_VARINT, 0, 0, 0},
-                                                             [2] = {K_PACKED_VARINT, 0, 1, 0}}},
-    [M_SUMMARY_POINT] = {"SummaryDataPoint", {[2] = {K_I64, 0, 0, 0},
-                                              [3] = {K_I64, 0, 0, 0},
-                                              [4] = {K_I64, 0, 0, 0},
-                                              [5] = {K_I64, 0, 0, 0},
-                                              [6] = {K_MESSAGE, M_QUANTILE, 1, 0},
-                                              [7] = {K_MESSAGE, M_KEY_VALUE, 1, 0},
-                                              [8] = {K_VARINT, 0, 0, 0}}},
-    [M_QUANTILE] = {"SummaryDataPoint.ValueAtQuantile", {[1] = {K_I64, 0, 0, 0},
-                                                        [2] = {K_I64, 0, 0, 0}}},
-    [M_EXEMPLAR] = {"Exemplar", {[2] = {K_I64, 0, 0, 0},
-                                 [3] = {K_I64, 0, 0, 1},
-                                 [4] = {K_BYTES, 0, 0, 0},
-                                 [5] = {K_BYTES, 0, 0, 0},
-                                 [6] = {K_I64, 0, 0, 1},
-                                 [7] = {K_MESSAGE, M_KEY_VALUE, 1, 0}}},
-};
-
-static const field_def NO_FIELD = {K_NONE, 0, 0, 0};
-
-static inline const field_def *field_of(int m, uint32_t num)
-{
-    return num <= MAX_FIELD ? &MSGS[m].f[num] : &NO_FIELD;
-}
-
-/* Whether a field of this kind sent with wire type wt is the known field
- * (else protobuf keeps it as an unknown field). */
-static inline int wire_matches(int kind, uint32_t wt)
-{
-    static const uint8_t WIRES[] = {
-        [K_NONE] = 0,
-        [K_VARINT] = 1 << WT_VARINT,
-        [K_I64] = 1 << WT_I64,
-        [K_I32] = 1 << WT_I32,
-        [K_STRING] = 1 << WT_LEN,
-        [K_BYTES] = 1 << WT_LEN,
-        [K_MESSAGE] = 1 << WT_LEN,
-        [K_PACKED_VARINT] = 1 << WT_VARINT | 1 << WT_LEN,
-        [K_PACKED_I64] = 1 << WT_I64 | 1 << WT_LEN,
-    };
-    return WIRES[kind] >> wt & 1;
-}
 
 /* ---- the decoder's state ---------------------------------------------------- */
 
-typedef struct span {
-    const uint8_t *p, *end;
-} span;
 
-/* A message: the payloads of its occurrences, parsed one after another. */
-typedef struct view {
-    const span *s;
-    uint32_t n;
-} view;
 
-/* Arena for the span lists of merged messages, freed with the decoder. */
-typedef struct block {
-    struct block *next;
-    size_t used, cap;
-    span data[];
-} block;
 
 /* A part of every event of a group, written once (the resource, the scope,
  * a metric's description) with its value_types. */
@@ -308,12 +79,9 @@ typedef struct fragment {
 } fragment;
 
 typedef struct dec {
-    const uint8_t *body;
+    wire w;                 /* body, result, arena */
     int32_t signal;
     uint32_t max_event;
-    comet_otlp_result *res;
-    int failed;             /* an allocation failed (besides the buffers' own marks) */
-    block *blocks;
     /* the writer: where the JSON and value_types go now, the pointer to here */
     ojbuf *o;
     ojtypes *t;
@@ -332,464 +100,17 @@ typedef struct dec {
 static int fail(dec *d, const uint8_t *at, const char *fmt, ...)
     __attribute__((format(printf, 3, 4), cold, noinline));
 
-/* The request is refused: where and why, in the result and the thread's error. */
+/* The request is refused (pb_fail). */
 static int fail(dec *d, const uint8_t *at, const char *fmt, ...)
 {
+    char why[sizeof d->w.res->reason];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(d->res->reason, sizeof d->res->reason, fmt, ap);
+    vsnprintf(why, sizeof why, fmt, ap);
     va_end(ap);
-    d->res->error_offset = (uint64_t)(at - d->body);
-    return set_error(COMET_E_BAD_OTLP, "invalid OTLP request at byte %llu: %s",
-                     (unsigned long long)d->res->error_offset, d->res->reason);
+    return pb_fail(&d->w, at, "%s", why);
 }
 
-static span *arena_spans(dec *d, size_t n)
-{
-    block *b = d->blocks;
-    if (!b || b->cap - b->used < n) {
-        size_t cap = n > 1024 ? n : 1024;
-        b = sys_malloc(sizeof *b + cap * sizeof(span));
-        if (!b) {
-            d->failed = 1;
-            return NULL;
-        }
-        b->next = d->blocks;
-        b->used = 0;
-        b->cap = cap;
-        d->blocks = b;
-    }
-    span *s = b->data + b->used;
-    b->used += n;
-    return s;
-}
-
-/* ---- pass 1: the checks upb makes ------------------------------------------- */
-
-/* A varint of at most 10 bytes (bits past the 64th are dropped, as upb
- * does): the byte after it, or NULL when it is truncated or longer. */
-static inline const uint8_t *read_varint(const uint8_t *p, const uint8_t *end, uint64_t *out)
-{
-    if (p < end && *p < 0x80) {
-        *out = *p;
-        return p + 1;
-    }
-    uint64_t v = 0;
-    for (int i = 0; i < 10 && p + i < end; i++) {
-        uint8_t b = p[i];
-        v |= (uint64_t)(b & 0x7f) << (7 * i);
-        if (!(b & 0x80)) {
-            *out = v;
-            return p + i + 1;
-        }
-    }
-    return NULL;
-}
-
-/* The first byte of s[0, n) that is not valid UTF-8 (Unicode's table 3-7:
- * no overlong forms, no surrogates, nothing above U+10FFFF), or NULL. */
-static const uint8_t *utf8_invalid(const uint8_t *s, size_t n)
-{
-    size_t i = 0;
-    while (i < n) {
-        if (n - i >= 8) {
-            uint64_t w;
-            memcpy(&w, s + i, 8);
-            if (!(w & 0x8080808080808080ULL)) {
-                i += 8;
-                continue;
-            }
-        }
-        uint8_t c = s[i];
-        if (c < 0x80) {
-            i++;
-            continue;
-        }
-        uint8_t lo = 0x80, hi = 0xBF;
-        size_t need;
-        if (c >= 0xC2 && c <= 0xDF) {
-            need = 1;
-        } else if (c >= 0xE0 && c <= 0xEF) {
-            need = 2;
-            lo = c == 0xE0 ? 0xA0 : 0x80;
-            hi = c == 0xED ? 0x9F : 0xBF;
-        } else if (c >= 0xF0 && c <= 0xF4) {
-            need = 3;
-            lo = c == 0xF0 ? 0x90 : 0x80;
-            hi = c == 0xF4 ? 0x8F : 0xBF;
-        } else {
-            return s + i;
-        }
-        if (n - i <= need || s[i + 1] < lo || s[i + 1] > hi)
-            return s + i;
-        for (size_t k = 2; k <= need; k++)
-            if ((s[i + k] & 0xC0) != 0x80)
-                return s + i;
-        i += need + 1;
-    }
-    return NULL;
-}
-
-/* "a ScopeLogs", "an AnyValue": for errors. */
-static const char *an(const char *name)
-{
-    return strchr("AEIOU", name[0]) ? "an" : "a";
-}
-
-/* check_message's group for a message, which ends at its end (field numbers
- * are below 2^29). */
-#define NO_GROUP UINT32_MAX
-
-/* Checks the fields of a message of type m in [p, end) as upb parses them;
- * depth: the levels of messages and groups still allowed below it.  group:
- * the field number whose end-group tag closes it, or NO_GROUP.  (Inside an
- * unknown group upb skips fields without looking at their numbers: 0 passes
- * there.)  Returns the byte after it, or NULL after fail(). */
-static const uint8_t *check_message(dec *d, int m, const uint8_t *p, const uint8_t *end,
-                                    int depth, uint32_t group)
-{
-    const char *name = MSGS[m].name;
-    while (p < end) {
-        const uint8_t *at = p;
-        uint64_t tag;
-        if (!(p = read_varint(p, end, &tag)) || p - at > 5 || tag > UINT32_MAX) {
-            fail(d, at, "%s %s: a field's tag is cut short, longer than 5 bytes or above 2^32",
-                 an(name), name);
-            return NULL;
-        }
-        uint32_t num = (uint32_t)(tag >> 3), wt = (uint32_t)(tag & 7);
-        if (wt == WT_END) {
-            if (num == group)
-                return p;
-            fail(d, at, "%s %s: an end-group tag of field %u with no such group open", an(name), name, num);
-            return NULL;
-        }
-        if (num == 0 && group == NO_GROUP) {
-            fail(d, at, "%s %s: a field numbered 0", an(name), name);
-            return NULL;
-        }
-        const field_def *f = field_of(m, num);
-        int known = wire_matches(f->kind, wt);
-        uint64_t n;
-        switch (wt) {
-        case WT_VARINT:
-            if (!(p = read_varint(p, end, &n))) {
-                fail(d, at, "field %u of %s %s: a varint cut short or longer than 10 bytes", num,
-                     an(name), name);
-                return NULL;
-            }
-            break;
-        case WT_I64:
-        case WT_I32:
-            n = wt == WT_I64 ? 8 : 4;
-            if ((uint64_t)(end - p) < n) {
-                fail(d, at, "field %u of %s %s: %u bytes needed, %zu left in its message", num,
-                     an(name), name, (unsigned)n, (size_t)(end - p));
-                return NULL;
-            }
-            p += n;
-            break;
-        case WT_LEN:
-            if (!(p = read_varint(p, end, &n))) {
-                fail(d, at, "field %u of %s %s: its length is cut short", num, an(name), name);
-                return NULL;
-            }
-            if (n >= INT32_MAX || n > (uint64_t)(end - p)) {
-                fail(d, at, "field %u of %s %s: length %llu runs past the end of its message", num,
-                     an(name), name, (unsigned long long)n);
-                return NULL;
-            }
-            if (known && f->kind == K_STRING) {
-                const uint8_t *bad = utf8_invalid(p, n);
-                if (bad) {
-                    fail(d, bad, "field %u of %s %s: the string is not valid UTF-8", num, an(name), name);
-                    return NULL;
-                }
-            } else if (known && f->kind == K_MESSAGE) {
-                if (depth == 0) {
-                    fail(d, at, "messages nest deeper than %d levels", WIRE_MAX_DEPTH);
-                    return NULL;
-                }
-                if (!check_message(d, f->msg, p, p + n, depth - 1, NO_GROUP))
-                    return NULL;
-            } else if (known && f->kind == K_PACKED_I64 && n % 8) {
-                fail(d, at, "field %u of %s %s: %llu packed bytes are not a whole number of 8-byte values",
-                     num, an(name), name, (unsigned long long)n);
-                return NULL;
-            } else if (known && f->kind == K_PACKED_VARINT) {
-                for (const uint8_t *q = p; q < p + n;) {
-                    uint64_t v;
-                    if (!(q = read_varint(q, p + n, &v))) {
-                        fail(d, at, "field %u of %s %s: a packed varint runs past its field", num,
-                             an(name), name);
-                        return NULL;
-                    }
-                }
-            }
-            p += n;
-            break;
-        case WT_START: /* never a known field here: skipped, but it must be whole */
-            if (depth == 0) {
-                fail(d, at, "messages nest deeper than %d levels", WIRE_MAX_DEPTH);
-                return NULL;
-            }
-            if (!(p = check_message(d, M_UNKNOWN, p, end, depth - 1, num)))
-                return NULL;
-            break;
-        default:
-            fail(d, at, "field %u of %s %s: wire type %u does not exist", num, an(name), name, wt);
-            return NULL;
-        }
-    }
-    if (group != NO_GROUP) {
-        fail(d, end, "a group of field %u is not closed before the end of its message", group);
-        return NULL;
-    }
-    return p;
-}
-
-/* ---- pass 2: reading checked bytes ------------------------------------------ */
-
-static inline const uint8_t *get_varint(const uint8_t *p, uint64_t *out)
-{
-    if (*p < 0x80) {
-        *out = *p;
-        return p + 1;
-    }
-    uint64_t v = 0;
-    for (int shift = 0;; shift += 7) {
-        uint8_t b = *p++;
-        v |= (uint64_t)(b & 0x7f) << shift;
-        if (!(b & 0x80))
-            break;
-    }
-    *out = v;
-    return p;
-}
-
-static inline uint64_t get_u64(const uint8_t *p)
-{
-    uint64_t v;
-    memcpy(&v, p, 8);
-    return v; /* the wire is little-endian, as is every machine this builds for */
-}
-
-static inline uint32_t get_u32(const uint8_t *p)
-{
-    uint32_t v;
-    memcpy(&v, p, 4);
-    return v;
-}
-
-/* The byte after the value of a field of wire type wt at p. */
-static const uint8_t *skip_value(const uint8_t *p, uint32_t wt)
-{
-    uint64_t n;
-    switch (wt) {
-    case WT_VARINT:
-        return get_varint(p, &n);
-    case WT_I64:
-        return p + 8;
-    case WT_I32:
-        return p + 4;
-    case WT_LEN:
-        p = get_varint(p, &n);
-        return p + n;
-    default: { /* WT_START: to the byte after its end-group tag */
-        uint32_t open = 1;
-        for (;;) {
-            uint64_t tag;
-            p = get_varint(p, &tag);
-            uint32_t t = (uint32_t)(tag & 7);
-            if (t == WT_END) {
-                if (--open == 0)
-                    return p;
-            } else if (t == WT_START) {
-                open++;
-            } else {
-                p = skip_value(p, t);
-            }
-        }
-    }
-    }
-}
-
-/* What scan keeps of one field number of a message. */
-typedef struct slot {
-    const uint8_t *at; /* string, bytes, message: the (last; message: first) payload;
-                          repeated: the tag of the first occurrence */
-    uint64_t v;        /* a scalar's last value; a payload's length */
-    uint32_t n;        /* occurrences (a oneof member: since the oneof last switched to it) */
-    uint32_t seg;      /* repeated: the view's span holding the first occurrence */
-    uint32_t cap;      /* message: room in more */
-    span *more;        /* message sent more than once: every payload, in order */
-} slot;
-
-typedef struct fields {
-    uint32_t present; /* bit n: f[n] holds what was seen of field n (else nothing was) */
-    uint32_t which;   /* the member of the message's oneof set last, 0 if none */
-    slot f[MAX_FIELD + 1];
-} fields;
-
-/* The slot of field num, empty when the field was not seen. */
-static inline const slot *get(const fields *f, uint32_t num)
-{
-    static const slot none;
-    return f->present >> num & 1 ? &f->f[num] : &none;
-}
-
-static void add_payload(dec *d, slot *s, const uint8_t *p, uint64_t len)
-{
-    if (s->n == 0) {
-        s->at = p;
-        s->v = len;
-    } else {
-        if (s->n == 1 || s->n == s->cap) {
-            uint32_t cap = s->n == 1 ? 4 : 2 * s->cap;
-            span *more = arena_spans(d, cap);
-            if (!more)
-                return;
-            if (s->n == 1)
-                more[0] = (span){s->at, s->at + s->v};
-            else
-                memcpy(more, s->more, s->n * sizeof *more);
-            s->more = more;
-            s->cap = cap;
-        }
-        s->more[s->n] = (span){p, p + len};
-    }
-    s->n++;
-}
-
-/* Reads every field of the message of type m in v into out. */
-static void scan(dec *d, int m, view v, fields *out)
-{
-    out->present = 0;
-    out->which = 0;
-    for (uint32_t k = 0; k < v.n; k++) {
-        const uint8_t *p = v.s[k].p, *end = v.s[k].end;
-        while (p < end) {
-            const uint8_t *at = p;
-            uint64_t tag;
-            p = get_varint(p, &tag);
-            uint32_t num = (uint32_t)(tag >> 3), wt = (uint32_t)(tag & 7);
-            const field_def *f = field_of(m, num);
-            if (!wire_matches(f->kind, wt)) {
-                p = skip_value(p, wt);
-                continue;
-            }
-            slot *s = &out->f[num];
-            if (!(out->present >> num & 1)) {
-                out->present |= 1u << num;
-                s->n = 0;
-            }
-            if (f->oneof && out->which != num) {
-                out->which = num;
-                s->n = 0;
-            }
-            if (f->repeated) {
-                if (s->n++ == 0) {
-                    s->at = at;
-                    s->seg = k;
-                }
-                p = skip_value(p, wt);
-                continue;
-            }
-            uint64_t len;
-            switch (wt) {
-            case WT_VARINT:
-                p = get_varint(p, &s->v);
-                s->n++;
-                break;
-            case WT_I64:
-                s->v = get_u64(p);
-                p += 8;
-                s->n++;
-                break;
-            case WT_I32:
-                s->v = get_u32(p);
-                p += 4;
-                s->n++;
-                break;
-            default: /* WT_LEN */
-                p = get_varint(p, &len);
-                if (f->kind == K_MESSAGE) {
-                    add_payload(d, s, p, len);
-                } else {
-                    s->at = p;
-                    s->v = len;
-                    s->n++;
-                }
-                p += len;
-            }
-        }
-    }
-}
-
-static inline view one_view(const span *s)
-{
-    return (view){s, 1};
-}
-
-/* The message in a slot of a singular message field (one: room for a single
- * payload's span, which must live as long as the view). */
-static inline view message_view(const slot *s, span *one)
-{
-    if (s->n <= 1) {
-        *one = (span){s->at, s->at + s->v};
-        return (view){one, s->n};
-    }
-    return (view){s->more, s->n};
-}
-
-static inline uint64_t num_of(const fields *f, uint32_t num)
-{
-    return get(f, num)->n ? get(f, num)->v : 0;
-}
-
-/* The occurrences of a repeated field, in order. */
-typedef struct iter {
-    view v;
-    uint32_t k;       /* span */
-    const uint8_t *p;
-    uint32_t num, kind, left;
-    const uint8_t *at; /* the tag of the occurrence returned last */
-} iter;
-
-static iter iter_of(view v, const fields *f, int m, uint32_t num)
-{
-    const slot *s = get(f, num);
-    return (iter){v, s->seg, s->n ? s->at : NULL, num, field_of(m, num)->kind, s->n, NULL};
-}
-
-/* The next occurrence: 1 with its wire type and payload (WT_LEN) or value
- * bytes, or 0 at the end. */
-static int iter_next(iter *it, uint32_t *wt, span *out)
-{
-    while (it->left) {
-        const uint8_t *end = it->v.s[it->k].end;
-        if (it->p >= end) {
-            it->p = it->v.s[++it->k].p;
-            continue;
-        }
-        uint64_t tag;
-        it->at = it->p;
-        const uint8_t *p = get_varint(it->p, &tag);
-        uint32_t num = (uint32_t)(tag >> 3), t = (uint32_t)(tag & 7);
-        it->p = skip_value(p, t);
-        if (num != it->num || !wire_matches((int)it->kind, t))
-            continue;
-        it->left--;
-        *wt = t;
-        if (t == WT_LEN) {
-            uint64_t len;
-            p = get_varint(p, &len);
-        }
-        *out = (span){p, it->p};
-        return 1;
-    }
-    return 0;
-}
 
 /* ---- pass 2: writing --------------------------------------------------------- */
 
@@ -822,7 +143,7 @@ static int write_any(dec *d, view v, int depth, const uint8_t *at)
         return fail(d, at, "an attribute value or a body nests deeper than %d levels",
                     COMET_OTLP_MAX_DEPTH);
     fields f;
-    scan(d, M_ANY_VALUE, v, &f);
+    pb_scan(&d->w, M_ANY_VALUE, v, &f);
     const slot *s = get(&f, f.which);
     ojbuf *o = d->o;
     span one;
@@ -850,12 +171,12 @@ static int write_any(dec *d, view v, int depth, const uint8_t *at)
     case 5: {
         view av = message_view(s, &one);
         fields a;
-        scan(d, M_ARRAY_VALUE, av, &a);
-        iter it = iter_of(av, &a, M_ARRAY_VALUE, 1);
+        pb_scan(&d->w, M_ARRAY_VALUE, av, &a);
+        iter it = pb_iter(av, &a, M_ARRAY_VALUE, 1);
         uint32_t wt, i = 0;
         span elem;
         oj_byte(o, '[');
-        while (iter_next(&it, &wt, &elem)) {
+        while (pb_next(&it, &wt, &elem)) {
             if (i)
                 oj_byte(d->o, ',');
             path_push(d, NULL, 0, i++);
@@ -870,7 +191,7 @@ static int write_any(dec *d, view v, int depth, const uint8_t *at)
     case 6: {
         view kv = message_view(s, &one);
         fields k;
-        scan(d, M_KVLIST, kv, &k);
+        pb_scan(&d->w, M_KVLIST, kv, &k);
         return write_attributes(d, kv, &k, M_KVLIST, 1, depth + 1);
     }
     case 7:
@@ -886,13 +207,13 @@ static int write_any(dec *d, view v, int depth, const uint8_t *at)
  * JSON object; a repeated key is written as sent (JSON readers keep the last). */
 static int write_attributes(dec *d, view msg, const fields *f, int m, uint32_t num, int depth)
 {
-    iter it = iter_of(msg, f, m, num);
+    iter it = pb_iter(msg, f, m, num);
     uint32_t wt, i = 0;
     span kv;
     oj_byte(d->o, '{');
-    while (iter_next(&it, &wt, &kv)) {
+    while (pb_next(&it, &wt, &kv)) {
         fields k;
-        scan(d, M_KEY_VALUE, one_view(&kv), &k);
+        pb_scan(&d->w, M_KEY_VALUE, one_view(&kv), &k);
         if ((int32_t)num_of(&k, 3) != 0)
             return fail(d, it.at, "key_strindex refers to a dictionary only profiles have");
         if (i++)
@@ -1006,29 +327,29 @@ static int write_resource(dec *d, const fields *group)
     span one;
     view rv = message_view(get(group, 1), &one);
     fields r;
-    scan(d, M_RESOURCE, rv, &r);
+    pb_scan(&d->w, M_RESOURCE, rv, &r);
     oj_lit(d->o, "{\"attributes\":");
     int rc = write_attributes_at(d, rv, &r, M_RESOURCE, 1, "attributes");
     if (rc)
         return fragment_end(d, &d->resource, rc);
     write_dropped(d, &r, 2, ",\"dropped_attributes_count\":");
     if (get(&r, 3)->n) {
-        iter it = iter_of(rv, &r, M_RESOURCE, 3);
+        iter it = pb_iter(rv, &r, M_RESOURCE, 3);
         uint32_t wt, i = 0;
         span ref;
         oj_lit(d->o, ",\"entity_refs\":[");
-        while (iter_next(&it, &wt, &ref)) {
+        while (pb_next(&it, &wt, &ref)) {
             fields e;
-            scan(d, M_ENTITY_REF, one_view(&ref), &e);
+            pb_scan(&d->w, M_ENTITY_REF, one_view(&ref), &e);
             oj_lit(d->o, i++ ? ",{\"schema_url\":" : "{\"schema_url\":");
             write_string_field(d, &e, 1);
             oj_lit(d->o, ",\"type\":");
             write_string_field(d, &e, 2);
             for (uint32_t num = 3; num <= 4; num++) {
                 oj_lit(d->o, num == 3 ? ",\"id_keys\":[" : "],\"description_keys\":[");
-                iter keys = iter_of(one_view(&ref), &e, M_ENTITY_REF, num);
+                iter keys = pb_iter(one_view(&ref), &e, M_ENTITY_REF, num);
                 span key;
-                for (uint32_t j = 0; iter_next(&keys, &wt, &key); j++) {
+                for (uint32_t j = 0; pb_next(&keys, &wt, &key); j++) {
                     if (j)
                         oj_byte(d->o, ',');
                     oj_string(d->o, key.p, (size_t)(key.end - key.p));
@@ -1053,7 +374,7 @@ static int write_scope(dec *d, const fields *group)
     span one;
     view sv = message_view(get(group, 1), &one);
     fields s;
-    scan(d, M_SCOPE, sv, &s);
+    pb_scan(&d->w, M_SCOPE, sv, &s);
     oj_lit(d->o, "{\"name\":");
     write_string_field(d, &s, 1);
     oj_lit(d->o, ",\"version\":");
@@ -1098,7 +419,7 @@ static int64_t begin_event(dec *d, const fields *resource_group, const fields *s
 /* Whether an allocation failed: the writes since are incomplete. */
 static int failed(const dec *d)
 {
-    return d->failed || d->events.failed || d->resource.json.failed || d->scope.json.failed ||
+    return d->w.failed || d->events.failed || d->resource.json.failed || d->scope.json.failed ||
            d->metric.json.failed;
 }
 
@@ -1118,13 +439,13 @@ static void reject(dec *d, size_t start, const char *what, const char *fmt, ...)
 static void reject(dec *d, size_t start, const char *what, const char *fmt, ...)
 {
     d->events.len = start;
-    if (d->res->rejected++ == 0) {
+    if (d->w.res->rejected++ == 0) {
         char why[200];
         va_list ap;
         va_start(ap, fmt);
         vsnprintf(why, sizeof why, fmt, ap);
         va_end(ap);
-        snprintf(d->res->reason, sizeof d->res->reason, "%s %llu: %s", what,
+        snprintf(d->w.res->reason, sizeof d->w.res->reason, "%s %llu: %s", what,
                  (unsigned long long)d->record, why);
     }
 }
@@ -1153,7 +474,7 @@ static int end_event(dec *d, size_t start, const char *what, int rc)
         return 0;
     }
     oj_byte(d->o, '\n');
-    d->res->count++;
+    d->w.res->count++;
     return 0;
 }
 
@@ -1163,7 +484,7 @@ static int log_fields(dec *d, span rec)
 {
     fields r;
     view rv = one_view(&rec);
-    scan(d, M_LOG_RECORD, rv, &r);
+    pb_scan(&d->w, M_LOG_RECORD, rv, &r);
     ojbuf *o = d->o;
     oj_lit(o, ",\"time_unix_nano\":");
     oj_u64(o, num_of(&r, 1));
@@ -1206,13 +527,13 @@ static int log_fields(dec *d, span rec)
 
 static int span_events(dec *d, view sv, const fields *s)
 {
-    iter it = iter_of(sv, s, M_SPAN, 11);
+    iter it = pb_iter(sv, s, M_SPAN, 11);
     uint32_t wt, i = 0;
     span ev;
     oj_lit(d->o, ",\"events\":[");
-    while (iter_next(&it, &wt, &ev)) {
+    while (pb_next(&it, &wt, &ev)) {
         fields e;
-        scan(d, M_SPAN_EVENT, one_view(&ev), &e);
+        pb_scan(&d->w, M_SPAN_EVENT, one_view(&ev), &e);
         oj_lit(d->o, i ? ",{\"time_unix_nano\":" : "{\"time_unix_nano\":");
         oj_u64(d->o, num_of(&e, 1));
         oj_lit(d->o, ",\"name\":");
@@ -1231,13 +552,13 @@ static int span_events(dec *d, view sv, const fields *s)
 
 static int span_links(dec *d, view sv, const fields *s)
 {
-    iter it = iter_of(sv, s, M_SPAN, 13);
+    iter it = pb_iter(sv, s, M_SPAN, 13);
     uint32_t wt, i = 0;
     span ln;
     oj_lit(d->o, ",\"links\":[");
-    while (iter_next(&it, &wt, &ln)) {
+    while (pb_next(&it, &wt, &ln)) {
         fields l;
-        scan(d, M_SPAN_LINK, one_view(&ln), &l);
+        pb_scan(&d->w, M_SPAN_LINK, one_view(&ln), &l);
         int rc;
         oj_lit(d->o, i ? ",{\"trace_id\":" : "{\"trace_id\":");
         if ((rc = write_id(d, &l, 1, 16, "a link's trace_id")))
@@ -1264,7 +585,7 @@ static int span_fields(dec *d, span rec)
 {
     fields s;
     view sv = one_view(&rec);
-    scan(d, M_SPAN, sv, &s);
+    pb_scan(&d->w, M_SPAN, sv, &s);
     ojbuf *o = d->o;
     int rc;
     oj_lit(o, ",\"trace_id\":");
@@ -1300,7 +621,7 @@ static int span_fields(dec *d, span rec)
     write_dropped(d, &s, 14, ",\"dropped_links_count\":");
     span one;
     fields st;
-    scan(d, M_STATUS, message_view(get(&s, 15), &one), &st);
+    pb_scan(&d->w, M_STATUS, message_view(get(&s, 15), &one), &st);
     oj_lit(o, ",\"status\":{\"code\":");
     oj_i64(o, int32_of(num_of(&st, 3)));
     oj_lit(o, ",\"message\":");
@@ -1371,11 +692,11 @@ static void write_optional_double(dec *d, const fields *f, uint32_t num)
 /* A repeated number field (packed or not) as a JSON array. */
 static void write_numbers(dec *d, view v, const fields *f, int m, uint32_t num, int doubles)
 {
-    iter it = iter_of(v, f, m, num);
+    iter it = pb_iter(v, f, m, num);
     uint32_t wt, i = 0;
     span x;
     oj_byte(d->o, '[');
-    while (iter_next(&it, &wt, &x)) {
+    while (pb_next(&it, &wt, &x)) {
         for (const uint8_t *p = x.p; p < x.end;) {
             uint64_t n;
             if (it.kind == K_PACKED_VARINT) {
@@ -1397,13 +718,13 @@ static void write_numbers(dec *d, view v, const fields *f, int m, uint32_t num, 
 
 static int write_exemplars(dec *d, view pv, const fields *p, int m, uint32_t num)
 {
-    iter it = iter_of(pv, p, m, num);
+    iter it = pb_iter(pv, p, m, num);
     uint32_t wt, i = 0;
     span ex;
     oj_lit(d->o, ",\"exemplars\":[");
-    while (iter_next(&it, &wt, &ex)) {
+    while (pb_next(&it, &wt, &ex)) {
         fields e;
-        scan(d, M_EXEMPLAR, one_view(&ex), &e);
+        pb_scan(&d->w, M_EXEMPLAR, one_view(&ex), &e);
         oj_lit(d->o, i ? ",{\"filtered_attributes\":" : "{\"filtered_attributes\":");
         int rc = write_item_attributes(d, "exemplars", i++, one_view(&ex), &e, M_EXEMPLAR, 7,
                                        "filtered_attributes");
@@ -1430,7 +751,7 @@ static void write_buckets(dec *d, const fields *p, uint32_t num)
     span one;
     view bv = message_view(get(p, num), &one);
     fields b;
-    scan(d, M_BUCKETS, bv, &b);
+    pb_scan(&d->w, M_BUCKETS, bv, &b);
     oj_lit(d->o, "{\"offset\":");
     oj_i64(d->o, sint32_of(num_of(&b, 1)));
     oj_lit(d->o, ",\"bucket_counts\":");
@@ -1457,7 +778,7 @@ static int point_fields(dec *d, uint32_t type, span rec)
         flags = 8;
     fields p;
     view pv = one_view(&rec);
-    scan(d, m, pv, &p);
+    pb_scan(&d->w, m, pv, &p);
     ojbuf *o = d->o;
     oj_lit(o, ",\"attributes\":");
     int rc = write_attributes_at(d, pv, &p, m, attrs, "attributes");
@@ -1478,12 +799,12 @@ static int point_fields(dec *d, uint32_t type, span rec)
         oj_lit(o, ",\"sum\":");
         oj_double(o, double_of(num_of(&p, 5)));
         oj_lit(o, ",\"quantile_values\":[");
-        iter it = iter_of(pv, &p, m, 6);
+        iter it = pb_iter(pv, &p, m, 6);
         uint32_t wt, i = 0;
         span q;
-        while (iter_next(&it, &wt, &q)) {
+        while (pb_next(&it, &wt, &q)) {
             fields v;
-            scan(d, M_QUANTILE, one_view(&q), &v);
+            pb_scan(&d->w, M_QUANTILE, one_view(&q), &v);
             oj_lit(o, i++ ? ",{\"quantile\":" : "{\"quantile\":");
             oj_double(o, double_of(num_of(&v, 1)));
             oj_lit(o, ",\"value\":");
@@ -1531,24 +852,24 @@ static const char *const RECORD_NAMES[] = {"", "log record", "span", "data point
 static int walk_scope(dec *d, const fields *rg, view sv, const fields *sg, int sm)
 {
     const char *what = RECORD_NAMES[d->signal];
-    iter it = iter_of(sv, sg, sm, 2);
+    iter it = pb_iter(sv, sg, sm, 2);
     uint32_t wt;
     span rec;
-    while (iter_next(&it, &wt, &rec)) {
+    while (pb_next(&it, &wt, &rec)) {
         int rc;
         if (d->signal == COMET_OTLP_METRICS) {
             fields m;
-            scan(d, M_METRIC, one_view(&rec), &m);
+            pb_scan(&d->w, M_METRIC, one_view(&rec), &m);
             if (!m.which)
                 continue;
             span one;
             view dv = message_view(get(&m, m.which), &one);
             fields data;
-            scan(d, METRIC_DATA[m.which], dv, &data);
+            pb_scan(&d->w, METRIC_DATA[m.which], dv, &data);
             d->metric.ready = 0;
-            iter pi = iter_of(dv, &data, METRIC_DATA[m.which], 1);
+            iter pi = pb_iter(dv, &data, METRIC_DATA[m.which], 1);
             span point;
-            while (iter_next(&pi, &wt, &point)) {
+            while (pb_next(&pi, &wt, &point)) {
                 int64_t start = begin_event(d, rg, sg);
                 if (start < 0)
                     return (int)start;
@@ -1576,18 +897,18 @@ static int walk_scope(dec *d, const fields *rg, view sv, const fields *sg, int s
 
 static int walk(dec *d, view req, const fields *rq, int request, int rm, int sm)
 {
-    iter ri = iter_of(req, rq, request, 1);
+    iter ri = pb_iter(req, rq, request, 1);
     uint32_t wt;
     span rs;
-    while (iter_next(&ri, &wt, &rs)) {
+    while (pb_next(&ri, &wt, &rs)) {
         fields rg;
-        scan(d, rm, one_view(&rs), &rg);
+        pb_scan(&d->w, rm, one_view(&rs), &rg);
         d->resource.ready = 0;
-        iter si = iter_of(one_view(&rs), &rg, rm, 2);
+        iter si = pb_iter(one_view(&rs), &rg, rm, 2);
         span ss;
-        while (iter_next(&si, &wt, &ss)) {
+        while (pb_next(&si, &wt, &ss)) {
             fields sg;
-            scan(d, sm, one_view(&ss), &sg);
+            pb_scan(&d->w, sm, one_view(&ss), &sg);
             d->scope.ready = 0;
             int rc = walk_scope(d, &rg, one_view(&ss), &sg, sm);
             if (rc)
@@ -1600,29 +921,29 @@ static int walk(dec *d, view req, const fields *rq, int request, int rm, int sm)
 /* The partition key: service.name of the first resource, when a string. */
 static void find_key(dec *d, view req, const fields *rq, int request, int rm)
 {
-    iter ri = iter_of(req, rq, request, 1);
+    iter ri = pb_iter(req, rq, request, 1);
     uint32_t wt;
     span rs;
-    if (!iter_next(&ri, &wt, &rs))
+    if (!pb_next(&ri, &wt, &rs))
         return;
     fields rg, r;
-    scan(d, rm, one_view(&rs), &rg);
+    pb_scan(&d->w, rm, one_view(&rs), &rg);
     span one;
     view rv = message_view(get(&rg, 1), &one);
-    scan(d, M_RESOURCE, rv, &r);
-    iter it = iter_of(rv, &r, M_RESOURCE, 1);
+    pb_scan(&d->w, M_RESOURCE, rv, &r);
+    iter it = pb_iter(rv, &r, M_RESOURCE, 1);
     span kv;
-    while (iter_next(&it, &wt, &kv)) {
+    while (pb_next(&it, &wt, &kv)) {
         fields k, v;
-        scan(d, M_KEY_VALUE, one_view(&kv), &k);
+        pb_scan(&d->w, M_KEY_VALUE, one_view(&kv), &k);
         if (!get(&k, 1)->n || get(&k, 1)->v != 12 || memcmp(get(&k, 1)->at, "service.name", 12) != 0)
             continue;
         span vone;
-        scan(d, M_ANY_VALUE, message_view(get(&k, 2), &vone), &v);
+        pb_scan(&d->w, M_ANY_VALUE, message_view(get(&k, 2), &vone), &v);
         if (v.which == 1) {
-            d->res->has_key = 1;
-            d->res->key_offset = (uint64_t)(get(&v, 1)->at - d->body);
-            d->res->key_len = (uint32_t)get(&v, 1)->v;
+            d->w.res->has_key = 1;
+            d->w.res->key_offset = (uint64_t)(get(&v, 1)->at - d->w.body);
+            d->w.res->key_len = (uint32_t)get(&v, 1)->v;
             return;
         }
     }
@@ -1630,11 +951,7 @@ static void find_key(dec *d, view req, const fields *rq, int request, int rm)
 
 static void dec_free(dec *d)
 {
-    while (d->blocks) {
-        block *b = d->blocks;
-        d->blocks = b->next;
-        free(b);
-    }
+    pb_free(&d->w);
     ojtypes_free(&d->types);
     fragment *frags[] = {&d->resource, &d->scope, &d->metric};
     for (int i = 0; i < 3; i++) {
@@ -1662,19 +979,17 @@ int comet_otlp_decode(int32_t signal, const uint8_t *body, uint64_t len,
     dec *d = sys_calloc(1, sizeof *d);
     if (!d)
         return set_error(COMET_E_NOMEM, "out of memory decoding an OTLP request");
-    d->body = body;
+    d->w.body = body;
     d->signal = signal;
     d->max_event = max_event_bytes;
-    d->res = out;
+    d->w.res = out;
     d->o = &d->events;
     d->t = &d->types;
     int rc = 0;
-    if (!check_message(d, request, body, body + len, WIRE_MAX_DEPTH, NO_GROUP)) {
-        rc = COMET_E_BAD_OTLP;
-    } else {
+    if ((rc = pb_check(&d->w, request, body, (size_t)len)) == 0) {
         span whole = {body, body + len};
         fields rq;
-        scan(d, request, one_view(&whole), &rq);
+        pb_scan(&d->w, request, one_view(&whole), &rq);
         rc = walk(d, one_view(&whole), &rq, request, rm, sm);
         if (rc == 0)
             find_key(d, one_view(&whole), &rq, request, rm);
