@@ -23,6 +23,7 @@ import os
 import random
 import struct
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -725,3 +726,25 @@ def test_doubles_read_back_exactly() -> None:
         text = line.split(b'"body":')[1].split(b",")[0]
         assert b"." in text or b"e" in text, (SEED, x, text)
         assert struct.pack("<d", orjson.loads(text)) == struct.pack("<d", x), (SEED, x, text)
+
+
+def test_any_buffer_and_many_threads_at_once() -> None:
+    rng = random.Random(SEED)
+    gen = Gen(rng)
+    bodies = [gen.request(SIGNALS[i % 3]) for i in range(30)]
+
+    def outcome(signal: str, body: Any) -> Any:
+        try:
+            return decode(signal, body, 0)
+        except InvalidOTLP as exc:
+            return (exc.offset, exc.reason)
+
+    want = [outcome(SIGNALS[i % 3], body) for i, body in enumerate(bodies)]
+    for i, body in enumerate(bodies):
+        framed = b"xx" + body + b"yy"
+        assert outcome(SIGNALS[i % 3], bytearray(body)) == want[i]
+        assert outcome(SIGNALS[i % 3], memoryview(framed)[2:-2]) == want[i]
+    with ThreadPoolExecutor(4) as pool:  # the GIL is released while C decodes
+        for _ in range(5):
+            got = list(pool.map(outcome, [SIGNALS[i % 3] for i in range(30)], bodies))
+            assert got == want, SEED
