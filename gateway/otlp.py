@@ -6,7 +6,7 @@ and one request is one atomic batch in one shard: the shard of the first
 resource's ``service.name``, so one service's records stay in order.
 
 A binary (``application/x-protobuf``) body is decoded and turned into events
-in C in one pass (``storage_c.otlp``).  A JSON body (``application/json``,
+in C in one pass (``storage_c.decode_otlp``).  A JSON body (``application/json``,
 OTLP's JSON encoding: hex ids, 64-bit integers as strings or numbers, enums
 as integers, unknown fields ignored) is parsed by protobuf's own JSON parser
 into the same message and then takes the same path, so both encodings store
@@ -39,8 +39,7 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as trace_se
 from starlette.concurrency import run_in_threadpool
 from starlette.types import Receive, Scope, Send
 
-import storage_c.otlp
-from storage_c import BatchTooLarge
+from storage_c import BatchTooLarge, Decoded, InvalidOTLP, decode_otlp
 
 from . import auth
 from .bodies import decompress, encoding_of
@@ -54,7 +53,7 @@ JSON = "application/json"
 @dataclass(frozen=True)
 class Signal:
     name: str
-    """logs, traces or metrics: the name storage_c.otlp and the config use."""
+    """logs, traces or metrics: the name storage_c.decode_otlp and the config use."""
     request: type[Message]
     response: type[Message]
     rejected_field: str
@@ -166,21 +165,21 @@ def json_to_protobuf(signal: Signal, body: bytes | bytearray) -> bytes:
 # ---- the request ------------------------------------------------------------------------
 
 def decode(signal: Signal, media_type: str, encoding: str, body: bytes | bytearray,
-           max_decompressed: int, max_event_bytes: int) -> storage_c.otlp.Decoded:
+           max_decompressed: int, max_event_bytes: int) -> Decoded:
     """Decompresses and decodes one body into its events (on the loop or a thread)."""
     raw = decompress(body, encoding, max_decompressed)
     if media_type == JSON:
         raw = json_to_protobuf(signal, raw)
     try:
-        return storage_c.otlp.decode(signal.name, raw, max_event_bytes, max_decompressed)
-    except storage_c.otlp.InvalidOTLP as exc:
+        return decode_otlp(signal.name, raw, max_event_bytes)
+    except InvalidOTLP as exc:
         raise HTTPError(400, "invalid_otlp", f"the body is not an OTLP {signal.name} request: "
                         f"{exc}") from None
     except BatchTooLarge as exc:
         raise HTTPError(413, "batch_too_large", str(exc)) from None
 
 
-def answer(signal: Signal, media_type: str, decoded: storage_c.otlp.Decoded) -> bytes:
+def answer(signal: Signal, media_type: str, decoded: Decoded) -> bytes:
     response = signal.response()
     if decoded.rejected:
         partial_success = getattr(response, "partial_success")
@@ -245,7 +244,7 @@ class OtlpIngest:
             body = await read_body(receive, config.max_body_bytes, head.length)
             offload = (encoding != "identity" or len(body) > INLINE_BODY_BYTES
                        or head.content_type == JSON)
-            work: Callable[[], storage_c.otlp.Decoded] = partial(
+            work: Callable[[], Decoded] = partial(
                 decode, signal, head.content_type, encoding, body, config.max_decompressed_bytes,
                 config.storage.max_entry_bytes)
             decoded = await run_in_threadpool(work) if offload else work()

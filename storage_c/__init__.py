@@ -12,6 +12,7 @@ from .config import Config, Durability
 from .errors import (
     BodyFault,
     InvalidJSON,
+    InvalidOTLP,
     NoEvents,
     BatchTooLarge,
     Closed,
@@ -37,10 +38,11 @@ from .errors import (
     WouldBlock,
     StreamNotFound,
 )
-from .otlp import InvalidOTLP  # TEMPORARY (shim)
 from .group_admin import ResetResult, ResetTo, delete_group, reset_group
 from .groups import Group, check_group_name
 from .log import Log, check_stream_name
+from .otlp import Decoded
+from .otlp import decode as decode_otlp
 from .records import (
     BatchResult,
     Entry,
@@ -64,6 +66,7 @@ __all__ = [
     "CometError",
     "Config",
     "CorruptionError",
+    "Decoded",
     "DecompressionError",
     "Durability",
     "Entry",
@@ -76,9 +79,9 @@ __all__ = [
     "GroupNotFound",
     "InvalidArgument",
     "InvalidJSON",
+    "InvalidOTLP",
     "Log",
     "NoEvents",
-    "InvalidOTLP",
     "NoFreeSlot",
     "Problem",
     "ProcessCountMismatch",
@@ -101,6 +104,7 @@ __all__ = [
     "VerifyReport",
     "check_group_name",
     "crc32c",
+    "decode_otlp",
     "check_stream_name",
     "delete_group",
     "reset_group",

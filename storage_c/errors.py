@@ -162,6 +162,17 @@ class WouldBlock(CometError):
     shard: int | None = None
 
 
+class InvalidOTLP(CometError, ValueError):
+    """An OTLP export request refused whole (storage_c.otlp.decode): protobuf
+    would not parse it, a value nests deeper than the limit, or it uses
+    key_strindex or string_value_strindex.  ``offset`` is the byte of the body
+    where decoding failed, ``reason`` what was wrong there."""
+
+    code = lib.COMET_E_BAD_OTLP
+    offset: int = 0
+    reason: str = ""
+
+
 _BY_CODE: dict[int, type[CometError]] = {
     cls.code: cls
     for cls in (
@@ -189,6 +200,7 @@ _BY_CODE: dict[int, type[CometError]] = {
         NoEvents,
         StreamLimit,
         WouldBlock,
+        InvalidOTLP,
     )
 }
 _BY_CODE[lib.COMET_E_NOMEM] = CometError

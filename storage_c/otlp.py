@@ -1,46 +1,68 @@
-# TEMPORARY SHIM until the C decoder lands (branch otlp-c replaces this file): the oracle behind its API.
+"""OTLP/HTTP export requests (protobuf) into JSON events, by the core's
+decoder (storage_c/src/otlp.c): one event per log record, span or metric data
+point, in the layout tests/support/otlp.py specifies.  The call releases the
+GIL while the C code runs."""
+
 from __future__ import annotations
+
 from dataclasses import dataclass
-import orjson
-from .errors import CometError, BatchTooLarge
+
+from ._comet import ffi, lib
+from .errors import InvalidOTLP, raise_for
+from .records import Buffer
 
 SIGNALS = ("logs", "traces", "metrics")
+_CODES = {"logs": lib.COMET_OTLP_LOGS, "traces": lib.COMET_OTLP_TRACES,
+          "metrics": lib.COMET_OTLP_METRICS}
+MAX_DEPTH: int = lib.COMET_OTLP_MAX_DEPTH
+"""Nesting of arrays and maps inside one attribute value or body."""
 
-class InvalidOTLP(CometError):
-    pass
 
 @dataclass(frozen=True)
 class Decoded:
-    events: bytes
-    count: int
-    rejected: int
-    reason: str
-    key: bytes | None
+    """What an export request holds."""
 
-def decode(signal: str, body: bytes | bytearray | memoryview, max_event_bytes: int, max_output_bytes: int) -> Decoded:
-    import sys
-    from pathlib import Path
-    root = str(Path(__file__).resolve().parents[1])  # tests/ is no package a server can import
-    if root not in sys.path:
-        sys.path.append(root)
-    from tests.support import otlp
+    events: bytes
+    """NDJSON, one event per line, each ending in b"\\n"."""
+    count: int
+    """Events in ``events``."""
+    rejected: int
+    """Records left out (an id of the wrong length, an event above the limit)."""
+    reason: str
+    """Why the first rejected record was left out ("" if none was)."""
+    key: bytes | None
+    """service.name of the first resource (None when it has no string one)."""
+
+
+def invalid_otlp(offset: int, reason: str) -> InvalidOTLP:
+    exc = InvalidOTLP(f"invalid OTLP request at byte {offset}: {reason}")
+    exc.offset = offset
+    exc.reason = reason
+    return exc
+
+
+def decode(signal: str, body: Buffer, max_event_bytes: int) -> Decoded:
+    """The events of an export request of ``signal`` ("logs", "traces" or
+    "metrics"); an event longer than ``max_event_bytes`` (0: no limit) is a
+    rejected record.  Raises InvalidOTLP for a request refused whole."""
     try:
-        request = otlp.decode(signal, bytes(body))
-        lines: list[bytes] = []
-        rejected, reason = 0, ""
-        for record in otlp.RECORDS[signal](request):
-            try:
-                line = orjson.dumps(record())
-                if len(line) > max_event_bytes:
-                    raise otlp.Rejected(f"its event takes {len(line)} bytes, above max_entry_bytes ({max_event_bytes})")
-            except otlp.Rejected as exc:
-                rejected, reason = rejected + 1, reason or str(exc)
-                continue
-            lines.append(line + b"\n")
-    except otlp.Refused as exc:
-        raise InvalidOTLP(str(exc)) from None
-    out = b"".join(lines)
-    if len(out) > max_output_bytes:
-        raise BatchTooLarge(f"the events of this request take more than {max_output_bytes} bytes")
-    key = otlp.service_name(signal, bytes(body))
-    return Decoded(out, len(lines), rejected, reason, key.encode() if key else None)
+        code = _CODES[signal]
+    except KeyError:
+        raise ValueError(f"signal {signal!r} is not one of {', '.join(SIGNALS)}") from None
+    buf = ffi.from_buffer("uint8_t[]", body)
+    res = ffi.new("comet_otlp_result *")
+    rc = lib.comet_otlp_decode(code, buf, len(buf), max_event_bytes, res)
+    try:
+        if rc == lib.COMET_E_BAD_OTLP:
+            raise invalid_otlp(int(res.error_offset), ffi.string(res.reason).decode("utf-8", "replace"))
+        if rc < 0:
+            raise_for(rc)
+        events = ffi.buffer(res.events, res.events_len)[:] if res.events_len else b""
+        key = None
+        if res.has_key:
+            key = ffi.buffer(buf)[res.key_offset:res.key_offset + res.key_len]
+        return Decoded(events, int(res.count), int(res.rejected),
+                       ffi.string(res.reason).decode("utf-8", "replace") if res.rejected else "",
+                       key)
+    finally:
+        lib.comet_otlp_free(res)

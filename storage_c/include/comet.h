@@ -65,8 +65,9 @@ enum {
     COMET_E_NO_EVENTS = -26,         /* an ingested body holds no event (empty, blank lines, []) */
     COMET_E_STREAM_LIMIT = -27,      /* creating the stream would pass max_streams */
     COMET_E_WOULD_BLOCK = -28,       /* a COMET_APPEND_NOWAIT append would wait: nothing written */
+    COMET_E_BAD_OTLP = -29,          /* an OTLP export request refused whole (comet_otlp_result says where) */
 };
-#define COMET_ERROR_COUNT 29
+#define COMET_ERROR_COUNT 30
 
 /* Durability, per data directory (config) and overridable per append. */
 enum {
@@ -395,6 +396,42 @@ int64_t comet_ingest(comet_stream *s, uint32_t shard, const comet_ingest_request
 int64_t comet_json_split(const comet_ingest_request *req, uint32_t max_entry_bytes,
                          uint8_t *out, size_t out_cap, uint32_t *lens, uint32_t lens_cap,
                          comet_ingest_result *res);
+
+/* ---- OTLP export requests (otlp.c) ----------------------------------------
+ * comet_otlp_decode turns the protobuf body of an OTLP/HTTP export request
+ * (ExportLogsServiceRequest, ExportTraceServiceRequest or
+ * ExportMetricsServiceRequest) into one JSON event per log record, span or
+ * metric data point, each followed by '\n', in the layout that
+ * tests/support/otlp.py specifies.  The whole request is refused (COMET_E_BAD_OTLP,
+ * error_offset and reason set) when protobuf would not parse it, when an
+ * attribute value or a body nests arrays and maps deeper than
+ * COMET_OTLP_MAX_DEPTH, or when it uses key_strindex or
+ * string_value_strindex.  A record whose trace or span id has a length other
+ * than 0 or 16 (trace) / 8 (span), or whose event (without its '\n') would
+ * be longer than max_event_bytes, is left out and counted in `rejected`
+ * (partial success).  max_event_bytes 0 means no limit: every event holds
+ * its resource and scope, so a large resource over many small records makes
+ * output many times the body's size; a limit bounds each event's memory.  The partition key is the service.name string attribute
+ * of the first resource.  COMET_E_INVALID for a bad argument, COMET_E_NOMEM.
+ * Call comet_otlp_free after every call, whatever it returned. */
+#define COMET_OTLP_LOGS 1
+#define COMET_OTLP_TRACES 2
+#define COMET_OTLP_METRICS 3
+#define COMET_OTLP_MAX_DEPTH 32
+typedef struct {
+    uint8_t *events;       /* out: the events, each followed by '\n' (malloc'd; comet_otlp_free) */
+    uint64_t events_len;
+    uint64_t count;        /* events written */
+    uint64_t rejected;     /* records refused (not written) */
+    uint64_t key_offset;   /* has_key: the partition key is body[key_offset, key_offset + key_len) */
+    uint32_t key_len;
+    int32_t has_key;
+    uint64_t error_offset; /* COMET_E_BAD_OTLP: the byte where decoding failed */
+    char reason[256];      /* COMET_E_BAD_OTLP: why; else, when rejected > 0: why the first was */
+} comet_otlp_result;
+int comet_otlp_decode(int32_t signal, const uint8_t *body, uint64_t len,
+                      uint32_t max_event_bytes, comet_otlp_result *out);
+void comet_otlp_free(comet_otlp_result *out);
 
 /* Reads (lock-free, any process). */
 int comet_read(comet_stream *s, uint32_t shard, const comet_read_request *req,

@@ -41,6 +41,7 @@ static const char *const messages[COMET_ERROR_COUNT] = {
     [-COMET_E_NO_EVENTS] = "no event in the body",
     [-COMET_E_STREAM_LIMIT] = "too many streams",
     [-COMET_E_WOULD_BLOCK] = "the append would have to wait",
+    [-COMET_E_BAD_OTLP] = "invalid OTLP request",
 };
 
 static _Thread_local char detail[512];
