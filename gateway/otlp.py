@@ -171,7 +171,7 @@ def decode(signal: Signal, media_type: str, encoding: str, body: bytes | bytearr
     if media_type == JSON:
         raw = json_to_protobuf(signal, raw)
     try:
-        return decode_otlp(signal.name, raw, max_event_bytes)
+        return decode_otlp(signal.name, raw, max_event_bytes, max_decompressed)
     except InvalidOTLP as exc:
         raise HTTPError(400, "invalid_otlp", f"the body is not an OTLP {signal.name} request: "
                         f"{exc}") from None

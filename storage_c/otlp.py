@@ -41,17 +41,19 @@ def invalid_otlp(offset: int, reason: str) -> InvalidOTLP:
     return exc
 
 
-def decode(signal: str, body: Buffer, max_event_bytes: int) -> Decoded:
+def decode(signal: str, body: Buffer, max_event_bytes: int, max_output_bytes: int = 0) -> Decoded:
     """The events of an export request of ``signal`` ("logs", "traces" or
     "metrics"); an event longer than ``max_event_bytes`` (0: no limit) is a
-    rejected record.  Raises InvalidOTLP for a request refused whole."""
+    rejected record.  Raises InvalidOTLP for a request refused whole, and
+    BatchTooLarge when the events together would pass ``max_output_bytes``
+    (0: no limit)."""
     try:
         code = _CODES[signal]
     except KeyError:
         raise ValueError(f"signal {signal!r} is not one of {', '.join(SIGNALS)}") from None
     buf = ffi.from_buffer("uint8_t[]", body)
     res = ffi.new("comet_otlp_result *")
-    rc = lib.comet_otlp_decode(code, buf, len(buf), max_event_bytes, res)
+    rc = lib.comet_otlp_decode(code, buf, len(buf), max_event_bytes, max_output_bytes, res)
     try:
         if rc == lib.COMET_E_BAD_OTLP:
             raise invalid_otlp(int(res.error_offset), ffi.string(res.reason).decode("utf-8", "replace"))

@@ -50,7 +50,7 @@ from opentelemetry.proto.metrics.v1.metrics_pb2 import (
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
-from storage_c import InvalidOTLP
+from storage_c import BatchTooLarge, InvalidOTLP
 from storage_c.otlp import MAX_DEPTH, SIGNALS, decode
 from tests.support import otlp as reference
 
@@ -655,6 +655,25 @@ def test_edge_cases_of_the_wire(name: str) -> None:
         check(signal, SPECIAL_LOGS[name], name)
 
 
+def test_max_output_bytes_refuses_the_request_whose_events_pass_it() -> None:
+    """A 2-byte empty record becomes an event of ~200 bytes: the events
+    together are bounded, at exactly their size the request passes."""
+    request = ExportLogsServiceRequest()
+    group = request.resource_logs.add()
+    group.resource.attributes.add(key="service.name").value.string_value = "s" * 500
+    records = group.scope_logs.add().log_records
+    for _ in range(1000):
+        records.add()
+    body = request.SerializeToString()
+    whole = decode("logs", body, 0)
+    assert whole.count == 1000 and len(whole.events) > 250 * len(body)
+    assert decode("logs", body, 0, len(whole.events)).events == whole.events
+    with pytest.raises(BatchTooLarge, match="take more than"):
+        decode("logs", body, 0, len(whole.events) - 1)
+    with pytest.raises(BatchTooLarge):
+        decode("logs", body, 10_000, len(body) * 4)
+
+
 def test_max_event_bytes_rejects_the_longer_events() -> None:
     rng = random.Random(SEED)
     gen = Gen(rng)
@@ -676,7 +695,7 @@ def test_max_event_bytes_rejects_the_longer_events() -> None:
             assert cut.count == len(kept), (SEED, case, limit)
             assert cut.rejected == whole.rejected + len(lines) - len(kept), (SEED, case, limit)
             if len(kept) < len(lines) and not whole.rejected:
-                assert f"the limit of {limit}" in cut.reason, (SEED, case, cut.reason)
+                assert f"max_entry_bytes ({limit})" in cut.reason, (SEED, case, cut.reason)
 
 
 def test_refusals_say_where_and_why() -> None:

@@ -411,7 +411,9 @@ int64_t comet_json_split(const comet_ingest_request *req, uint32_t max_entry_byt
  * be longer than max_event_bytes, is left out and counted in `rejected`
  * (partial success).  max_event_bytes 0 means no limit: every event holds
  * its resource and scope, so a large resource over many small records makes
- * output many times the body's size; a limit bounds each event's memory.  The partition key is the service.name string attribute
+ * output many times the body's size: max_output_bytes (0: no limit) bounds
+ * all events together, their '\n' included; a request whose events would
+ * pass it is refused with COMET_E_BATCH_TOO_LARGE.  The partition key is the service.name string attribute
  * of the first resource.  COMET_E_INVALID for a bad argument, COMET_E_NOMEM.
  * Call comet_otlp_free after every call, whatever it returned. */
 #define COMET_OTLP_LOGS 1
@@ -430,7 +432,8 @@ typedef struct {
     char reason[256];      /* COMET_E_BAD_OTLP: why; else, when rejected > 0: why the first was */
 } comet_otlp_result;
 int comet_otlp_decode(int32_t signal, const uint8_t *body, uint64_t len,
-                      uint32_t max_event_bytes, comet_otlp_result *out);
+                      uint32_t max_event_bytes, uint64_t max_output_bytes,
+                      comet_otlp_result *out);
 void comet_otlp_free(comet_otlp_result *out);
 
 /* Reads (lock-free, any process). */

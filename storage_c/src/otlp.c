@@ -82,6 +82,8 @@ typedef struct dec {
     wire w;                 /* body, result, arena */
     int32_t signal;
     uint32_t max_event;
+    uint64_t max_output;    /* all events together, their '\n' included (0: no limit) */
+    int output_bound;       /* the current event's buffer ends at max_output, not at max_event */
     /* the writer: where the JSON and value_types go now, the pointer to here */
     ojbuf *o;
     ojtypes *t;
@@ -408,7 +410,9 @@ static int64_t begin_event(dec *d, const fields *resource_group, const fields *s
     ojbuf_limit(&d->types.chars, d->max_event);
     d->path.n = 0;
     size_t start = d->events.len;
-    ojbuf_limit(&d->events, d->max_event ? start + d->max_event + 1 : 0);
+    uint64_t limit = d->max_event ? (uint64_t)start + d->max_event + 1 : 0;
+    d->output_bound = d->max_output && (!limit || limit > d->max_output);
+    ojbuf_limit(&d->events, d->output_bound ? (size_t)d->max_output : (size_t)limit);
     oj_lit(d->o, "{\"resource\":");
     oj_put(d->o, d->resource.json.p, d->resource.json.len);
     oj_lit(d->o, ",\"scope\":");
@@ -431,6 +435,13 @@ static int over(const dec *d)
         if (frags[i]->json.over || frags[i]->types.chars.over)
             return 1;
     return d->events.over || d->types.chars.over;
+}
+
+/* The events together would pass max_output: the request is refused. */
+static int too_large(const dec *d)
+{
+    return set_error(COMET_E_BATCH_TOO_LARGE, "the events of this OTLP request take more than %llu bytes",
+                     (unsigned long long)d->max_output);
 }
 
 static void reject(dec *d, size_t start, const char *what, const char *fmt, ...)
@@ -463,17 +474,21 @@ static int end_event(dec *d, size_t start, const char *what, int rc)
     oj_byte(d->o, '}');
     if (failed(d))
         return set_error(COMET_E_NOMEM, "out of memory writing the events of an OTLP request");
+    if (d->events.over && d->output_bound)
+        return too_large(d);
     if (over(d)) {
-        reject(d, start, what, "its event is longer than the limit of %u bytes", d->max_event);
+        reject(d, start, what, "its event is longer than max_entry_bytes (%u)", d->max_event);
         return 0;
     }
     size_t size = d->events.len - start;
     if (d->max_event && size > d->max_event) {
-        reject(d, start, what, "its event is %zu bytes, above the limit of %u", size,
+        reject(d, start, what, "its event is %zu bytes, above max_entry_bytes (%u)", size,
                d->max_event);
         return 0;
     }
     oj_byte(d->o, '\n');
+    if (d->events.over)
+        return too_large(d);
     d->w.res->count++;
     return 0;
 }
@@ -961,7 +976,7 @@ static void dec_free(dec *d)
 }
 
 int comet_otlp_decode(int32_t signal, const uint8_t *body, uint64_t len,
-                      uint32_t max_event_bytes, comet_otlp_result *out)
+                      uint32_t max_event_bytes, uint64_t max_output_bytes, comet_otlp_result *out)
 {
     if (!out)
         return set_error(COMET_E_INVALID, "comet_otlp_decode: no result given");
@@ -982,6 +997,7 @@ int comet_otlp_decode(int32_t signal, const uint8_t *body, uint64_t len,
     d->w.body = body;
     d->signal = signal;
     d->max_event = max_event_bytes;
+    d->max_output = max_output_bytes;
     d->w.res = out;
     d->o = &d->events;
     d->t = &d->types;

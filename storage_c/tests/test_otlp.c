@@ -148,7 +148,7 @@ static int decode(int32_t signal, const wbuf *body, uint32_t max, comet_otlp_res
     CHECK(copy != NULL);
     if (body->len)
         memcpy(copy, body->p, body->len);
-    int rc = comet_otlp_decode(signal, copy, body->len, max, res);
+    int rc = comet_otlp_decode(signal, copy, body->len, max, 0, res);
     if (rc == 0) {
         CHECK(res->events_len == 0 || res->events[res->events_len - 1] == '\n');
         uint64_t lines = 0;
@@ -619,7 +619,7 @@ static void test_rejected_records(void)
     comet_otlp_free(&out);
     CHECK_OK(decode(COMET_OTLP_LOGS, &req, (uint32_t)one - 1, &out));
     CHECK(out.count == 0 && out.rejected == 3 && out.events_len == 0);
-    CHECK(strstr(out.reason, "log record 0: its event is") && strstr(out.reason, "above the limit"));
+    CHECK(strstr(out.reason, "log record 0: its event is") && strstr(out.reason, "above max_entry_bytes"));
     comet_otlp_free(&out);
     free(req.p);
     /* far above the limit: writing stops there (a long key in a resource
@@ -640,7 +640,7 @@ static void test_rejected_records(void)
     req = request(&res, &scope, &recs);
     CHECK_OK(decode(COMET_OTLP_LOGS, &req, 1000, &out));
     CHECK(out.count == 1 && out.rejected == 1);
-    CHECK(strcmp(out.reason, "log record 0: its event is longer than the limit of 1000 bytes") == 0);
+    CHECK(strcmp(out.reason, "log record 0: its event is longer than max_entry_bytes (1000)") == 0);
     comet_otlp_free(&out);
     CHECK_OK(decode(COMET_OTLP_LOGS, &req, 0, &out));
     CHECK(out.count == 2 && out.events_len > 200 * sizeof key); /* 200 pointers through the key */
@@ -673,6 +673,33 @@ static void decode_any(int32_t signal, const wbuf *body)
     int rc = decode(signal, body, 0, &res);
     CHECK(rc == 0 || rc == COMET_E_BAD_OTLP);
     comet_otlp_free(&res);
+}
+
+/* max_output_bytes bounds all events together, line breaks included: at
+ * exactly their size the request decodes, one byte less refuses it whole. */
+static void test_max_output(void)
+{
+    wbuf res = {0}, scope = {0}, recs = {0}, rec = {0};
+    kv_string(&res, 1, "service.name", "svc");
+    for (int i = 0; i < 50; i++)
+        sub(&recs, 2, &rec);
+    wbuf req = request(&res, &scope, &recs);
+    comet_otlp_result out;
+    CHECK_OK(decode(COMET_OTLP_LOGS, &req, 0, &out));
+    uint64_t total = out.events_len;
+    CHECK(out.count == 50 && total > 50 * req.len / 50);
+    comet_otlp_free(&out);
+    for (uint32_t max_event = 0; max_event <= 100000; max_event += 100000) {
+        CHECK(comet_otlp_decode(COMET_OTLP_LOGS, req.p, req.len, max_event, total, &out) == 0);
+        CHECK(out.count == 50 && out.events_len == total);
+        comet_otlp_free(&out);
+        CHECK(comet_otlp_decode(COMET_OTLP_LOGS, req.p, req.len, max_event, total - 1, &out) ==
+              COMET_E_BATCH_TOO_LARGE);
+        CHECK(out.events == NULL && out.count == 0);
+        CHECK(strstr(comet_last_error(), "take more than") != NULL);
+        comet_otlp_free(&out);
+    }
+    free(req.p);
 }
 
 static void test_truncations_and_mutations(void)
@@ -728,17 +755,17 @@ static void test_truncations_and_mutations(void)
 static void test_api(void)
 {
     comet_otlp_result res;
-    CHECK(comet_otlp_decode(0, (const uint8_t *)"", 0, 0, &res) == COMET_E_INVALID);
-    CHECK(comet_otlp_decode(4, (const uint8_t *)"", 0, 0, &res) == COMET_E_INVALID);
-    CHECK(comet_otlp_decode(1, NULL, 3, 0, &res) == COMET_E_INVALID);
-    CHECK(comet_otlp_decode(1, NULL, 0, 0, NULL) == COMET_E_INVALID);
-    CHECK(comet_otlp_decode(1, NULL, 0, 0, &res) == 0 && res.count == 0 && !res.has_key);
+    CHECK(comet_otlp_decode(0, (const uint8_t *)"", 0, 0, 0, &res) == COMET_E_INVALID);
+    CHECK(comet_otlp_decode(4, (const uint8_t *)"", 0, 0, 0, &res) == COMET_E_INVALID);
+    CHECK(comet_otlp_decode(1, NULL, 3, 0, 0, &res) == COMET_E_INVALID);
+    CHECK(comet_otlp_decode(1, NULL, 0, 0, 0, NULL) == COMET_E_INVALID);
+    CHECK(comet_otlp_decode(1, NULL, 0, 0, 0, &res) == 0 && res.count == 0 && !res.has_key);
     comet_otlp_free(&res);
     comet_otlp_free(NULL);
     CHECK(strcmp(comet_strerror(COMET_E_BAD_OTLP), "invalid OTLP request") == 0);
     wbuf top = {0};
     put(&top, "\x0a\x05", 2);
-    CHECK(comet_otlp_decode(1, top.p, top.len, 0, &res) == COMET_E_BAD_OTLP);
+    CHECK(comet_otlp_decode(1, top.p, top.len, 0, 0, &res) == COMET_E_BAD_OTLP);
     CHECK(strstr(comet_last_error(), "at byte 0: field 1 of an ExportLogsServiceRequest") != NULL);
     free(top.p);
 }
@@ -800,6 +827,7 @@ int main(void)
     RUN(test_wire_refusals);
     RUN(test_depth);
     RUN(test_rejected_records);
+    RUN(test_max_output);
     RUN(test_truncations_and_mutations);
     RUN(test_api);
     RUN(test_allocation_failures);
