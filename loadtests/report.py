@@ -41,6 +41,7 @@ AREAS = (
     Area("gateway", "Gateway (issue 4)", "loadtests/bench_gateway.py",
          ("gateway_single", "gateway_ndjson", "gateway_ndjson_novalidate", "gateway_single_paced")),
     Area("spark", "Spark (issue 5)", "loadtests/bench_spark.py", ("comet_raw", "comet_ship")),
+    Area("otlp", "OTLP/HTTP ingest (issue 24)", "loadtests/bench_otlp.py", ("otlp_logs", "otlp_traces")),
 )
 LOADTEST = Area("loadtest", "Load test with locust (issue 6)", "make loadtest")
 SOAK = Area("soak", "Soak test (issue 6)", "make soak")
