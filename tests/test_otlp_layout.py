@@ -5,12 +5,16 @@ normal form: groups without records dropped, equal neighbours merged)."""
 from __future__ import annotations
 
 import math
+import os
+import random
+import time
 
 import pytest
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
 from tests.support import otlp, otlp_requests
+from tests.support.otlp_random import Gen
 
 BUILDERS = {"logs": otlp_requests.logs_request, "traces": otlp_requests.traces_request,
             "metrics": otlp_requests.metrics_request}
@@ -59,3 +63,25 @@ def test_nan_and_empty_values_round_trip() -> None:
     events, _ = otlp.events("logs", body)
     assert [e["body"] for e in events] == ["NaN", None, None]
     assert otlp.rebuilt("logs", events) == otlp.normalized("logs", body)
+
+
+def test_random_requests_round_trip() -> None:
+    """Requests of every shape (tests/support/otlp_random.py): whatever the
+    reference accepts without refusing a record, and without a repeated
+    attribute key (which OTLP forbids), comes back equal."""
+    seed = int(os.environ.get("COMET_FUZZ_SEED", str(time.time_ns() % 2**32)))
+    gen = Gen(random.Random(seed))
+    checked = 0
+    for case in range(600):
+        signal = ("logs", "traces", "metrics")[case % 3]
+        body = gen.request(signal)
+        try:
+            events, rejected = otlp.events(signal, body)
+        except otlp.Refused:
+            continue
+        if rejected or otlp.has_repeated_keys(otlp.decode(signal, body)):
+            continue
+        assert otlp.rebuilt(signal, events) == otlp.normalized(signal, body), \
+            f"COMET_FUZZ_SEED={seed} case {case} ({signal}): {body.hex()[:400]}"
+        checked += 1
+    assert checked > 150, (seed, checked)

@@ -587,6 +587,22 @@ def rebuilt(signal: str, stored: Iterable[Event]) -> bytes:
     return bytes(_canonical(request_from_events(signal, stored)).SerializeToString(deterministic=True))
 
 
+def has_repeated_keys(message: Message) -> bool:
+    """Whether a list of attributes anywhere repeats a key (OTLP forbids it;
+    the layout keeps what was sent, so such a request does not round-trip)."""
+    for field, value in message.ListFields():
+        if field.message_type is None:
+            continue
+        items = value if field.is_repeated else [value]
+        if field.is_repeated and field.message_type.full_name == KeyValue.DESCRIPTOR.full_name:
+            keys = [kv.key for kv in value]
+            if len(set(keys)) < len(keys):
+                return True
+        if any(has_repeated_keys(item) for item in items):
+            return True
+    return False
+
+
 def _canonical(message: Message) -> Message:
     """Clears empty values and messages (unset and empty are one in the layout)."""
     for field, value in message.ListFields():
