@@ -581,3 +581,22 @@ def test_json_ids_inside_unknown_fields_are_ignored(client: TestClient, data_dir
     assert r.status_code == 200 and r.content == b"{}", r.content
     (event,) = [orjson.loads(e) for e in stored(data_dir, "otel-logs")]
     assert event["body"] == "kept" and event["trace_id"] == ""
+
+
+def test_events_far_larger_than_the_body_are_refused_whole(client: TestClient, data_dir: Path) -> None:
+    """Each event repeats its resource: 2,000 empty records under a 1 KB
+    service.name are a 9 KB body and 2.3 MB of events, above
+    max_decompressed_bytes (256 KiB here): 413, nothing stored."""
+    request = ExportLogsServiceRequest()
+    group = request.resource_logs.add()
+    group.resource.attributes.add(key="service.name").value.string_value = "s" * 1000
+    records = group.scope_logs.add().log_records
+    for _ in range(2000):
+        records.add()
+    body = request.SerializeToString()
+    assert len(body) < LIMITS["max_body_bytes"]  # type: ignore[operator]
+    r = client.post("/v1/logs", content=body, headers=PROTOBUF)
+    assert r.status_code == 413
+    assert status_of(r, PROTOBUF["content-type"]) == (
+        8, f"the events of this OTLP request take more than {256 * KiB} bytes")
+    assert everything(data_dir) == {s: [] for s in STREAMS.values()}
