@@ -81,7 +81,11 @@ def test_random_requests_round_trip() -> None:
             continue
         if rejected or otlp.has_repeated_keys(otlp.decode(signal, body)):
             continue
-        assert otlp.rebuilt(signal, events) == otlp.normalized(signal, body), \
-            f"COMET_FUZZ_SEED={seed} case {case} ({signal}): {body.hex()[:400]}"
+        where = f"COMET_FUZZ_SEED={seed} case {case} ({signal}): {body.hex()[:400]}"
+        try:
+            back = otlp.rebuilt(signal, events)
+        except Exception as exc:
+            raise AssertionError(f"{where}: {exc!r}") from exc
+        assert back == otlp.normalized(signal, body), where
         checked += 1
     assert checked > 150, (seed, checked)

@@ -11,36 +11,14 @@ from typing import Any
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyValue, KeyValueList
 from opentelemetry.proto.metrics.v1.metrics_pb2 import (AGGREGATION_TEMPORALITY_CUMULATIVE,
                                                         AGGREGATION_TEMPORALITY_DELTA)
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
+from .otlp_http import any_value, key_values
+
 T0_NS = 1_763_700_000_123_456_789
 """2025-11-21T04:40:00.123456789Z: nanoseconds a microsecond timestamp cannot hold."""
-
-
-def value(v: Any) -> AnyValue:
-    """An AnyValue of a Python value: bytes, bool, int, float, str, list, dict, None (unset)."""
-    if v is None:
-        return AnyValue()
-    if isinstance(v, bytes):
-        return AnyValue(bytes_value=v)
-    if isinstance(v, bool):
-        return AnyValue(bool_value=v)
-    if isinstance(v, int):
-        return AnyValue(int_value=v)
-    if isinstance(v, float):
-        return AnyValue(double_value=v)
-    if isinstance(v, str):
-        return AnyValue(string_value=v)
-    if isinstance(v, list):
-        return AnyValue(array_value=ArrayValue(values=[value(x) for x in v]))
-    return AnyValue(kvlist_value=KeyValueList(values=kvs(v)))
-
-
-def kvs(attrs: dict[str, Any]) -> list[KeyValue]:
-    return [KeyValue(key=k, value=value(v)) for k, v in attrs.items()]
 
 
 EVERY_TYPE: dict[str, Any] = {
@@ -57,13 +35,13 @@ SCOPE = {"lib.flag": True}
 def logs_request() -> ExportLogsServiceRequest:
     req = ExportLogsServiceRequest()
     rl = req.resource_logs.add(schema_url="https://opentelemetry.io/schemas/1.30.0")
-    rl.resource.attributes.extend(kvs(RESOURCE))
+    rl.resource.attributes.extend(key_values(RESOURCE))
     rl.resource.dropped_attributes_count = 2
     ref = rl.resource.entity_refs.add(schema_url="s", type="host", id_keys=["host.id"])
     ref.description_keys.append("host.name")
     sl = rl.scope_logs.add(schema_url="scope-schema")
     sl.scope.name, sl.scope.version = "app.logger", "1.2.3"
-    sl.scope.attributes.extend(kvs(SCOPE))
+    sl.scope.attributes.extend(key_values(SCOPE))
     sl.scope.dropped_attributes_count = 1
     bodies: list[Any] = ["plain text", 17, 2.25, True, ["x", 1], {"msg": "hi", "n": {"m": [1.5]}},
                          b"\xde\xad", math.nan, None, ""]
@@ -74,8 +52,8 @@ def logs_request() -> ExportLogsServiceRequest:
             trace_id=bytes(range(16)) if i % 2 == 0 else b"", span_id=bytes(range(8, 16)) if i % 2 == 0 else b"",
             event_name="app.event" if i == 0 else "", dropped_attributes_count=i)
         if body is not None:
-            record.body.CopyFrom(value(body))
-        record.attributes.extend(kvs(EVERY_TYPE if i == 0 else {"i": i}))
+            record.body.CopyFrom(any_value(body))
+        record.attributes.extend(key_values(EVERY_TYPE if i == 0 else {"i": i}))
     req.resource_logs.add().scope_logs.add().log_records.add(time_unix_nano=0)  # all empty
     return req
 
@@ -83,7 +61,7 @@ def logs_request() -> ExportLogsServiceRequest:
 def traces_request() -> ExportTraceServiceRequest:
     req = ExportTraceServiceRequest()
     rs = req.resource_spans.add()
-    rs.resource.attributes.extend(kvs(RESOURCE))
+    rs.resource.attributes.extend(key_values(RESOURCE))
     ss = rs.scope_spans.add()
     ss.scope.name = "tracer"
     for i in range(3):
@@ -93,14 +71,14 @@ def traces_request() -> ExportTraceServiceRequest:
             kind=[Span.SPAN_KIND_INTERNAL, Span.SPAN_KIND_SERVER, Span.SPAN_KIND_CLIENT][i],
             start_time_unix_nano=T0_NS, end_time_unix_nano=T0_NS + 1_234_567_891 * i if i else 0,
             dropped_attributes_count=i, dropped_events_count=i, dropped_links_count=2 * i)
-        span.attributes.extend(kvs(EVERY_TYPE if i == 0 else {"http.status": 200 + i}))
+        span.attributes.extend(key_values(EVERY_TYPE if i == 0 else {"http.status": 200 + i}))
         for j in range(i):
             event = span.events.add(time_unix_nano=T0_NS + 5 + j, name=f"ev-{j}", dropped_attributes_count=j)
-            event.attributes.extend(kvs({"exception.type": "E", "n": j, "raw": b"\x07"}))
+            event.attributes.extend(key_values({"exception.type": "E", "n": j, "raw": b"\x07"}))
         for j in range(i):
             link = span.links.add(trace_id=bytes([7] * 16), span_id=bytes([8] * 8), trace_state="",
                                   flags=j, dropped_attributes_count=3)
-            link.attributes.extend(kvs({"link.n": j, "d": -math.inf}))
+            link.attributes.extend(key_values({"link.n": j, "d": -math.inf}))
         span.status.code = [Status.STATUS_CODE_UNSET, Status.STATUS_CODE_OK, Status.STATUS_CODE_ERROR][i]
         span.status.message = "bad" if i == 2 else ""
     return req
@@ -109,14 +87,14 @@ def traces_request() -> ExportTraceServiceRequest:
 def metrics_request() -> ExportMetricsServiceRequest:
     req = ExportMetricsServiceRequest()
     rm = req.resource_metrics.add()
-    rm.resource.attributes.extend(kvs(RESOURCE))
+    rm.resource.attributes.extend(key_values(RESOURCE))
     sm = rm.scope_metrics.add()
     sm.scope.name = "meter"
     gauge = sm.metrics.add(name="temp", description="temperature", unit="Cel")
-    gauge.metadata.extend(kvs({"origin": "sensor", "rev": 3}))
+    gauge.metadata.extend(key_values({"origin": "sensor", "rev": 3}))
     for i, v in enumerate([21.5, -7, math.nan, (1 << 63) - 1, 2.0]):
         p = gauge.gauge.data_points.add(time_unix_nano=T0_NS + i, start_time_unix_nano=0, flags=i % 2)
-        p.attributes.extend(kvs({"room": f"r{i}"}))
+        p.attributes.extend(key_values({"room": f"r{i}"}))
         if isinstance(v, int):
             p.as_int = v
         else:
@@ -125,7 +103,7 @@ def metrics_request() -> ExportMetricsServiceRequest:
     total.sum.aggregation_temporality, total.sum.is_monotonic = AGGREGATION_TEMPORALITY_CUMULATIVE, True
     p = total.sum.data_points.add(start_time_unix_nano=T0_NS - 10**9, time_unix_nano=T0_NS, as_int=12345)
     ex = p.exemplars.add(time_unix_nano=T0_NS - 7, as_int=3, span_id=bytes([1] * 8), trace_id=bytes([2] * 16))
-    ex.filtered_attributes.extend(kvs({"user": "u1", "raw": b"\x00"}))
+    ex.filtered_attributes.extend(key_values({"user": "u1", "raw": b"\x00"}))
     p.exemplars.add(time_unix_nano=0, as_double=math.inf)
     histogram = sm.metrics.add(name="latency", unit="ms")
     histogram.histogram.aggregation_temporality = AGGREGATION_TEMPORALITY_DELTA
