@@ -15,6 +15,7 @@ import math
 from functools import partial
 from typing import Any, Callable, Iterable, Iterator
 
+import orjson
 from google.protobuf.message import DecodeError, Message
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
@@ -500,11 +501,14 @@ def request_from_events(signal: str, stored: Iterable[Event]) -> Message:
     for e in stored:
         types = e.get("value_types", {})
         resource, scope = e["resource"], e["scope"]
-        if not last or last[0] != resource:
+        # A group's identity, as JSON tells it (1.0 is not 1, true is not 1)
+        # with its value_types (bytes are not a string).
+        heads = [_head(e, part, types) for part in ("resource", "scope", "metric")]
+        if not last or last[0] != heads[0]:
             group = getattr(request, resources).add()
             _fill_resource(group, resource, types)
             last = ()
-        if not last or last[1] != scope:
+        if not last or last[1] != heads[1]:
             scope_group = getattr(group, scopes).add()
             _fill_scope(scope_group, scope, types)
         if signal == "logs":
@@ -513,7 +517,7 @@ def request_from_events(signal: str, stored: Iterable[Event]) -> Message:
             _fill_span(getattr(scope_group, records).add(), e, types)
         else:
             described = {k: v for k, v in e["metric"].items()}
-            if len(last) < 3 or last[2] != described:
+            if len(last) < 3 or last[2] != heads[2]:
                 metric = getattr(scope_group, records).add(
                     name=described["name"], description=described["description"], unit=described["unit"])
                 data = getattr(metric, described["type"])
@@ -525,10 +529,15 @@ def request_from_events(signal: str, stored: Iterable[Event]) -> Message:
                 if "metadata" in described:
                     metric.metadata.extend(attributes_back(described["metadata"], "/metric/metadata", types))
             _fill_point(metric, e, types)
-            last = (resource, scope, described)
+            last = tuple(heads)
             continue
-        last = (resource, scope)
+        last = tuple(heads[:2])
     return request
+
+
+def _head(event: Event, part: str, types: dict[str, str]) -> bytes:
+    return bytes(orjson.dumps([event.get(part), {k: v for k, v in types.items()
+                                                 if k.startswith(f"/{part}/")}]))
 
 
 def normalized(signal: str, body: bytes) -> bytes:
