@@ -39,11 +39,11 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as trace_se
 from starlette.concurrency import run_in_threadpool
 from starlette.types import Receive, Scope, Send
 
-from storage_c import BatchTooLarge, Decoded, InvalidOTLP, decode_otlp
+from storage_c import BatchTooLarge, CometError, Decoded, InvalidOTLP, decode_otlp
 
 from . import auth
 from .bodies import decompress, encoding_of
-from .errors import HTTPError
+from .errors import HTTPError, storage_error
 from .ingest import EVENTS, INLINE_BODY_BYTES, ClientGone, Head, Ingest, Outcome, read_body, store
 
 PROTOBUF = "application/x-protobuf"
@@ -177,6 +177,8 @@ def decode(signal: Signal, media_type: str, encoding: str, body: bytes | bytearr
                         f"{exc}") from None
     except BatchTooLarge as exc:
         raise HTTPError(413, "batch_too_large", str(exc)) from None
+    except CometError as exc:  # out of memory
+        raise storage_error(exc, retry_after_s=1) from None
 
 
 def answer(signal: Signal, media_type: str, decoded: Decoded) -> bytes:
