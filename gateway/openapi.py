@@ -135,10 +135,9 @@ def _status(description: str, retry: bool = False) -> dict[str, Any]:
     return out
 
 
-def _otlp(signal: str, records: str) -> Callable[[Context], Operation]:
-    request = f"Export{signal}ServiceRequest"
+def _otlp(signal: str, request: str, records: str) -> Callable[[Context], Operation]:
     def build(c: Context) -> Operation:
-        stream = c.config.otlp_stream(signal.lower() if signal != "Trace" else "traces")
+        stream = c.config.otlp_stream(signal)
         return {
             "summary": f"OTLP/HTTP export of {records}",
             "description": f"Each of the request's {records} becomes one JSON event in stream "
@@ -232,9 +231,9 @@ OPERATIONS: dict[tuple[str, str], Callable[[Context], Operation]] = {
         "Unregister a consumer group", "The shards it was deleted from.", extra=[GROUP_NAME],
         not_found="Unknown stream."),
     ("/streams", "GET"): _simple("List streams", "Streams."),
-    ("/v1/logs", "POST"): _otlp("Logs", "log records"),
-    ("/v1/traces", "POST"): _otlp("Trace", "spans"),
-    ("/v1/metrics", "POST"): _otlp("Metrics", "metric data points"),
+    ("/v1/logs", "POST"): _otlp("logs", "ExportLogsServiceRequest", "log records"),
+    ("/v1/traces", "POST"): _otlp("traces", "ExportTraceServiceRequest", "spans"),
+    ("/v1/metrics", "POST"): _otlp("metrics", "ExportMetricsServiceRequest", "metric data points"),
     ("/healthz", "GET"): _simple("Liveness", "Alive.", open_=True),
     ("/readyz", "GET"): lambda c: {
         "summary": "Readiness: slot claimed, storage writable",

@@ -177,8 +177,6 @@ def decode(signal: Signal, media_type: str, encoding: str, body: bytes | bytearr
                         f"{exc}") from None
     except BatchTooLarge as exc:
         raise HTTPError(413, "batch_too_large", str(exc)) from None
-    except CometError as exc:  # out of memory
-        raise storage_error(exc, retry_after_s=1) from None
 
 
 def answer(signal: Signal, media_type: str, decoded: Decoded) -> bytes:
@@ -249,7 +247,10 @@ class OtlpIngest:
             work: Callable[[], Decoded] = partial(
                 decode, signal, head.content_type, encoding, body, config.max_decompressed_bytes,
                 config.storage.max_entry_bytes)
-            decoded = await run_in_threadpool(work) if offload else work()
+            try:
+                decoded = await run_in_threadpool(work) if offload else work()
+            except CometError as exc:  # out of memory: as the storage errors' table says
+                raise storage_error(exc, config.retry_after_s) from None
             if decoded.count:
                 work_store = partial(store, runtime, head.stream, EVENTS, decoded.events, decoded.key)
                 await ingest.store(head.stream, work_store,

@@ -26,24 +26,17 @@ import bench_gateway as gw  # noqa: E402
 import benchlib  # noqa: E402
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest  # noqa: E402
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest  # noqa: E402
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue  # noqa: E402
 from opentelemetry.proto.logs.v1.logs_pb2 import SeverityNumber  # noqa: E402
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status  # noqa: E402
 
 from tests.support import otlp  # noqa: E402
+from tests.support.otlp_http import key_values  # noqa: E402
 
 BODIES = gw.SCRATCH.parent / "otlp-bodies"
 RECORDS = 100
 TARGET = 0.5
 T0 = 1_764_240_000_000_000_000
-
-
-def attr(key: str, value: str | int | float) -> KeyValue:
-    if isinstance(value, str):
-        return KeyValue(key=key, value=AnyValue(string_value=value))
-    if isinstance(value, int):
-        return KeyValue(key=key, value=AnyValue(int_value=value))
-    return KeyValue(key=key, value=AnyValue(double_value=value))
+RESOURCE = {"service.name": "checkout", "host.name": "edge-1"}
 
 
 def logs_request(rng: random.Random) -> bytes:
@@ -51,7 +44,7 @@ def logs_request(rng: random.Random) -> bytes:
     three attributes, trace context."""
     request = ExportLogsServiceRequest()
     group = request.resource_logs.add()
-    group.resource.attributes.extend([attr("service.name", "checkout"), attr("host.name", "edge-1")])
+    group.resource.attributes.extend(key_values(RESOURCE))
     scope = group.scope_logs.add()
     scope.scope.name, scope.scope.version = "app.orders", "1.4.2"
     for i in range(RECORDS):
@@ -59,8 +52,8 @@ def logs_request(rng: random.Random) -> bytes:
         record.time_unix_nano = record.observed_time_unix_nano = T0 + i * 1_000_003
         record.severity_number, record.severity_text = SeverityNumber.SEVERITY_NUMBER_INFO, "INFO"
         record.body.string_value = f"order {rng.randrange(10**6)} paid in {rng.randrange(900)} ms ok"
-        record.attributes.extend([attr("http.method", "POST"), attr("http.status_code", 200),
-                                  attr("duration_s", rng.random())])
+        record.attributes.extend(key_values({"http.method": "POST", "http.status_code": 200,
+                                             "duration_s": rng.random()}))
         record.trace_id, record.span_id, record.flags = rng.randbytes(16), rng.randbytes(8), 1
     return bytes(request.SerializeToString())
 
@@ -69,7 +62,7 @@ def traces_request(rng: random.Random) -> bytes:
     """Spans of one service: ids, parent, kind, times, four attributes, an OK status."""
     request = ExportTraceServiceRequest()
     group = request.resource_spans.add()
-    group.resource.attributes.extend([attr("service.name", "checkout"), attr("host.name", "edge-1")])
+    group.resource.attributes.extend(key_values(RESOURCE))
     scope = group.scope_spans.add()
     scope.scope.name, scope.scope.version = "app.orders", "1.4.2"
     trace = rng.randbytes(16)
@@ -79,8 +72,8 @@ def traces_request(rng: random.Random) -> bytes:
         span.name, span.kind, span.flags = f"GET /orders/{{id}} {i % 7}", Span.SPAN_KIND_SERVER, 1
         span.start_time_unix_nano = T0 + i * 1_000_003
         span.end_time_unix_nano = span.start_time_unix_nano + rng.randrange(10**8)
-        span.attributes.extend([attr("http.method", "GET"), attr("http.status_code", 200),
-                                attr("http.route", "/orders/{id}"), attr("net.peer.port", 443)])
+        span.attributes.extend(key_values({"http.method": "GET", "http.status_code": 200,
+                                           "http.route": "/orders/{id}", "net.peer.port": 443}))
         span.status.code = Status.STATUS_CODE_OK
     return bytes(request.SerializeToString())
 

@@ -38,6 +38,7 @@ from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord
 from storage_c import BatchTooLarge, InvalidOTLP
 from storage_c.otlp import MAX_DEPTH, SIGNALS, decode
 from tests.support import otlp as reference
+from tests.support.otlp_http import logs_request
 from tests.support.otlp_random import DOUBLES, Gen
 
 SEED = int(os.environ.get("COMET_FUZZ_SEED", str(time.time_ns() % 2**32)))
@@ -388,13 +389,7 @@ def test_edge_cases_of_the_wire(name: str) -> None:
 def test_max_output_bytes_refuses_the_request_whose_events_pass_it() -> None:
     """A 2-byte empty record becomes an event of ~200 bytes: the events
     together are bounded, at exactly their size the request passes."""
-    request = ExportLogsServiceRequest()
-    group = request.resource_logs.add()
-    group.resource.attributes.add(key="service.name").value.string_value = "s" * 500
-    records = group.scope_logs.add().log_records
-    for _ in range(1000):
-        records.add()
-    body = request.SerializeToString()
+    body = logs_request("s" * 500, [{}] * 1000).SerializeToString()
     whole = decode("logs", body, 0)
     assert whole.count == 1000 and len(whole.events) > 250 * len(body)
     assert decode("logs", body, 0, len(whole.events)).events == whole.events

@@ -587,13 +587,7 @@ def test_events_far_larger_than_the_body_are_refused_whole(client: TestClient, d
     """Each event repeats its resource: 2,000 empty records under a 1 KB
     service.name are a 9 KB body and 2.3 MB of events, above
     max_decompressed_bytes (256 KiB here): 413, nothing stored."""
-    request = ExportLogsServiceRequest()
-    group = request.resource_logs.add()
-    group.resource.attributes.add(key="service.name").value.string_value = "s" * 1000
-    records = group.scope_logs.add().log_records
-    for _ in range(2000):
-        records.add()
-    body = request.SerializeToString()
+    body = logs_request("s" * 1000, [{}] * 2000).SerializeToString()
     assert len(body) < LIMITS["max_body_bytes"]  # type: ignore[operator]
     r = client.post("/v1/logs", content=body, headers=PROTOBUF)
     assert r.status_code == 413
