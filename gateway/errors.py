@@ -68,6 +68,10 @@ STORAGE_ERRORS: dict[type[CometError], ErrorAnswer] = {
     storage_c.Closed: ErrorAnswer(503, "draining", retry=True),
     # (the ingest path makes the call again on a thread before it answers this)
     storage_c.WouldBlock: ErrorAnswer(503, "busy", retry=True),
+    # the storage refuses writes until an operator acts (the detail names the cause)
+    storage_c.SyncFailed: ErrorAnswer(503, "sync_failed", retry=True),
+    storage_c.StorageGone: ErrorAnswer(503, "storage_gone", retry=True),
+    storage_c.ReadOnlyStorage: ErrorAnswer(503, "storage_read_only", retry=True),
     # the storage itself is in trouble, or a request reached what HTTP never asks for
     CometError: INTERNAL,
     storage_c.StorageIOError: INTERNAL,

@@ -173,6 +173,28 @@ class InvalidOTLP(CometError, ValueError):
     reason: str = ""
 
 
+class SyncFailed(StorageIOError):
+    """A sync (fsync, fdatasync, msync) of the shard failed earlier, in this
+    process or another: the kernel may have dropped the data it could not
+    write, so the shard refuses appends until it is opened again, when its
+    tail after the last durable point is checked (storage_c/FORMAT.md)."""
+
+    code = lib.COMET_E_SYNC_FAILED
+
+
+class StorageGone(StorageIOError):
+    """A file or directory of the data directory was removed while in use
+    (the data directory, a stream's or a shard's directory, a segment)."""
+
+    code = lib.COMET_E_GONE
+
+
+class ReadOnlyStorage(StorageIOError):
+    """The filesystem holding the data directory is read-only (EROFS)."""
+
+    code = lib.COMET_E_READ_ONLY
+
+
 _BY_CODE: dict[int, type[CometError]] = {
     cls.code: cls
     for cls in (
@@ -198,6 +220,9 @@ _BY_CODE: dict[int, type[CometError]] = {
         AckGapError,
         InvalidJSON,
         NoEvents,
+        SyncFailed,
+        StorageGone,
+        ReadOnlyStorage,
         StreamLimit,
         WouldBlock,
         InvalidOTLP,

@@ -66,8 +66,11 @@ enum {
     COMET_E_STREAM_LIMIT = -27,      /* creating the stream would pass max_streams */
     COMET_E_WOULD_BLOCK = -28,       /* a COMET_APPEND_NOWAIT append would wait: nothing written */
     COMET_E_BAD_OTLP = -29,          /* an OTLP export request refused whole (comet_otlp_result says where) */
+    COMET_E_SYNC_FAILED = -30,       /* a sync (fsync, fdatasync, msync) of the shard failed: it refuses appends until reopened */
+    COMET_E_GONE = -31,              /* a file or directory of the data directory was removed while in use */
+    COMET_E_READ_ONLY = -32,         /* the filesystem holding the data directory is read-only (EROFS) */
 };
-#define COMET_ERROR_COUNT 30
+#define COMET_ERROR_COUNT 33
 
 /* Durability, per data directory (config) and overridable per append. */
 enum {

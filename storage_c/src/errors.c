@@ -42,6 +42,9 @@ static const char *const messages[COMET_ERROR_COUNT] = {
     [-COMET_E_STREAM_LIMIT] = "too many streams",
     [-COMET_E_WOULD_BLOCK] = "the append would have to wait",
     [-COMET_E_BAD_OTLP] = "invalid OTLP request",
+    [-COMET_E_SYNC_FAILED] = "an earlier sync of the shard failed",
+    [-COMET_E_GONE] = "removed while in use",
+    [-COMET_E_READ_ONLY] = "read-only filesystem",
 };
 
 static _Thread_local char detail[512];
@@ -87,6 +90,8 @@ int errno_to_code(int err)
         return COMET_E_STORAGE_FULL;
     case ENOMEM:
         return COMET_E_NOMEM;
+    case EROFS:
+        return COMET_E_READ_ONLY;
     default:
         return COMET_E_IO;
     }
