@@ -130,7 +130,7 @@ int create_file_exclusive(const char *dir, const char *name, const void *data, s
         rc = errno == EEXIST ? FILE_EXISTS : set_errno_error(errno, "cannot create %s", final);
     sys_unlink(tmp);
     if (!rc)
-        fsync_dir(dir); /* best effort: the file is complete whatever happens */
+        rc = fsync_dir(dir); /* the file is complete; its name must be durable too */
     return rc;
 }
 

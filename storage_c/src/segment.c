@@ -100,7 +100,14 @@ int segment_create(const char *dir, uint32_t shard_id, uint64_t base, uint64_t c
         goto fail;
     }
     sys_unlink(tmp);
-    fsync_dir(dir);
+    /* The name must be durable before anything is acknowledged in the
+     * segment: if the directory cannot be synced, the segment is undone and
+     * the append that needed it fails (a retry creates it again). */
+    rc = fsync_dir(dir);
+    if (rc) {
+        sys_unlink(final);
+        goto fail;
+    }
     return 0;
 fail:
     sys_unlink(tmp);

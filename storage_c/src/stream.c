@@ -149,7 +149,7 @@ static int stream_create(comet_db *db, const char *name, const char *dir, uint32
     if (made < 0)
         rc = made;
     if (!rc)
-        fsync_dir(db->path);
+        rc = fsync_dir(db->path); /* the stream's name must survive a power cut */
     if (lock >= 0)
         close(lock); /* releases the flock */
     return rc;
@@ -390,13 +390,20 @@ int comet_stream_delete(comet_db *db, const char *name, size_t name_len)
     if (!rc && sys_rename(s->dir, hidden))
         rc = set_errno_error(errno, "cannot move stream directory %s out of the way", s->dir);
     if (!rc) {
-        fsync_dir(db->path);
+        /* The stream is gone for every process now; if the rename cannot be
+         * made durable, say so: after a power cut the stream may be back. */
+        int synced = fsync_dir(db->path);
+        char name[sizeof s->name];
+        snprintf(name, sizeof name, "%s", s->name);
         stream_mark_deleted(s);
         pthread_mutex_lock(&db->lock);
         streams_sweep_deleted(db);
         pthread_mutex_unlock(&db->lock);
         remove_tree(hidden);
         clear_error();
+        if (synced)
+            rc = set_error(synced, "stream %s is deleted, but syncing %s failed: after a power cut "
+                           "it may be back", name, db->path);
     }
     db_leave(db);
     return rc;
