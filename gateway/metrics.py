@@ -144,6 +144,7 @@ def render(log: Log, data_dir: str | os.PathLike[str]) -> str:
         ("comet_stream_crc_failures_total", "counter", "crc_failures", "Damaged entries met by readers."),
         ("comet_stream_truncated_entries_total", "counter", "truncated_entries", "Entries cut by recovery."),
         ("comet_stream_storage_full_errors_total", "counter", "storage_full_errors", "Appends refused: storage full."),
+        ("comet_stream_sync_failures_total", "counter", "sync_failures", "Syncs (fsync, fdatasync, msync) that failed."),
         ("comet_stream_retention_deleted_segments_total", "counter", "retention_deleted_segments", "Segments deleted by retention."),
         ("comet_stream_retention_lost_entries_total", "counter", "retention_lost_entries", "Unconsumed entries deleted by force."),
         ("comet_stream_recycled_segments_total", "counter", "recycled_segments", "Segments that reused a deleted segment's file."),

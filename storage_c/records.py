@@ -152,6 +152,10 @@ class ShardStats:
     retention_deleted_bytes: int
     retention_lost_entries: int
     recycled_segments: int
+    sync_failures: int
+    sync_failed_errno: int
+    """Nonzero (the errno of the first failure): a sync of the shard failed and
+    it refuses appends (SyncFailed) until it is opened again."""
 
     @property
     def entries(self) -> int:

@@ -6,13 +6,15 @@ is the C test storage_c/tests/test_faults.c."""
 from __future__ import annotations
 
 import errno
+import subprocess
 from pathlib import Path
 
 import pytest
 
-from storage_c import Config, Log, StorageFull, StorageIOError
+from storage_c import Config, Log, StorageFull, StorageIOError, SyncFailed
 from storage_c.testing import MAP, NAME, OPEN, SIZE, SYNC, faults
 
+from .support.processes import worker
 from .support.storage import fill
 
 SEG = 64 << 10
@@ -34,15 +36,99 @@ def all_entries(log: Log) -> list[tuple[int, bytes]]:
     return out
 
 
-def test_a_failing_fdatasync_is_an_io_error_and_the_data_stays(data_dir: Path) -> None:
+def test_a_failed_sync_is_fatal_for_the_shard_until_it_is_opened_again(data_dir: Path) -> None:
+    """The fsyncgate rule: after a failed fdatasync the kernel may have dropped
+    the pages it could not write and the next sync of the same file succeeds
+    anyway.  So the shard refuses every append from then on (one error code,
+    naming the first failure), the durable point does not move, and only an
+    open that writes the tail back and checks it lifts the refusal."""
     with Log(data_dir, cfg()) as log:
         fill(log, "s", map(payload, range(50)), batch=1)
-        with faults(SYNC, persist=True) as plan:
-            with pytest.raises(StorageIOError, match="Input/output error"):
+        durable = log.shard_stats("s", 0).durable_entry
+        with faults(SYNC) as plan:
+            with pytest.raises(SyncFailed, match="fdatasync of segment 0 .* failed: Input/output error"):
                 log.sync("s")
-        assert plan.fired >= 1
-        log.sync("s")
+        assert plan.fired == 1
+        # the fault is gone, but a sync that now "succeeds" proves nothing
+        with pytest.raises(SyncFailed, match="refuses appends until it is opened again"):
+            log.sync("s")
+        with pytest.raises(SyncFailed, match="Input/output error"):
+            log.append("s", payload(50), shard=0)
+        with pytest.raises(SyncFailed):
+            log.append_batch("s", [payload(50)], shard=0)
+        stats = log.shard_stats("s", 0)
+        assert (stats.sync_failed_errno, stats.sync_failures) == (errno.EIO, 1)
+        assert stats.durable_entry == durable and stats.next_entry == 50
+        assert all_entries(log) == [(e, payload(e)) for e in range(50)]  # reads go on
+    with Log(data_dir, cfg()) as log:  # opened again: the tail is written back and checked
         assert all_entries(log) == [(e, payload(e)) for e in range(50)]
+        stats = log.shard_stats("s", 0)
+        assert stats.sync_failed_errno == 0 and stats.durable_entry == 50
+        assert log.append("s", payload(50), shard=0) == (0, 50)
+        assert log.verify("s").bad_entries == 0
+
+
+def test_every_process_refuses_after_one_saw_a_failed_sync(data_dir: Path) -> None:
+    """The mark is in the shared state: a second process that has the shard
+    open (and would see no error of its own from the kernel) refuses too.
+    (A process that opens the shard after the failure repairs it: see above.)"""
+    with Log(data_dir, cfg()) as log:
+        fill(log, "s", map(payload, range(10)), batch=1)
+        other = worker("try_append", data_dir, "s", stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                       text=True)
+        assert other.stdout and other.stdin and other.stdout.readline() == "open\n"
+        with faults(SYNC):
+            with pytest.raises(SyncFailed):
+                log.sync("s")
+        said, _ = other.communicate("go\n", timeout=60)
+        assert said.startswith("refused: SyncFailed:") and "refuses appends" in said, said
+
+
+@pytest.mark.parametrize("durability", ["interval", "always"])
+def test_what_a_failed_append_sync_leaves_is_stored_once_after_a_retry(
+        data_dir: Path, durability: str) -> None:
+    """Under `always` an append whose sync failed was refused to its caller:
+    the reopen cuts it, so the caller's retry stores it once.  Under
+    `interval` appends are acknowledged before their sync: the reopen keeps
+    them (written back from the page cache and checked)."""
+    config = Config(shards=1, segment_bytes=SEG, background_flush=False, retention_interval_ms=0,
+                    durability=durability)
+    with Log(data_dir, config) as log:
+        fill(log, "s", map(payload, range(20)), batch=1)
+        log.sync("s")
+        acked = 20
+        with faults(SYNC):
+            if durability == "always":
+                with pytest.raises(SyncFailed):
+                    log.append("s", payload(20), shard=0)
+            else:
+                assert log.append("s", payload(20), shard=0) == (0, 20)
+                acked = 21
+                with pytest.raises(SyncFailed):
+                    log.sync("s")
+        with pytest.raises(SyncFailed):
+            log.append("s", payload(acked), shard=0)
+    with Log(data_dir, config) as log:
+        assert all_entries(log) == [(e, payload(e)) for e in range(acked)]
+        for e in range(acked, 25):  # the caller's retry
+            assert log.append("s", payload(e), shard=0) == (0, e)
+    with Log(data_dir, config) as log:
+        assert all_entries(log) == [(e, payload(e)) for e in range(25)]
+
+
+def test_a_device_that_still_fails_keeps_the_shard_refusing(data_dir: Path) -> None:
+    with Log(data_dir, cfg()) as log:
+        fill(log, "s", map(payload, range(10)), batch=1)
+        with faults(SYNC):
+            with pytest.raises(SyncFailed):
+                log.sync("s")
+    with faults(SYNC, persist=True):
+        with Log(data_dir, cfg()) as log:
+            with pytest.raises(SyncFailed):
+                log.append("s", payload(10), shard=0)
+    with Log(data_dir, cfg()) as log:
+        assert all_entries(log) == [(e, payload(e)) for e in range(10)]
+        assert log.append("s", payload(10), shard=0) == (0, 10)
 
 
 @pytest.mark.parametrize("kind,err,error", [(OPEN, errno.EMFILE, StorageIOError),
@@ -101,33 +187,52 @@ def test_the_fast_appends_reach_the_one_core(data_dir: Path) -> None:
 
 
 @pytest.mark.parametrize("durability", ["interval", "always"])
-def test_a_failed_directory_sync_fails_the_rotation_that_needed_it(
-        data_dir: Path, durability: str) -> None:
-    """Each sync of a rotation failing once in turn (the new segment's file,
-    its name in the directory, the old segment...): the append that needed
-    it fails with the cause, the same append then goes through, and nothing
-    is lost or doubled.  A directory sync that fails is an error, not
-    ignored: a segment whose name may not survive a power cut holds nothing
-    acknowledged."""
+def test_every_sync_of_a_rotation_that_fails_is_seen(data_dir: Path, durability: str) -> None:
+    """Each sync around a rotation failing once in turn (the new index and
+    segment files, the directory that names them, the segments' data): the
+    failure is never silent.  A file or directory sync of the new segment
+    fails the append that needed it (the segment is undone; the same append
+    then goes through); a sync of data already written marks the shard, which
+    refuses until it is opened again.  Either way, after the retry every
+    entry is there once."""
     config = Config(shards=1, segment_bytes=SEG, background_flush=False, retention_interval_ms=0,
                     durability=durability)
-    causes = []
-    for nth in range(1, 7):
+    causes: list[str] = []
+    for nth in range(1, 16):
         where = data_dir / f"n{nth}"
         where.mkdir(parents=True)
         with Log(where, config) as log:
-            fill(log, "s", map(payload, range(150)), batch=1)
-            failed = None
-            with faults(SYNC, nth=nth):
-                for e in range(150, 350):
+            fill(log, "s", map(payload, range(196)), batch=1)  # the segment is full at 199
+            log.sync("s")
+            failed: int | None = None
+            refused = False
+            with faults(SYNC, nth=nth) as plan:
+                for e in range(196, 260):
                     try:
                         assert log.append("s", payload(e), shard=0) == (0, e)
+                    except SyncFailed as exc:
+                        failed, refused, causes = e, True, causes + [str(exc)]
+                        break
                     except StorageIOError as exc:
                         failed, causes = e, causes + [str(exc)]
                         break
-            for e in range(350 if failed is None else failed, 350):  # the same appends again
-                assert log.append("s", payload(e), shard=0) == (0, e)
-            assert all_entries(log) == [(e, payload(e)) for e in range(350)]
+                else:
+                    try:
+                        log.sync("s")
+                    except SyncFailed as exc:
+                        failed, refused, causes = 260, True, causes + [str(exc)]
+            if not plan.fired:  # every sync of the scenario has failed once
+                assert failed is None and nth > 4, nth
+                break
+            assert failed is not None, f"sync #{nth} failed and nobody was told"
+        if refused:  # opened again: the tail is checked, the refusal lifted
+            with Log(where, config) as log:
+                failed = log.shard_stats("s", 0).next_entry
         with Log(where, config) as log:
-            assert all_entries(log) == [(e, payload(e)) for e in range(350)]
+            for e in range(failed, 260):  # the same appends again
+                assert log.append("s", payload(e), shard=0) == (0, e)
+            assert all_entries(log) == [(e, payload(e)) for e in range(260)]
+        with Log(where, config) as log:
+            assert all_entries(log) == [(e, payload(e)) for e in range(260)]
     assert any("cannot sync directory" in cause for cause in causes), causes
+    assert any("refuses appends" in cause for cause in causes), causes

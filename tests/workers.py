@@ -219,7 +219,21 @@ def hold_s3_lease(endpoint: str, url: str, stream: str, group: str, lease_s: str
         time.sleep(600)
 
 
-COMMANDS = {f.__name__: f for f in (read_through_deletion, crash_appender, writer, hold_slot,
+def try_append(path: str, stream: str) -> None:
+    """Opens shard 0 of stream, prints "open", and at a line on stdin appends
+    one entry to it; prints "appended N" or "refused: <error>"."""
+    from storage_c import CometError
+    with Log(path, Config(background_flush=False)) as log:
+        log.shard_stats(stream, 0)
+        print("open", flush=True)
+        sys.stdin.readline()
+        try:
+            print("appended", log.append(stream, b"x", shard=0)[1])
+        except CometError as exc:
+            print(f"refused: {type(exc).__name__}: {exc}")
+
+
+COMMANDS = {f.__name__: f for f in (try_append, read_through_deletion, crash_appender, writer, hold_slot,
                                     die_holding_lock, hold_s3_lease,
                                     fill_until_full, rotating_writer, append_one, group_offset,
                                     consume_assigned, consume_slowly)}

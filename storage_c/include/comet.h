@@ -169,6 +169,10 @@ typedef struct comet_shard_stats {
     uint64_t retention_deleted_bytes;
     uint64_t retention_lost_entries;
     uint64_t recycled_segments;   /* segments that reused a deleted segment's file */
+    uint64_t sync_failures;       /* fsync, fdatasync or msync calls of the shard that failed */
+    /* Nonzero (the errno of the first failure): a sync failed and the shard
+     * refuses appends (COMET_E_SYNC_FAILED) until an opener repairs it. */
+    uint64_t sync_failed_errno;
 } comet_shard_stats;
 
 /* Batch read into caller-provided buffers. */

@@ -380,7 +380,9 @@ int64_t shard_append(shard *sh, const entry_ref *refs, uint32_t count, uint64_t 
     int64_t t0 = now_ns();
     int sync_mode = resolve_durability(sh, durability);
     int nowait = mode == COMET_APPEND_NOWAIT;
-    int slow = count > 1, rc;
+    int slow = count > 1, rc = shard_sync_refusal(sh);
+    if (rc)
+        return rc;
     if (nowait) {
         /* What would wait after the write is refused before it.  The due
          * sync is judged at t0 below too: last_sync_ns only grows, so an
@@ -433,6 +435,8 @@ int64_t shard_append(shard *sh, const entry_ref *refs, uint32_t count, uint64_t 
     wc_add(st, WC_APPENDED_STORED_BYTES, total_bytes);
     if (compressed)
         wc_add(st, WC_COMPRESSED_ENTRIES, compressed);
+    if (sync_mode != COMET_DURABILITY_ALWAYS) /* acknowledged as soon as it returns */
+        atomic_store_explicit(&st->acked_end, entry, memory_order_relaxed);
     atomic_store_explicit(&st->next_entry, entry, memory_order_release);
     /* Latency: every append that waited for the lock, rotated, zero-filled or
      * carried a batch is timed; of the plain single appends one in
@@ -459,9 +463,11 @@ int64_t shard_append(shard *sh, const entry_ref *refs, uint32_t count, uint64_t 
     } else {
         if (!atomic_load_explicit(&sh->dirty, memory_order_relaxed))
             atomic_store_explicit(&sh->dirty, 1, memory_order_relaxed);
-        if (interval_sync_due(sh, sync_mode, nowait || !t1 ? t0 : t1) &&
-            (rc = shard_sync(sh, entry)))
-            return rc;
+        /* This append's entries are committed and acknowledged whatever the
+         * sync says: a failure marks the shard, and the appends after it are
+         * refused (a retry of this one would store it twice). */
+        if (interval_sync_due(sh, sync_mode, nowait || !t1 ? t0 : t1) && shard_sync(sh, entry))
+            clear_error();
     }
     return (int64_t)first;
 }

@@ -103,6 +103,17 @@ static void for_each_open_shard(comet_db *db, shard_fn fn, void *ctx)
         }
 }
 
+/* Syncs what the shard committed.  A failed sync has marked the shard (no
+ * retry could be trusted: durability.c); another failure (the sync lock, a
+ * segment that cannot be opened) leaves it dirty for the next pass.  Nobody
+ * waits for the flusher: appends see the mark, stats and /readyz report it. */
+static void flush_entries(shard *sh)
+{
+    if (shard_sync(sh, atomic_load_explicit(&sh->st->next_entry, memory_order_acquire)) &&
+        !shard_sync_refusal(sh))
+        atomic_store(&sh->dirty, 1);
+}
+
 static void flush_if_dirty(shard *sh, void *ctx)
 {
     (void)ctx;
@@ -111,18 +122,19 @@ static void flush_if_dirty(shard *sh, void *ctx)
         return;
     }
     if (atomic_exchange(&sh->dirty, 0))
-        shard_sync(sh, atomic_load_explicit(&sh->st->next_entry, memory_order_acquire));
-    if (atomic_exchange(&sh->offsets_dirty, 0))
-        offsets_sync(sh);
+        flush_entries(sh);
+    if (atomic_exchange(&sh->offsets_dirty, 0) && offsets_sync(sh) && !shard_sync_refusal(sh))
+        atomic_store(&sh->offsets_dirty, 1);
 }
 
 static void flush_all(shard *sh, void *ctx)
 {
     (void)ctx;
     atomic_store(&sh->dirty, 0);
-    shard_sync(sh, atomic_load_explicit(&sh->st->next_entry, memory_order_acquire));
+    flush_entries(sh);
     atomic_store(&sh->offsets_dirty, 0);
-    offsets_sync(sh);
+    if (offsets_sync(sh) && !shard_sync_refusal(sh))
+        atomic_store(&sh->offsets_dirty, 1);
 }
 
 /* The background thread: flushes (every fsync_interval_ms) and runs

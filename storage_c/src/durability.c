@@ -6,10 +6,22 @@
  * read before syncing; appenders that queued behind it usually find their
  * entries durable already, so concurrent appends share one sync.  The durable
  * point lives in the shared state: durable-only readers in any process see it.
+ *
+ * A failed sync is fatal for the shard (the PostgreSQL "fsyncgate" lesson):
+ * after a writeback error Linux may drop the pages it could not write and
+ * marks them clean, reports the error once per open file description, and
+ * lets the next sync succeed.  Retrying would move the durable point past
+ * data that is gone.  So the first failure is recorded in the shared state
+ * (sync_failed), the durable point stays where it was, and every process
+ * refuses appends with COMET_E_SYNC_FAILED until an opener repairs the tail:
+ * it writes the tail back from the page cache, syncs it and keeps only the
+ * entries that verify (recovery.c, recovery_after_failed_sync).
  */
 #include <errno.h>
 #include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -28,6 +40,41 @@ static int lock_sync(state_file *st)
     return rc;
 }
 
+int shard_sync_refusal(shard *sh)
+{
+    uint32_t err = atomic_load_explicit(&sh->st->sync_failed, memory_order_acquire);
+    if (!err)
+        return 0;
+    return set_error(COMET_E_SYNC_FAILED,
+                     "a sync of %s failed earlier (%s): the kernel may have dropped data it could "
+                     "not write, so the shard refuses appends until it is opened again (restart or "
+                     "reload the gateway), which checks its tail; see the storage's logs and the "
+                     "device", sh->dir, strerror((int)err));
+}
+
+/* Records the first failed sync of the shard (err: errno) and returns the
+ * refusal every later caller gets, naming what failed first. */
+static int sync_failed(shard *sh, int err, const char *what, uint64_t base)
+{
+    uint32_t none = 0;
+    if (atomic_compare_exchange_strong(&sh->st->sync_failed, &none, (uint32_t)(err ? err : EIO)))
+        sc_add(sh->st, SC_SYNC_FAILURES, 1);
+    char first[160];
+    if (base == UINT64_MAX)
+        snprintf(first, sizeof first, "%s", what);
+    else
+        snprintf(first, sizeof first, "%s of segment %" PRIu64, what, base);
+    return set_error(COMET_E_SYNC_FAILED,
+                     "%s in %s failed: %s; the shard refuses appends until it is opened again "
+                     "(restart or reload the gateway), which checks its tail",
+                     first, sh->dir, strerror(err));
+}
+
+int shard_note_sync_failure(shard *sh, int err, const char *what)
+{
+    return sync_failed(sh, err, what, UINT64_MAX);
+}
+
 /* Group commit: whoever holds the sync lock syncs everything committed so far;
  * those who queued behind it usually find their entries already durable. */
 int shard_sync(shard *sh, uint64_t upto_entry)
@@ -41,6 +88,11 @@ int shard_sync(shard *sh, uint64_t upto_entry)
     if (atomic_load_explicit(&st->durable_entry, memory_order_acquire) >= upto_entry) {
         pthread_mutex_unlock(&st->sync_lock.mutex);
         return 0;
+    }
+    rc = shard_sync_refusal(sh); /* what follows the durable point may be gone */
+    if (rc) {
+        pthread_mutex_unlock(&st->sync_lock.mutex);
+        return rc;
     }
     /* The sync covers what is committed now: its time is now, not when it ends
      * (the inline-sync rule of `interval` appends compares against it). */
@@ -61,8 +113,7 @@ int shard_sync(shard *sh, uint64_t upto_entry)
             continue; /* deleted by retention meanwhile */
         int fd = shard_segment_fd(sh, seg);
         if (fd >= 0 && sys_fdatasync(fd))
-            rc = set_errno_error(errno, "fdatasync of segment %" PRIu64 " in %s failed",
-                                 bases[i], sh->dir);
+            rc = sync_failed(sh, errno, "fdatasync", bases[i]);
         else if (fd < 0)
             rc = fd;
         shard_segment_release(sh, seg);
@@ -79,7 +130,7 @@ int shard_sync(shard *sh, uint64_t upto_entry)
         int64_t every = (int64_t)sh->stream->db->cfg.fsync_interval_ms * 1000000;
         if (started - sh->state_synced_ns >= every) {
             if (sys_msync(st, STATE_FILE_BYTES, MS_SYNC))
-                rc = set_errno_error(errno, "msync of the state of %s failed", sh->dir);
+                rc = sync_failed(sh, errno, "msync of the state", UINT64_MAX);
             else
                 sh->state_synced_ns = started;
         }

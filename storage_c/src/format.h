@@ -152,6 +152,7 @@ enum shared_counter {
     SC_CRC_FAILURES,
     SC_SKIPPED_ENTRIES,
     SC_STORAGE_FULL_ERRORS,
+    SC_SYNC_FAILURES, /* syncs that failed (the first of them marks the shard: sync_failed) */
     SC_COUNT
 };
 
@@ -191,7 +192,16 @@ typedef struct state_file {
     _Atomic int64_t last_sync_ns;
     _Atomic uint64_t first_entry;   /* oldest entry not deleted by retention */
     _Atomic uint32_t seal_active;   /* 1: the next append starts a new segment (recovery) */
-    uint8_t reserved3[28];
+    /* A failed sync: the errno of the first fsync, fdatasync or msync of the
+     * shard that failed since its last repair (0: none).  Set by whichever
+     * process saw it; every process then refuses appends until an opener
+     * repairs the tail (recovery.c).  acked_end: entries below it were
+     * acknowledged without waiting for a sync (durability none, interval);
+     * the repair keeps what verifies up to it and cuts what only `always`
+     * appends, which were refused, wrote after the durable point. */
+    _Atomic uint32_t sync_failed;
+    _Atomic uint64_t acked_end;
+    uint8_t reserved3[16];
     /* [320, 512): counters */
     _Atomic uint64_t writer[WC_COUNT];
     uint8_t reserved4[(24 - WC_COUNT) * 8];

@@ -210,6 +210,12 @@ void shard_unlock(shard *sh);
 int64_t shard_append(shard *sh, const entry_ref *refs, uint32_t count, uint64_t total_bytes,
                      uint64_t raw_bytes, int durability, int mode);
 int shard_sync(shard *sh, uint64_t upto_entry);
+/* durability.c: COMET_E_SYNC_FAILED (with the detail) once a sync of the shard
+ * failed in any process and no opener has repaired it since; else 0. */
+int shard_sync_refusal(shard *sh);
+/* Marks the shard failed after a sync of one of its files (what: "fdatasync
+ * of the offsets") failed with errno err; returns the COMET_E_SYNC_FAILED. */
+int shard_note_sync_failure(shard *sh, int err, const char *what);
 /* Segment containing entry (a new reference), or NULL with *next_base set to
  * the first base above entry when entry is in a gap. */
 /* The segment holding entry (referenced), or NULL when entry lies before the
@@ -273,6 +279,16 @@ uint64_t retention_free_oldest(comet_db *db, const shard *requester, uint64_t ne
  * one it is the check every opener makes, counted in recoveries only when it
  * repaired something, so that opening a healthy shard changes no counter. */
 int recovery_repair_tail(shard *sh, int how, int due);
+/* The same, the log ending at entry `limit` at the latest (resync.c). */
+int recovery_repair_below(shard *sh, int how, int due, uint64_t limit);
+
+/* ---- resync.c ------------------------------------------------------------ */
+
+/* The repair of a shard marked sync_failed (durability.c), by an opener
+ * holding the append lock: writes the tail back, syncs it, keeps what
+ * verifies and was acknowledged, clears the mark.  COMET_E_SYNC_FAILED (the
+ * mark kept) when the device still fails. */
+int recovery_after_failed_sync(shard *sh);
 
 /* ---- state.c ------------------------------------------------------------- */
 

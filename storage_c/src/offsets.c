@@ -156,9 +156,8 @@ int offsets_sync(shard *sh)
 {
     if (sh->offsets_fd < 0)
         return 0;
-    return sys_fdatasync(sh->offsets_fd) ? set_errno_error(errno, "fdatasync of %s/%s failed", sh->dir,
-                                                       OFFSETS_NAME)
-                                     : 0;
+    return sys_fdatasync(sh->offsets_fd) ? shard_note_sync_failure(sh, errno, "fdatasync of the offsets")
+                                         : 0;
 }
 
 uint64_t offsets_min(shard *sh, int *registered)

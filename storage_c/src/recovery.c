@@ -301,6 +301,10 @@ static int apply_cut(shard *sh, holds *h, scan_point cut, uint64_t furthest,
         atomic_store(&st->durable_entry, cut.entry);
     if (atomic_load(&st->durable_base) > cut.seg->base)
         atomic_store(&st->durable_base, cut.seg->base);
+    /* What a repair keeps was acknowledged (by this life or an earlier one):
+     * a later repair after a failed sync keeps it too (resync.c). */
+    if (atomic_load(&st->acked_end) < cut.entry)
+        atomic_store(&st->acked_end, cut.entry);
     atomic_store_explicit(&st->next_entry, cut.entry, memory_order_release);
     return 0;
 }
@@ -314,6 +318,7 @@ typedef struct repair {
     uint64_t *bases;       /* the segments, ascending */
     size_t n;
     uint64_t committed;    /* entries below this are kept without a batch end */
+    uint64_t limit;        /* the log ends here at the latest (resync.c) */
     uint64_t scan_from;    /* the scan starts at the index record before this entry */
     uint64_t state_active; /* active segment according to the state (UINT64_MAX: none) */
     holds h;
@@ -456,6 +461,10 @@ static void scan_segment(repair *r)
     if (!r->seg)
         return;
     for (;;) {
+        if (r->e >= r->limit) { /* what follows was refused to its writers */
+            r->ended = 1;
+            return;
+        }
         uint32_t lf = 0;
         entry_check c = entry_validate(r->seg, r->off, r->e, ENTRY_LEN_MASK, &lf);
         if (c == ENTRY_OK)
@@ -609,10 +618,34 @@ static void publish(shard *sh, int how, int due, int changed)
     atomic_store(&st->recovery_pending, 0);
 }
 
+/* The repair's own writes (zeros over the cut, a restored size) and names
+ * (segments set aside) reach the disk before the state calls anything after
+ * them durable: otherwise a power cut could bring back what was cut. */
+static int sync_repair(shard *sh, uint64_t cut_base)
+{
+    segment *seg = shard_segment_by_base(sh, cut_base);
+    int fd = seg ? shard_segment_fd(sh, seg) : 0;
+    int failed = fd >= 0 && seg && sys_fdatasync(fd);
+    int err = errno;
+    if (seg)
+        shard_segment_release(sh, seg);
+    if (fd < 0)
+        return fd;
+    if (failed)
+        return shard_note_sync_failure(sh, err, "fdatasync of a repaired segment");
+    return fsync_dir(sh->dir);
+}
+
 int recovery_repair_tail(shard *sh, int how, int due)
 {
+    return recovery_repair_below(sh, how, due, UINT64_MAX);
+}
+
+int recovery_repair_below(shard *sh, int how, int due, uint64_t limit)
+{
     remove_temp_files(sh->dir);
-    repair r = {.sh = sh, .how = how, .changed = how == STATE_REBUILT, .h = {.sh = sh}};
+    repair r = {.sh = sh, .how = how, .changed = how == STATE_REBUILT, .h = {.sh = sh},
+                .limit = limit};
     int rc = shard_list_segments(sh, &r.bases, &r.n);
     if (rc)
         return rc;
@@ -632,7 +665,10 @@ int recovery_repair_tail(shard *sh, int how, int due)
         return no_segments(sh, r.e);
     }
     uint64_t furthest = r.e > r.committed ? r.e : r.committed;
+    uint64_t cut_base = r.cut.seg->base; /* apply_cut may swap the segment object */
     rc = apply_cut(sh, &r.h, r.cut, furthest, r.state_active, r.how, r.ended, &r.changed);
+    if (!rc && r.changed)
+        rc = sync_repair(sh, cut_base);
     release_all(&r.h);
     if (rc)
         return rc;

@@ -74,7 +74,10 @@ int shard_open(comet_stream *stream, uint32_t id, shard **out)
             rc = set_errno_error(rc, "cannot lock %s", sh->dir);
         else {
             due |= rebuilt || atomic_load(&sh->st->recovery_pending);
-            rc = recovery_repair_tail(sh, rebuilt, due);
+            if (atomic_load(&sh->st->sync_failed))
+                rc = recovery_after_failed_sync(sh);
+            else
+                rc = recovery_repair_tail(sh, rebuilt, due);
             pthread_mutex_unlock(&sh->st->append_lock.mutex);
         }
     }

@@ -93,5 +93,7 @@ static int stats_of(shard *sh, comet_shard_stats *out)
     out->crc_failures = atomic_load(&st->shared[SC_CRC_FAILURES]);
     out->skipped_entries = atomic_load(&st->shared[SC_SKIPPED_ENTRIES]);
     out->storage_full_errors = atomic_load(&st->shared[SC_STORAGE_FULL_ERRORS]);
+    out->sync_failures = atomic_load(&st->shared[SC_SYNC_FAILURES]);
+    out->sync_failed_errno = atomic_load(&st->sync_failed);
     return 0;
 }

@@ -189,7 +189,8 @@ static void check_after(const char *dir, const outcome *o, unsigned kinds, long 
 
 static int known_code(int rc)
 {
-    return rc == COMET_E_IO || rc == COMET_E_NOMEM || rc == COMET_E_STORAGE_FULL;
+    return rc == COMET_E_IO || rc == COMET_E_NOMEM || rc == COMET_E_STORAGE_FULL ||
+           rc == COMET_E_SYNC_FAILED;
 }
 
 /* Every N for one kind mask: returns how many runs met a fault. */
