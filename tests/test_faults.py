@@ -114,6 +114,38 @@ def test_what_a_failed_append_sync_leaves_is_stored_once_after_a_retry(
             assert log.append("s", payload(e), shard=0) == (0, e)
     with Log(data_dir, config) as log:
         assert all_entries(log) == [(e, payload(e)) for e in range(25)]
+        assert log.verify("s").bad_entries == 0
+    assert not list(data_dir.rglob("*.orphan"))
+
+
+def test_a_refused_always_append_that_rotated_leaves_no_segment_behind(data_dir: Path) -> None:
+    """The refused append was the first in a new segment: the reopen removes
+    that segment (it holds nothing acknowledged; not an .orphan: no damage)."""
+    config = Config(shards=1, segment_bytes=SEG, background_flush=False, retention_interval_ms=0,
+                    durability="always")
+    for nth in range(1, 10):
+        where = data_dir / f"n{nth}"
+        where.mkdir(parents=True)
+        with Log(where, config) as log:
+            fill(log, "s", map(payload, range(199)), batch=1)  # the segment is full
+            assert log.shard_stats("s", 0).segments == 1
+            with faults(SYNC, nth=nth):
+                try:
+                    log.append("s", payload(199), shard=0)
+                except SyncFailed:
+                    segments = log.shard_stats("s", 0).segments
+                    break
+                except StorageIOError:
+                    continue
+    else:
+        pytest.fail("no sync of the rotating append marked the shard")
+    assert segments == 2
+    with Log(where, config) as log:
+        assert all_entries(log) == [(e, payload(e)) for e in range(199)]
+        assert log.append("s", payload(199), shard=0) == (0, 199)
+        assert all_entries(log) == [(e, payload(e)) for e in range(200)]
+        assert log.verify("s").bad_entries == 0
+    assert not list(where.rglob("*.orphan"))
 
 
 def test_a_device_that_still_fails_keeps_the_shard_refusing(data_dir: Path) -> None:

@@ -337,6 +337,7 @@ typedef struct repair {
      * (see past_durable): the scan stops at e, later segments are set aside,
      * and the cut segment is sealed. */
     int ended;
+    int limited;           /* it ended at limit: what follows is removed, not set aside */
     int changed;           /* the repair changed something (counted as a state rebuild) */
 } repair;
 
@@ -462,7 +463,7 @@ static void scan_segment(repair *r)
         return;
     for (;;) {
         if (r->e >= r->limit) { /* what follows was refused to its writers */
-            r->ended = 1;
+            r->ended = r->limited = 1;
             return;
         }
         uint32_t lf = 0;
@@ -489,14 +490,14 @@ static void end_at_stale(repair *r, size_t from)
 }
 
 /* Sets aside the segments from bases[from] on (removed when they hold no
- * entry): the log ends before them. */
+ * entry, or only entries refused to their writers): the log ends before them. */
 static void end_from(repair *r, size_t from)
 {
     for (size_t k = from; k < r->n; k++) {
         segment *seg = hold(&r->h, r->bases[k]);
         if (r->h.fatal)
             return;
-        set_aside(r->sh, r->bases[k], seg && segment_has_data(seg));
+        set_aside(r->sh, r->bases[k], !r->limited && seg && segment_has_data(seg));
         r->changed = 1;
     }
     r->n = from;
