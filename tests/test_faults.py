@@ -119,8 +119,9 @@ def test_what_a_failed_append_sync_leaves_is_stored_once_after_a_retry(
 
 
 def test_a_refused_always_append_that_rotated_leaves_no_segment_behind(data_dir: Path) -> None:
-    """The refused append was the first in a new segment: the reopen removes
-    that segment (it holds nothing acknowledged; not an .orphan: no damage)."""
+    """The refused append was the first in a new segment: the reopen empties
+    that segment (it holds nothing acknowledged; nothing is set aside as an
+    .orphan: there is no damage) and the retry lands there once."""
     config = Config(shards=1, segment_bytes=SEG, background_flush=False, retention_interval_ms=0,
                     durability="always")
     for nth in range(1, 10):
