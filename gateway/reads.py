@@ -4,6 +4,8 @@ every worker answers the same."""
 
 from __future__ import annotations
 
+import errno
+
 import os
 
 import orjson
@@ -66,7 +68,9 @@ def describe_stream(runtime: Runtime, name: str) -> Response:
         "oldest_timestamp": s.oldest_timestamp,
         "newest_timestamp": s.newest_timestamp,
         "shards": [{"shard": x.shard, "first": x.first_entry, "next": x.next_entry,
-                    "durable": x.durable_entry, "segments": x.segments, "disk_bytes": x.disk_bytes}
+                    "durable": x.durable_entry, "segments": x.segments, "disk_bytes": x.disk_bytes,
+                    "sync_failed": errno.errorcode.get(x.sync_failed_errno, str(x.sync_failed_errno))
+                    if x.sync_failed_errno else None}
                    for x in s.shards],
         "groups": [{"name": g.name, "lag": g.lag, "shards": g.shards}
                    for g in s.group_lag().values()],

@@ -24,6 +24,8 @@ next to running writers.
 
 from __future__ import annotations
 
+import errno
+
 import heapq
 import json
 import sys
@@ -136,14 +138,21 @@ def stat(data_dir: str, only: str | None, shards: bool, as_json: bool) -> None:
 
 def shard_rows(all_stats: list[StreamStats]) -> list[list[str]]:
     rows = [["STREAM", "SHARD", "FIRST", "NEXT", "DURABLE", "SEGMENTS", "DISK", "APPENDS",
-             "AVG APPEND", "SYNCS", "RECOVERIES", "LOCK DIED"]]
+             "AVG APPEND", "SYNCS", "SYNC FAILED", "RECOVERIES", "LOCK DIED"]]
     for s in all_stats:
         for x in s.shards:
             rows.append([s.stream, str(x.shard), str(x.first_entry), str(x.next_entry),
                          str(x.durable_entry), str(x.segments), human(x.disk_bytes),
-                         str(x.appends), average_latency(x), str(x.syncs), str(x.recoveries),
-                         str(x.lock_owner_died)])
+                         str(x.appends), average_latency(x), str(x.syncs), sync_failed(x),
+                         str(x.recoveries), str(x.lock_owner_died)])
     return rows
+
+
+def sync_failed(x: ShardStats) -> str:
+    """The error of the failed sync the shard refuses appends for ("-": none)."""
+    if not x.sync_failed_errno:
+        return "-"
+    return errno.errorcode.get(x.sync_failed_errno, str(x.sync_failed_errno))
 
 
 def average_latency(x: ShardStats) -> str:

@@ -82,6 +82,7 @@ int shard_sync(shard *sh, uint64_t upto_entry)
     state_file *st = sh->st;
     if (atomic_load_explicit(&st->durable_entry, memory_order_acquire) >= upto_entry)
         return 0;
+    int64_t started;
     int rc = lock_sync(st);
     if (rc)
         return set_errno_error(rc, "cannot take the sync lock of %s", sh->dir);
@@ -96,7 +97,7 @@ int shard_sync(shard *sh, uint64_t upto_entry)
     }
     /* The sync covers what is committed now: its time is now, not when it ends
      * (the inline-sync rule of `interval` appends compares against it). */
-    int64_t started = now_ns();
+    started = now_ns();
     uint64_t committed = atomic_load_explicit(&st->next_entry, memory_order_acquire);
     uint64_t newest = atomic_load_explicit(&st->active_base, memory_order_acquire);
     uint64_t oldest = atomic_load_explicit(&st->durable_base, memory_order_relaxed);
@@ -124,17 +125,19 @@ int shard_sync(shard *sh, uint64_t upto_entry)
         atomic_store_explicit(&st->durable_entry, committed, memory_order_release);
         atomic_store_explicit(&st->last_sync_ns, started, memory_order_relaxed);
         sc_add(st, SC_SYNCS, 1);
-        /* The durable point itself reaches the disk about once per interval:
-         * after a power cut, recovery starts from it, so that entries lost
-         * after it are cut (the log stays a prefix) instead of left as holes. */
-        int64_t every = (int64_t)sh->stream->db->cfg.fsync_interval_ms * 1000000;
-        if (started - sh->state_synced_ns >= every) {
-            if (sys_msync(st, STATE_FILE_BYTES, MS_SYNC))
-                rc = sync_failed(sh, errno, "msync of the state", UINT64_MAX);
-            else
-                sh->state_synced_ns = started;
-        }
     }
     pthread_mutex_unlock(&st->sync_lock.mutex);
+    /* The durable point itself reaches the disk about once per interval:
+     * after a power cut, recovery starts from it, so that entries lost after
+     * it are cut (the log stays a prefix) instead of left as holes.  Written
+     * after the sync lock is let go, so that this copy of the state never
+     * says the lock is held (the kernel's own writeback still may: openers
+     * reset lock words no living process holds, state.c). */
+    int64_t every = (int64_t)sh->stream->db->cfg.fsync_interval_ms * 1000000;
+    if (!rc && started - atomic_load_explicit(&sh->state_synced_ns, memory_order_relaxed) >= every) {
+        atomic_store_explicit(&sh->state_synced_ns, started, memory_order_relaxed);
+        if (sys_msync(st, STATE_FILE_BYTES, MS_SYNC))
+            rc = sync_failed(sh, errno, "msync of the state", UINT64_MAX);
+    }
     return rc;
 }

@@ -188,7 +188,7 @@ struct shard {
     uint64_t active_gen;
     /* set by appends of this process, cleared by the flusher */
     atomic_int dirty;
-    int64_t state_synced_ns; /* under st->sync_lock: when this process last msynced the state */
+    _Atomic int64_t state_synced_ns; /* when this process last msynced the state */
     /* calls inside the C core using this shard; comet_close waits for zero */
     atomic_int users;
     /* consumer offsets (offsets.c) */
