@@ -20,7 +20,8 @@ from starlette.testclient import TestClient
 from gateway.app import create_app
 from gateway.config import GatewayConfig, StreamPolicy
 from gateway.ingest import store_off_loop
-from storage_c import BatchResult, Config, Log
+from storage_c import BatchResult, Config, Log, SyncFailed
+from storage_c.testing import SYNC, faults
 
 from .support.gateway_app import JSON, NDJSON, STORAGE, config, in_shard, stored
 
@@ -269,6 +270,39 @@ def test_storage_full_is_507(data_dir: Path) -> None:
         assert "budget" in str(body["detail"])
     accepted = statuses.count(202)
     assert [orjson.loads(p)["i"] for p in stored(data_dir, "full")] == list(range(accepted))
+
+
+@pytest.mark.parametrize("durability", ["interval", "always"])
+def test_a_failed_sync_is_503_until_the_gateway_opens_the_shard_again(
+        data_dir: Path, durability: str) -> None:
+    """A sync that failed: the shard's appends get 503 sync_failed naming the
+    failure (never a 202 that the next sync could not keep, never a 500); the
+    gateway started again (a reload or restart) repairs the shard and every
+    event acknowledged with 202 is there once."""
+    storage = Config(shards=1, segment_bytes=1 << 20, durability=durability)
+    with TestClient(create_app(config(data_dir, storage=storage))) as c:
+        for i in range(5):
+            assert c.post("/streams/ev", content=b'{"i": %d}' % i, headers=JSON).status_code == 202
+        with faults(SYNC):
+            r = c.post("/streams/ev", content=b'{"i": 5}', headers=JSON)
+            if durability == "interval":  # acknowledged before its sync, which the flusher makes
+                assert r.status_code == 202
+                with pytest.raises(SyncFailed):  # this sync or the flusher's failed
+                    c.app.state.runtime.log.sync("ev")  # type: ignore[attr-defined]
+            else:  # the client is told: its retry stores the event once
+                assert_error(r, 503, "sync_failed")
+        answers = [c.post("/streams/ev", content=b'{"i": 6}', headers=JSON) for _ in range(3)]
+        for r in answers:
+            body = assert_error(r, 503, "sync_failed")
+            assert "Input/output error" in str(body["detail"]) and r.headers["retry-after"] == "1"
+        shard = c.get("/streams/ev").json()["shards"][0]
+        assert shard["sync_failed"] == "EIO"
+    acknowledged = 6 if durability == "interval" else 5
+    with TestClient(create_app(config(data_dir, storage=storage))) as c:
+        assert c.get("/streams/ev").json()["shards"][0]["sync_failed"] is None
+        for i in range(acknowledged, 8):
+            assert c.post("/streams/ev", content=b'{"i": %d}' % i, headers=JSON).status_code == 202
+    assert [orjson.loads(p)["i"] for p in stored(data_dir, "ev")] == list(range(8))
 
 
 def test_starting_worker_answers_503(data_dir: Path) -> None:
