@@ -157,6 +157,8 @@ def test_a_device_that_still_fails_keeps_the_shard_refusing(data_dir: Path) -> N
                 log.sync("s")
     with faults(SYNC, persist=True):
         with Log(data_dir, cfg()) as log:
+            assert all_entries(log) == [(e, payload(e)) for e in range(10)]  # reads go on
+            assert log.shard_stats("s", 0).sync_failed_errno == errno.EIO
             with pytest.raises(SyncFailed):
                 log.append("s", payload(10), shard=0)
     with Log(data_dir, cfg()) as log:

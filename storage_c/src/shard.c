@@ -74,9 +74,13 @@ int shard_open(comet_stream *stream, uint32_t id, shard **out)
             rc = set_errno_error(rc, "cannot lock %s", sh->dir);
         else {
             due |= rebuilt || atomic_load(&sh->st->recovery_pending);
-            if (atomic_load(&sh->st->sync_failed))
+            /* A device that still fails keeps the mark (appends refused) but
+             * not readers and inspectors out: what is committed reads. */
+            if (atomic_load(&sh->st->sync_failed)) {
                 rc = recovery_after_failed_sync(sh);
-            else
+                if (rc == COMET_E_SYNC_FAILED)
+                    rc = 0;
+            } else
                 rc = recovery_repair_tail(sh, rebuilt, due);
             pthread_mutex_unlock(&sh->st->append_lock.mutex);
         }
