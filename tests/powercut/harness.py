@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import signal
 import subprocess
@@ -26,6 +27,17 @@ FS = Path(__file__).with_name("fs.py")
 WRITER = Path(__file__).with_name("writer.py")
 FUSECTL = Path("/sys/fs/fuse/connections")
 CUTS = int(os.environ.get("POWERCUT_CUTS", "30"))  # per scenario
+SEED = int(os.environ.get("COMET_POWERCUT_SEED") or time.time_ns() % 1_000_000_007)
+"""The seed of this run's random schedules: new each run unless COMET_POWERCUT_SEED
+replays one (conftest.py prints it in the test session's header and every failure)."""
+ROUNDS = int(os.environ.get("COMET_POWERCUT_ROUNDS", "1"))
+"""How many times the named-cut-point scenarios go round (test_cutpoints.py): 1 in
+CI, more for a longer run offline."""
+
+
+def seeded(name: str) -> random.Random:
+    """The random schedule of the scenario ``name`` in this run (see SEED)."""
+    return random.Random(f"{name}-{SEED}")
 
 
 class Writer(subprocess.Popen[str]):
@@ -270,6 +282,22 @@ def drain(proc: subprocess.Popen[str]) -> list[list[str]]:
     rest = proc.stdout.read()
     proc.stdout.close()
     return [line.split() for line in rest.split("\n")[:-1]]
+
+
+def run_to_exit(proc: Writer, timeout: float) -> tuple[list[list[str]], int]:
+    """Every line of a process that is to die by itself (at its cut point) and its
+    exit status; killed after ``timeout`` seconds (status -9: it never got there)."""
+    def stop() -> None:
+        if proc.poll() is None:
+            proc.kill()
+
+    timer = threading.Timer(timeout, stop)
+    timer.start()
+    try:
+        lines = drain(proc)
+        return lines, proc.wait()
+    finally:
+        timer.cancel()
 
 
 def discard_output(proc: Writer) -> threading.Thread:

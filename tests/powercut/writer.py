@@ -8,6 +8,8 @@ works until it is killed, printing one line per acknowledged operation:
   returned (t: CLOCK_MONOTONIC, comparable with the cut's instant);
 - ``consume``: a consumer process of group ``g`` (another process than the
   writer, as ``comet ship`` is): ``G shard offset t`` after each ack;
+- ``batches DURABILITY SHARDS``: ``B shard first count tag t`` per acknowledged batch;
+- ``cutpoint DURABILITY``: batches with production chunk sizes (see ``run_cutpoint``);
 - ``lifecycle``: creates, appends to (``always``, large entries: frequent
   rotations), runs retention on and deletes streams: ``C name``,
   ``A name shard entry payload``, ``R segments``, ``D name``;
@@ -23,18 +25,43 @@ instead (a lake's reject); the ``A`` line still gives ``payload``.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
 import struct
 import sys
 import time
+import zlib
 from pathlib import Path
 from typing import TypedDict, Unpack, cast
 
 from storage_c import Config, Durability, Log
 
 SEGMENT = 64 << 10
+MiB = 1 << 20
+
+
+def body(tag: str, limit: int) -> bytes:
+    """The payload of the entry tagged ``tag``: the tag, then a padding whose length
+    (below ``limit``) and bytes follow from the tag, so that a check can rebuild
+    every byte from the acknowledgement line."""
+    n = zlib.crc32(tag.encode()) % limit if limit else 0
+    fill = b"%08x" % zlib.crc32(tag.encode(), 1)
+    return tag.encode() + b"_" + (fill * (n // 8 + 1))[:n]
+
+
+def digest(payload: bytes) -> str:
+    """What a dump reports of each payload besides its tag: a check compares
+    it with ``digest(body(...))``, i.e. every byte, padding included."""
+    return hashlib.blake2b(payload, digest_size=10).hexdigest()
+
+
+def tag_of(payload: bytes) -> str:
+    """The tag a payload starts with (``body``), or the payload cut at its padding
+    (JSON payloads and the ``x`` padding of the ship scenarios)."""
+    text = payload[:80].decode("ascii", "replace")
+    return text.split("_", 1)[0].rstrip("x")
 STREAM = "events"
 GROUP = "g"
 
@@ -74,6 +101,44 @@ def raw_offsets(data: Path) -> dict[str, dict[str, int]]:
     return out
 
 
+def raw_ends(data: Path) -> dict[str, int]:
+    """Per shard, the entry after the last whole batch on disk, read from the segment
+    files before any process opens (and recovery repairs, or raises) them: from the
+    first segment on, entries that check out (number, checksum) and run without a
+    gap; the end is after the last one carrying the batch-end bit (FORMAT.md)."""
+    from storage_c.checksum import crc32c
+
+    out = {}
+    for shard in sorted(data.glob("*/shard-*")):
+        end = None
+        expect = None
+        for seg in sorted(shard.glob("*.log")):
+            base = int(seg.name[:-4])
+            if expect is not None and base != expect:
+                break
+            raw = seg.read_bytes()
+            if len(raw) < 64 or raw[:4] == bytes(4):
+                break
+            expect = base if expect is None else expect
+            end = base if end is None else end
+            at = 64
+            while at + 20 <= len(raw):
+                crc, lf, low = struct.unpack_from("<III", raw, at)
+                length = lf & 0x0FFFFFFF
+                if (lf == 0 and crc == 0) or low != expect & 0xFFFFFFFF or at + 20 + length > len(raw):
+                    break
+                check = crc32c(raw[at + 4:at + 20 + length])
+                if ((check >> 15) | (check << 17)) + 0xa282ead8 & 0xFFFFFFFF != crc:
+                    break
+                expect += 1
+                if lf & (1 << 29):
+                    end = expect
+                at += 20 + length
+        if end is not None:
+            out[str(shard.relative_to(data))] = end
+    return out
+
+
 def files(data: Path) -> dict[str, int]:
     """File sizes; a file the open log's retention deletes while this walks is left out."""
     out = {}
@@ -87,7 +152,7 @@ def files(data: Path) -> dict[str, int]:
     return out
 
 
-def dump(log: Log, data: Path, raw: dict) -> dict:
+def dump(log: Log, data: Path, raw: dict, raw_ends: dict[str, int]) -> dict:
     """What survived.  POWERCUT_FROM (JSON {"stream/shard": entry}) lists entries
     from there only (the earlier ones were checked after earlier cuts)."""
     start = json.loads(os.environ.get("POWERCUT_FROM", "{}"))
@@ -99,7 +164,7 @@ def dump(log: Log, data: Path, raw: dict) -> dict:
             entries: list[list[int | str]] = []
             since = max(st.first_entry, start.get(f"{name}/{shard}", 0))
             for batch in log.iter_entries(name, shard, since):
-                entries.extend([e, p.decode().rstrip("x")]
+                entries.extend([e, tag_of(p), digest(p)]
                                for e, p in zip(batch.entries, batch.payloads))
             shards.append({"first": st.first_entry, "listed_from": since, "next": st.next_entry,
                            "durable": st.durable_entry, "entries": entries,
@@ -108,7 +173,7 @@ def dump(log: Log, data: Path, raw: dict) -> dict:
                            "groups": {g.name: g.offset for g in log.groups(name, shard)}})
         streams[name] = shards
     report = log.verify()
-    return {"streams": streams, "raw_offsets": raw, "files": files(data),
+    return {"streams": streams, "raw_offsets": raw, "raw_ends": raw_ends, "files": files(data),
             "verify": {"ok": report.ok, "bad_entries": report.bad_entries,
                        "problems": [repr(p) for p in report.problems]}}
 
@@ -120,9 +185,10 @@ def say(line: str) -> None:
 
 def open_and_dump(data: Path, cfg: Config) -> Log:
     raw = raw_offsets(data) if data.exists() else {}
+    ends = raw_ends(data) if data.exists() else {}
     try:
         log = Log(data, cfg)
-        say("S " + json.dumps(dump(log, data, raw)))
+        say("S " + json.dumps(dump(log, data, raw, ends)))
     except Exception as exc:  # reported to the test, which fails with it
         say("E " + json.dumps({"error": f"{type(exc).__name__}: {exc}", "raw_offsets": raw,
                                "files": files(data) if data.exists() else {}}))
@@ -142,11 +208,11 @@ def run_append(data: Path, rnd: int, rng: random.Random, durability: Durability,
             time.sleep(pause)
         payload = f"{rnd}.{seq}"
         pad = b"x" * rng.randrange(200)
-        body = (b'{"p":"%s","pad":"%s"}' % (payload.encode(), pad) if as_json
-                else payload.encode() + pad)
+        data_ = (b'{"p":"%s","pad":"%s"}' % (payload.encode(), pad) if as_json
+                 else body(payload, 200))
         if as_json and bad_every and seq % bad_every == bad_every - 1:
-            body = b"not json " + payload.encode()
-        shard, entry = log.append(STREAM, body, shard=seq % shards)
+            data_ = b"not json " + payload.encode()
+        shard, entry = log.append(STREAM, data_, shard=seq % shards)
         say(f"A {shard} {entry} {payload} {time.monotonic()}")
         seq += 1
 
@@ -166,9 +232,50 @@ def run_batches(data: Path, rnd: int, rng: random.Random, durability: Durability
     while True:
         tag = f"{rnd}.{seq}"
         count = rng.randrange(1, 41)
-        result = log.append_batch(STREAM, [f"{tag}.{i}".encode() + b"x" * rng.randrange(pad)
-                                           for i in range(count)], shard=seq % shards)
+        result = log.append_batch(STREAM, [body(f"{tag}.{i}", pad) for i in range(count)],
+                                  shard=seq % shards)
         say(f"B {seq % shards} {result.first} {count} {tag} {time.monotonic()}")
+        seq += 1
+
+
+CUT_SEGMENT = 4 * MiB + 256 * 1024
+"""The segment size of ``cutpoint``: the default 4 MiB chunk and then some, so that
+growth runs every step production runs (64 KiB first, doubled up to the 4 MiB chunk,
+then a last, partial chunk) before each rotation."""
+
+
+def cutpoint_config(durability: Durability, retention: bool = True) -> Config:
+    """Without ``retention`` (the checking process): nothing is deleted while it lists."""
+    return Config(shards=1, segment_bytes=CUT_SEGMENT, durability=durability,
+                  fsync_interval_ms=int(os.environ.get("POWERCUT_FSYNC_MS", "100")),
+                  compression_threshold=0,
+                  retention_max_shard_bytes=2 * CUT_SEGMENT + 2 * MiB if retention else 0,
+                  retention_interval_ms=100 if retention else 0,
+                  retention_protect_unconsumed=False)
+
+
+def run_cutpoint(data: Path, rnd: int, rng: random.Random, durability: Durability) -> None:
+    """Batches of 1-40 entries of up to 6000 bytes to one shard with the default
+    chunk size (``cutpoint_config``), retention at about two segments (its unlinks:
+    every rotation after the second), and group ``g`` acknowledged by this process
+    after each batch, a random few entries short of its end: the append, growth,
+    rotation, retention and offsets cut points all come by within ~10 MiB.
+    Lines: ``B 0 first count tag t`` and ``G 0 offset t`` (none with POWERCUT_ACK=0)."""
+    log = open_and_dump(data, cutpoint_config(durability))
+    if STREAM not in log.streams():
+        log.create_stream(STREAM, 1)
+    group = log.group(STREAM, 0, GROUP)
+    acks = os.environ.get("POWERCUT_ACK", "1") == "1"
+    seq = 0
+    while True:
+        tag = f"{rnd}.{seq}"
+        count = rng.randrange(1, 41)
+        result = log.append_batch(STREAM, [body(f"{tag}.{i}", 6000) for i in range(count)],
+                                  shard=0)
+        say(f"B 0 {result.first} {count} {tag} {time.monotonic()}")
+        if acks:
+            offset = group.ack(result.first + count - 1 - rng.randrange(count))
+            say(f"G 0 {offset} {time.monotonic()}")
         seq += 1
 
 
@@ -311,6 +418,8 @@ def main() -> None:
         run_append(data, rnd, rng, cast(Durability, sys.argv[5]), int(sys.argv[6]))
     elif mode == "batches":
         run_batches(data, rnd, rng, cast(Durability, sys.argv[5]), int(sys.argv[6]))
+    elif mode == "cutpoint":
+        run_cutpoint(data, rnd, rng, cast(Durability, sys.argv[5]))
     elif mode == "consume":
         run_consume(data, rnd, rng, int(sys.argv[5]))
     elif mode == "lifecycle":
@@ -319,6 +428,8 @@ def main() -> None:
         run_ship(data, rnd, [mode, *sys.argv[5:]])
     elif mode == "dump":
         open_and_dump(data, config(cast(Durability, sys.argv[5]), int(sys.argv[6])))
+    elif mode == "cutdump":
+        open_and_dump(data, cutpoint_config(cast(Durability, sys.argv[5]), retention=False))
     else:
         raise SystemExit(f"unknown mode {mode}")
 
