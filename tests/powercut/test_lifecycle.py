@@ -14,16 +14,15 @@ during the run survive is test_regressions.py's first test.)
 
 from __future__ import annotations
 
-import random
 import time
 
 from .checks import shard_entries
-from .harness import CUTS, PowerCutFS, drain, make_synced_dir, read_lines, read_state
+from .harness import CUTS, PowerCutFS, drain, make_synced_dir, read_lines, read_state, seeded
 
 
 def test_create_rotate_retain_delete_survive_power_cuts(powercut: PowerCutFS) -> None:
     data = make_synced_dir(powercut.mnt / "data")
-    rng = random.Random("lifecycle")
+    rng = seeded("lifecycle")
     created: set[str] = set()
     deleted: set[str] = set()
     ops = 0

@@ -58,10 +58,13 @@ def digest(payload: bytes) -> str:
 
 
 def tag_of(payload: bytes) -> str:
-    """The tag a payload starts with (``body``), or the payload cut at its padding
-    (JSON payloads and the ``x`` padding of the ship scenarios)."""
-    text = payload[:80].decode("ascii", "replace")
-    return text.split("_", 1)[0].rstrip("x")
+    """The tag a ``body`` payload starts with; any other payload (the JSON of the lake
+    scenarios, their rejects) whole."""
+    text = payload.decode("utf-8", "replace")
+    head, sep, _ = text.partition("_")
+    return head if sep else text
+
+
 STREAM = "events"
 GROUP = "g"
 
