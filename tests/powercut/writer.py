@@ -12,7 +12,8 @@ works until it is killed, printing one line per acknowledged operation:
 - ``cutpoint DURABILITY``: batches with production chunk sizes (see ``run_cutpoint``);
 - ``lifecycle``: creates, appends to (``always``, large entries: frequent
   rotations), runs retention on and deletes streams: ``C name``,
-  ``A name shard entry payload``, ``R segments``, ``D name``;
+  ``A name shard entry payload``, ``R segments``, ``d name`` (a deletion begins),
+  ``D name``;
 - ``ship SINK once|follow`` and ``spark-ship LAKE PAUSE_AT``: the real
   ``comet ship`` / ``comet spark-ship`` commands (test_ship.py,
   test_spark_ship.py), their log lines on stdout (see ``run_ship``).
@@ -42,11 +43,11 @@ SEGMENT = 64 << 10
 MiB = 1 << 20
 
 
-def body(tag: str, limit: int) -> bytes:
+def body(tag: str, limit: int, low: int = 0) -> bytes:
     """The payload of the entry tagged ``tag``: the tag, then a padding whose length
-    (below ``limit``) and bytes follow from the tag, so that a check can rebuild
-    every byte from the acknowledgement line."""
-    n = zlib.crc32(tag.encode()) % limit if limit else 0
+    (``low`` to below ``limit``) and bytes follow from the tag, so that a check can
+    rebuild every byte from the acknowledgement line."""
+    n = low + zlib.crc32(tag.encode()) % (limit - low) if limit > low else low
     fill = b"%08x" % zlib.crc32(tag.encode(), 1)
     return tag.encode() + b"_" + (fill * (n // 8 + 1))[:n]
 
@@ -297,6 +298,9 @@ def run_consume(data: Path, rnd: int, rng: random.Random, shards: int) -> None:
             time.sleep(0.001)  # nothing to consume yet: the writer is another process
 
 
+LIFECYCLE_PAD = (2000, 9000)  # payload sizes of ``lifecycle``: a rotation every few appends
+
+
 def run_lifecycle(data: Path, rnd: int, rng: random.Random) -> None:
     cfg = config("always", 1, retention_max_shard_bytes=3 * SEGMENT, retention_interval_ms=0,
                  retention_protect_unconsumed=False)
@@ -314,6 +318,7 @@ def run_lifecycle(data: Path, rnd: int, rng: random.Random) -> None:
             say(f"C {name}")
         elif action < 0.12 and len(live) > 1:
             name = live.pop(rng.randrange(len(live)))
+            say(f"d {name}")  # under way: a cut now may leave it or not
             log.delete_stream(name)
             say(f"D {name}")
         elif action < 0.2:
@@ -323,7 +328,7 @@ def run_lifecycle(data: Path, rnd: int, rng: random.Random) -> None:
             name = rng.choice(live)
             payload = f"{rnd}.{seq}"
             seq += 1
-            _, entry = log.append(name, payload.encode() + b"x" * rng.randrange(2000, 9000),
+            _, entry = log.append(name, body(payload, LIFECYCLE_PAD[1], LIFECYCLE_PAD[0]),
                                   shard=0)
             say(f"A {name} 0 {entry} {payload}")
 
