@@ -95,10 +95,11 @@ class PowerCutFS:
             raise RuntimeError(f"power-cut fs daemon died (exit {self.daemon.poll()}) on {line!r}")
         return answer
 
-    def mount(self) -> None:
+    def mount(self, same_boot: bool = False) -> None:
         assert self._cmd("mount") == "mounted"
         self.conn = str(os.stat(self.mnt).st_dev)
-        self.boot_file.write_text(str(uuid.uuid4()) + "\n")
+        if not same_boot:
+            self.boot_file.write_text(str(uuid.uuid4()) + "\n")
 
     def checkpoint(self) -> None:
         """``sync`` then: the dirty pages go to the daemon, and all it holds is durable."""
@@ -180,6 +181,21 @@ class PowerCutFS:
         self.cuts += 1
         self.mount()
         return instant, int(answer[2])
+
+    def failsync(self, path: Path, count: int = 1) -> None:
+        """The next ``count`` fsyncs of the file ``path`` fail with EIO and drop its
+        unsynced data (fs.py ``failsync``)."""
+        answer = self._cmd(f"failsync /{path.relative_to(self.mnt).as_posix()} {count}")
+        assert answer.startswith("failsync ") and "error" not in answer, answer
+
+    def restart(self) -> None:
+        """Every process on the mount is killed and the kernel's page cache of it
+        dropped, the power staying on (same boot): what the daemon holds, synced or
+        not, is what the next process reads - unless a failed sync dropped it."""
+        self._kill_all()
+        self._unmount()
+        assert self._cmd("unmounted") == "unmounted"
+        self.mount(same_boot=True)
 
     def close(self) -> None:
         try:

@@ -4,9 +4,10 @@ For every named point a writer (writer.py ``cutpoint``: batches at durability
 ``always`` to one shard with production's 4 MiB chunks and segments larger than
 a chunk, retention at about two segments, group ``g`` acknowledged after each
 batch) runs until the process dies at that point (``COMET_CUT_POINT=name:nth``,
-nth drawn from the run's seed); then the power goes, in mode ``clean`` and then
-``pages`` (the page cache wrote back some of the dead writer's pages first), and
-a fresh process recovers.  The recovery points are cut *during* recovery: a
+nth drawn from the run's seed); then the power goes, in mode ``clean``, then
+``pages`` (the page cache wrote back some of the dead writer's pages first), then
+``clean+dirs`` (a prefix of the unsynced directory changes survives: retention's
+unlinks, a rotation's names), and a fresh process recovers.  The recovery points are cut *during* recovery: a
 writer at durability ``interval`` dies mid-rotation, the power goes, the next
 opener dies at the recovery point, the power goes again, and another opener
 recovers.  After each cut, checks.py's checks: every acknowledged entry there
@@ -78,7 +79,7 @@ def test_power_cut_at_each_named_point(powercut: PowerCutFS, point: str) -> None
     report = []
     rnd = 0
     for _ in range(ROUNDS):
-        for mode in ("clean", "pages"):
+        for mode in MODES:
             rnd += 1
             nth = rng.randint(1, HITS.get(point, 2))
             where = f"{point}:{nth} then a cut ({mode}), seed {SEED}"
@@ -88,7 +89,7 @@ def test_power_cut_at_each_named_point(powercut: PowerCutFS, point: str) -> None
             if lines and lines[0][0] == "S":  # the open before (may die inside it: retention)
                 lines = lines[1:]
             note(lines, acked)
-            if mode == "pages":
+            if mode.startswith("pages"):
                 writeback(powercut.mnt)  # the dead writer's mapped pages reach the disk, unsynced
             _, kept = powercut.cut(mode, rng.randrange(1 << 30))
             state = read_state(powercut.spawn("cutdump", data, rnd, 0, "always"))
@@ -104,6 +105,7 @@ leaves bytes past the commit point for recovery to zero; a segment past the log'
 (set aside) needs entries lost, i.e. ``interval`` with a flusher too slow to have
 synced the tail before the rotation (fsync_interval_ms 5000), and no group acks then
 (acks of entries not yet durable are test_groups.py's)."""
+MODES = ("clean", "pages", "clean+dirs")  # fs.py: +dirs keeps unsynced directory changes in part
 ATTEMPTS = 6  # a writer's death that leaves recovery nothing to do at the point: again
 
 
@@ -127,7 +129,7 @@ def test_power_cut_during_recovery(powercut: PowerCutFS, point: str) -> None:
             check_no_orphans(state, where)
 
     for _ in range(ROUNDS):
-        for mode in ("clean", "pages"):
+        for mode in MODES:
             for attempt in range(1, ATTEMPTS + 1):
                 rnd += 1
                 nth = rng.randint(1, 3)
@@ -140,7 +142,7 @@ def test_power_cut_during_recovery(powercut: PowerCutFS, point: str) -> None:
                 lines = died_at(writer, before, where)
                 if durability == "always":
                     note(lines[1:], acked)
-                if mode == "pages":
+                if mode.startswith("pages"):
                     writeback(powercut.mnt)
                 _, kept = powercut.cut(mode, rng.randrange(1 << 30))
                 recovering = powercut.spawn("cutdump", data, rnd, 0, durability,
@@ -150,7 +152,7 @@ def test_power_cut_during_recovery(powercut: PowerCutFS, point: str) -> None:
                     check(read_state_line(lines, recovering), where + " (point not reached)")
                     continue
                 died_at_status(recovering, status, point, where)
-                if mode == "pages":
+                if mode.startswith("pages"):
                     writeback(powercut.mnt)  # recovery's unsynced repair reaches the disk, in part
                 _, kept2 = powercut.cut(mode, rng.randrange(1 << 30))
                 check(read_state(powercut.spawn("cutdump", data, rnd, 0, durability)), where)
