@@ -18,7 +18,8 @@ def shard_entries(shard: dict, where: str = "") -> dict[int, str]:
         f"{where + ': ' if where else ''}entries are not contiguous from first={shard['first']} to next={shard['next']}: "
         f"missing {sorted(set(range(start, shard['next'])) - set(numbers))[:40]}, "
         f"{len(numbers)} present (durable point {shard['durable']}, truncated "
-        f"{shard['truncated']}, verify {shard.get('verify')})")
+        f"{shard['truncated']}, skipped {shard['skipped']}, state rebuilt "
+        f"{shard.get('state_rebuilds')} times, recoveries {shard.get('recoveries')})")
     return {e[0]: e[1] for e in shard["entries"]}
 
 

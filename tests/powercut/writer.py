@@ -10,6 +10,7 @@ works until it is killed, printing one line per acknowledged operation:
   writer, as ``comet ship`` is): ``G shard offset t`` after each ack;
 - ``batches DURABILITY SHARDS``: ``B shard first count tag t`` per acknowledged batch;
 - ``cutpoint DURABILITY``: batches with production chunk sizes (see ``run_cutpoint``);
+- ``fsyncgate DURABILITY``: single appends, failures printed (see ``run_fsyncgate``);
 - ``lifecycle``: creates, appends to (``always``, large entries: frequent
   rotations), runs retention on and deletes streams: ``C name``,
   ``A name shard entry payload``, ``R segments``, ``d name`` (a deletion begins),
@@ -174,6 +175,7 @@ def dump(log: Log, data: Path, raw: dict, raw_ends: dict[str, int]) -> dict:
                            "durable": st.durable_entry, "entries": entries,
                            "truncated": st.truncated_entries,
                            "skipped": st.skipped_entries, "crc_failures": st.crc_failures,
+                           "state_rebuilds": st.state_rebuilds, "recoveries": st.recoveries,
                            "groups": {g.name: g.offset for g in log.groups(name, shard)}})
         streams[name] = shards
     report = log.verify()
@@ -281,6 +283,25 @@ def run_cutpoint(data: Path, rnd: int, rng: random.Random, durability: Durabilit
             offset = group.ack(result.first + count - 1 - rng.randrange(count))
             say(f"G 0 {offset} {time.monotonic()}")
         seq += 1
+
+
+def run_fsyncgate(data: Path, rnd: int, rng: random.Random, durability: Durability) -> None:
+    """Single appends to one shard, ``A 0 entry tag t`` each; an append that fails
+    prints ``F ErrorClass t`` and the next is tried 10 ms later (a client retrying):
+    after a failed sync (the test arms fs.py's ``failsync``) every append must fail."""
+    log = open_and_dump(data, config(durability, 1))
+    seq = 0
+    while True:
+        tag = f"{rnd}.{seq}"
+        try:
+            _, entry = log.append(STREAM, body(tag, 200), shard=0)
+        except Exception as exc:  # noqa: BLE001 - the test names the class it expects
+            say(f"F {type(exc).__name__} {time.monotonic()}")
+            time.sleep(0.01)
+            continue
+        say(f"A 0 {entry} {tag} {time.monotonic()}")
+        seq += 1
+        time.sleep(0.002)  # a few hundred appends per second: the flusher's syncs interleave
 
 
 def run_consume(data: Path, rnd: int, rng: random.Random, shards: int) -> None:
@@ -428,6 +449,8 @@ def main() -> None:
         run_batches(data, rnd, rng, cast(Durability, sys.argv[5]), int(sys.argv[6]))
     elif mode == "cutpoint":
         run_cutpoint(data, rnd, rng, cast(Durability, sys.argv[5]))
+    elif mode == "fsyncgate":
+        run_fsyncgate(data, rnd, rng, cast(Durability, sys.argv[5]))
     elif mode == "consume":
         run_consume(data, rnd, rng, int(sys.argv[5]))
     elif mode == "lifecycle":
