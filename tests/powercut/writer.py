@@ -171,7 +171,15 @@ def dump(log: Log, data: Path, raw: dict, raw_ends: dict[str, int]) -> dict:
             for batch in log.iter_entries(name, shard, since):
                 entries.extend([e, tag_of(p), digest(p)]
                                for e, p in zip(batch.entries, batch.payloads))
-            shards.append({"first": st.first_entry, "listed_from": since, "next": st.next_entry,
+            # This process's retention (its first pass runs at the open) may have
+            # deleted the oldest segments while they were listed: from its new first
+            # entry on, the listing is whole.
+            first = log.shard_stats(name, shard).first_entry
+            if first > since:
+                since = first
+                entries = [e for e in entries if int(e[0]) >= first]
+            first = max(first, st.first_entry)
+            shards.append({"first": first, "listed_from": since, "next": st.next_entry,
                            "durable": st.durable_entry, "entries": entries,
                            "truncated": st.truncated_entries,
                            "skipped": st.skipped_entries, "crc_failures": st.crc_failures,
