@@ -119,7 +119,8 @@ def test_power_cut_during_recovery(powercut: PowerCutFS, point: str) -> None:
     rnd = 0
 
     def check(state: dict, where: str) -> None:
-        where += f"; files {sorted(state['files'].items())}"
+        where += (f"; files {sorted(state['files'].items())}; state files before the open "
+                  f"(size, header): {state['raw_states']}")
         if durability == "always":
             check_all(state, acked, where)
         else:  # acknowledged entries may be lost (test_interval.py bounds it); the rest whole

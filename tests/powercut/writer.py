@@ -200,9 +200,11 @@ def say(line: str) -> None:
 def open_and_dump(data: Path, cfg: Config) -> Log:
     raw = raw_offsets(data) if data.exists() else {}
     ends = raw_ends(data) if data.exists() else {}
+    states = {str(p.parent.relative_to(data)): [p.stat().st_size, p.read_bytes()[:64].hex()]
+              for p in data.glob("*/shard-*/state")} if data.exists() else {}
     try:
         log = Log(data, cfg)
-        say("S " + json.dumps(dump(log, data, raw, ends)))
+        say("S " + json.dumps(dict(dump(log, data, raw, ends), raw_states=states)))
     except Exception as exc:  # reported to the test, which fails with it
         say("E " + json.dumps({"error": f"{type(exc).__name__}: {exc}", "raw_offsets": raw,
                                "files": files(data) if data.exists() else {}}))
