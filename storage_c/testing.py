@@ -69,3 +69,30 @@ def clock_shifted(seconds: float) -> Iterator[None]:
         yield
     finally:
         lib.comet_clock_shift(-shift)
+
+
+CUT_EXIT = lib.COMET_CUT_EXIT
+"""The exit status of a process that died at its armed cut point."""
+
+
+def cut_point_names() -> list[str]:
+    """Every named cut point of the core (storage_c/src/cutpoint.h), in its order."""
+    from ._comet import ffi
+
+    names: list[str] = []
+    while (name := lib.comet_cut_point_name(len(names))) != ffi.NULL:
+        names.append(ffi.string(name).decode())
+    return names
+
+
+def arm_cut_point(name: str | None, nth: int = 1) -> None:
+    """The ``nth`` hit of cut point ``name`` ends this process (``_exit(CUT_EXIT)``);
+    None disarms.  Subprocesses: ``COMET_CUT_POINT=name:nth`` in their environment."""
+    if lib.comet_cut_arm(name.encode() if name is not None else _null(), nth) != 0:
+        raise ValueError(f"no cut point named {name!r} (nth {nth}); see cut_point_names()")
+
+
+def _null() -> object:
+    from ._comet import ffi
+
+    return ffi.NULL

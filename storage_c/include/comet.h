@@ -513,6 +513,21 @@ long comet_fault_calls(void); /* calls of the armed kinds since the arming */
 long comet_fault_fired(void); /* of those, how many were made to fail */
 void comet_clock_shift(int64_t ns);
 
+/* ---- Testing: named cut points (src/cutpoint.h) -------------------------
+ * Steps of the core where a power cut hurts most (mid-append, mid-growth,
+ * mid-rotation, recovery's repair, retention's unlinks, offset writes) carry
+ * a named cut point.  comet_cut_arm(name, nth): the nth hit of that point
+ * ends the process at once, _exit(COMET_CUT_EXIT), after writing
+ * "comet: cut point NAME" to stderr; name NULL disarms.  COMET_E_INVALID for an
+ * unknown name.  The environment does the same without code:
+ * COMET_CUT_POINT=name:nth, read at the first cut point reached.
+ * comet_cut_point_name(i) lists the names (NULL past the last);
+ * comet_cut_hits counts hits of the armed point.  Process-wide, for tests. */
+#define COMET_CUT_EXIT 78
+int comet_cut_arm(const char *name, long nth);
+const char *comet_cut_point_name(int i);
+long comet_cut_hits(void);
+
 #ifdef __cplusplus
 }
 #endif

@@ -230,10 +230,12 @@ static int make_room(shard *sh, uint64_t total, int may_sleep)
             return rc;
         if (taken > 0)
             wc_add(st, WC_RECYCLED_SEGMENTS, 1);
+        cut_point(CUT_ROTATE_CREATED);
         if (atomic_load_explicit(&st->active_end, memory_order_relaxed))
             wc_add(st, WC_ROTATIONS, 1);
         /* A recycled file's blocks are written already: no zero fill. */
         start_segment(st, next, taken > 0 ? (uint64_t)taken : SEGMENT_DATA_OFFSET);
+        cut_point(CUT_ROTATE_STARTED);
     }
     rc = writer_segment(sh);
     if (!rc && (!sh->active || atomic_load(&st->active_end) + total > sh->active->capacity))
@@ -425,6 +427,7 @@ int64_t shard_append(shard *sh, const entry_ref *refs, uint32_t count, uint64_t 
         }
         off += entry_write_group(seg->wmap + off, seg->version, refs + i, k, entry, ts, flags);
         entry += k;
+        cut_point(entry < first + count ? CUT_APPEND_MID_BATCH : CUT_APPEND_WRITTEN);
     }
     segment_release_behind(seg, end);
     atomic_store_explicit(&st->active_end, end, memory_order_relaxed);

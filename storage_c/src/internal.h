@@ -31,6 +31,7 @@
 #include <string.h>
 
 #include "comet.h"
+#include "cutpoint.h"
 #include "format.h"
 #include "fsutil.h"
 

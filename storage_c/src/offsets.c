@@ -156,6 +156,7 @@ int offsets_sync(shard *sh)
 {
     if (sh->offsets_fd < 0)
         return 0;
+    cut_point(CUT_OFFSETS_SYNCING);
     return sys_fdatasync(sh->offsets_fd) ? shard_note_sync_failure(sh, errno, "fdatasync of the offsets")
                                          : 0;
 }
@@ -342,6 +343,7 @@ static int64_t advance(shard *sh, group_slot *s, uint64_t want)
                                                   memory_order_relaxed))
         ;
     if (cur < want) {
+        cut_point(CUT_OFFSETS_ACKED);
         atomic_store_explicit(&s->last_ack_ns, coarse_now_ns(), memory_order_relaxed);
         atomic_fetch_add_explicit(&s->acks, 1, memory_order_relaxed);
         if (!atomic_load_explicit(&sh->offsets_dirty, memory_order_relaxed))

@@ -105,6 +105,7 @@ static void set_aside(shard *sh, uint64_t base, int has_data)
     segment_path(path, sh->dir, base, SEGMENT_SUFFIX);
     segment_path(idx, sh->dir, base, INDEX_SUFFIX);
     sys_unlink(idx);
+    cut_point(CUT_RECOVERY_SET_ASIDE);
     if (recycle_stale(sh, base)) /* never written: its earlier life's bytes */
         return;
     if (has_data) {
@@ -287,6 +288,7 @@ static int apply_cut(shard *sh, holds *h, scan_point cut, uint64_t furthest,
         *changed = 1;
     }
 
+    cut_point(CUT_RECOVERY_ZEROED);
     uint64_t zeroed = garbage_end;
     if (cut.seg->base == state_active && atomic_load(&st->zeroed_end) > zeroed)
         zeroed = atomic_load(&st->zeroed_end);

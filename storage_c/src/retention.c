@@ -129,6 +129,7 @@ static void delete_segment(shard *sh, uint64_t base, uint64_t bytes, int may_kee
         if (sys_unlink(path))
             bytes = 0;
     }
+    cut_point(CUT_RETENTION_UNLINKED);
     segment_path(path, sh->dir, base, INDEX_SUFFIX);
     sys_unlink(path); /* an index left by a crash here has no segment: it is never read */
     usage_end_delete(sh->stream->db, locked, bytes > kept ? bytes - kept : 0);
@@ -186,6 +187,7 @@ int retention_shard(shard *sh, uint64_t need, int may_keep, int64_t now,
         lost += lost_here;
     }
     if (deleted) {
+        cut_point(CUT_RETENTION_DELETED);
         atomic_store(&st->first_entry, bases[deleted]);
         wc_add(st, WC_RETENTION_DELETED_SEGMENTS, deleted);
         wc_add(st, WC_RETENTION_DELETED_BYTES, freed);

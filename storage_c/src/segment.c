@@ -238,6 +238,7 @@ int segment_grow(segment *seg, const char *dir, uint64_t capacity, int empty, in
     int rc = preallocate(fd, capacity, path);
     if (rc)
         return rc;
+    cut_point(CUT_GROW_SIZED);
     h.capacity = capacity;
     if (capacity > seg->map_bytes) {
         h.reserved = capacity;

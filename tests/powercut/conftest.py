@@ -9,7 +9,25 @@ from typing import Iterator
 
 import pytest
 
-from .harness import PowerCutFS
+from .harness import SEED, PowerCutFS
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _print_seed(request: pytest.FixtureRequest) -> None:
+    """The seed of the random schedules, where CI's output shows it (pytest captures
+    prints): COMET_POWERCUT_SEED=<it> replays the run."""
+    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(f"powercut: COMET_POWERCUT_SEED={SEED}")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  # type: ignore[no-untyped-def]
+    """A failure's report names the seed that replays it."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed:
+        report.sections.append(("powercut seed", f"COMET_POWERCUT_SEED={SEED}"))
 
 
 def _fuse_problem() -> str | None:

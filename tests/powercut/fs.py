@@ -38,16 +38,30 @@ the root's durable entries:
   1/2 each) of the pages that reached us since its last sync, and its size is
   either the durable or the current one (chosen at random).  Directory entries
   are still only the synced ones.
+- ``+dirs`` after either (``clean+dirs``, ``pages+dirs``): unsynced directory
+  changes may survive too, as on ext4, whose journal commits them in order (an
+  unrelated fsync commits everything before it): of the changes not made
+  durable by their directory's fsyncdir, a random prefix, in their order, is
+  kept (a rename's new name comes before its old name goes, so no prefix loses
+  the file).
 
 Then ``mount`` serves the reset tree again, with a fresh kernel page cache.
 
 Control protocol (one line per command on stdin, one line per answer on stdout):
 ``freeze`` -> ``frozen``; ``syncall`` -> ``synced`` (everything the daemon
-holds becomes durable: a checkpoint, not a cut); ``reset clean|pages SEED`` (after the unmount) ->
-``reset FILES KEPT_PAGES``; ``mount`` -> ``mounted`` (once the kernel's INIT
-arrived); ``stats`` -> ``stats {json}``;
+holds becomes durable: a checkpoint, not a cut); ``reset clean|pages[+dirs] SEED`` (after the unmount) ->
+``reset FILES KEPT_PAGES``; ``unmounted`` -> ``unmounted`` (once the FUSE loop
+ended after an unmount without a cut: a restart keeps every state);
+``mount`` -> ``mounted`` (once the kernel's INIT arrived); ``stats`` -> ``stats {json}``;
 ``synclog SINCE`` -> ``synclog [[t, path], ...]`` (fsyncs and fsyncdirs at or after
-monotonic time SINCE: evidence when a scenario fails); ``quit`` (or end of
+monotonic time SINCE: evidence when a scenario fails); ``failsync PATH N`` ->
+``failsync INODE``: the next N fsyncs of that file (path inside the mount) fail
+with EIO, and each drops what of the file was not durable (its current content
+reverts to the durable one: a later read that misses the page cache sees the
+old bytes, and the next fsync has nothing to write and succeeds - the
+"fsyncgate" behaviour of Linux); ``stats`` also counts the ``injected`` faults
+and the directory changes the last ``+dirs`` reset kept of those unsynced;
+``quit`` (or end of
 input: the daemon then unmounts itself).  ``POWERCUT_TRACE=1`` in its
 environment prints every operation on stderr.
 """
@@ -112,6 +126,13 @@ class PowerCutOps:
         self.counts: dict[str, int] = {}
         self.names: dict[int, str] = {1: "/"}      # inode -> a path it had (for the sync log)
         self.sync_log: list[tuple[float, int]] = []  # (monotonic time, inode) of each sync
+        # Directory changes not yet made durable by an fsyncdir of their directory, in
+        # order: [directory inode, name, inode or None (removed)] (a rename is two, one
+        # per directory, next to each other); mode ``+dirs`` keeps a random prefix.
+        self.dir_journal: list[list[int | str | None]] = []
+        self.failing: dict[int, int] = {}  # inode -> fsyncs still to fail (failsync)
+        self.injected = 0
+        self.dirs_kept = (0, 0)  # (kept, unsynced) directory changes at the last reset
         self.mounted = threading.Event()
 
     # ---- helpers ----------------------------------------------------------------
@@ -151,6 +172,9 @@ class PowerCutOps:
         if not parent.is_dir:
             raise _err(errno.ENOTDIR)
         return parent, name
+
+    def _journal(self, parent: Inode, name: str, ino: int | None) -> None:
+        self.dir_journal.append([parent.ino, name, ino])
 
     def _new(self, is_dir: bool, mode: int) -> Inode:
         node = Inode(self.next_ino, is_dir, mode)
@@ -244,6 +268,7 @@ class PowerCutOps:
             self._check("fsyncdir", path, fh)
             node = self._node(path, fh)
             node.durable_entries = dict(node.entries)
+            self.dir_journal = [j for j in self.dir_journal if j[0] != node.ino]
             self.sync_log.append((time.monotonic(), node.ino))
             del self.sync_log[:-4096]
         return 0
@@ -256,6 +281,7 @@ class PowerCutOps:
                 raise _err(errno.EEXIST)
             node = self._new(True, mode & 0o7777)
             parent.entries[name] = node.ino
+            self._journal(parent, name, node.ino)
             self.names[node.ino] = path
             parent.mtime = time.time_ns()
         return 0
@@ -273,6 +299,7 @@ class PowerCutOps:
             if node.entries:
                 raise _err(errno.ENOTEMPTY)
             del parent.entries[name]
+            self._journal(parent, name, None)
         return 0
 
     def create(self, path: str, mode: int, flags: int = 0) -> int:
@@ -289,6 +316,7 @@ class PowerCutOps:
                 return ino
             node = self._new(False, mode & 0o7777)
             parent.entries[name] = node.ino
+            self._journal(parent, name, node.ino)
             self.names[node.ino] = path
             parent.mtime = time.time_ns()
             return node.ino
@@ -341,6 +369,15 @@ class PowerCutOps:
         with self.mutex:
             self._check("fsync")
             node = self._node(path, fh)
+            if self.failing.get(node.ino):
+                # The device failed the write-back: what was not durable is gone from
+                # the "disk" (a later read past the page cache sees the durable
+                # bytes), and the next sync finds nothing to write - Linux's fsyncgate.
+                self.failing[node.ino] -= 1
+                self.injected += 1
+                node.data = bytearray(node.durable)
+                node.dirty.clear()
+                raise _err(errno.EIO)
             self._sync_file(node)
             self.sync_log.append((time.monotonic(), node.ino))
             del self.sync_log[:-4096]
@@ -364,6 +401,7 @@ class PowerCutOps:
             if self.inodes[ino].is_dir:
                 raise _err(errno.EISDIR)
             del parent.entries[name]
+            self._journal(parent, name, None)
             parent.mtime = time.time_ns()
         return 0
 
@@ -382,6 +420,8 @@ class PowerCutOps:
                     raise _err(errno.ENOTEMPTY)
             del src.entries[sname]
             dst.entries[dname] = ino
+            self._journal(dst, dname, ino)  # the new name first: a prefix never loses the file
+            self._journal(src, sname, None)
             self.names[ino] = new
             src.mtime = dst.mtime = time.time_ns()
         return 0
@@ -397,6 +437,7 @@ class PowerCutOps:
             if name in parent.entries:
                 raise _err(errno.EEXIST)
             parent.entries[name] = node.ino
+            self._journal(parent, name, node.ino)
             self.names[node.ino] = target
         return 0
 
@@ -428,6 +469,7 @@ class PowerCutOps:
                     node.durable_entries = dict(node.entries)
                 else:
                     self._sync_file(node)
+            self.dir_journal = []
 
     def freeze(self) -> None:
         with self.mutex:
@@ -437,7 +479,19 @@ class PowerCutOps:
         """Rebuilds the tree from the durable state (see the module docstring)."""
         rng = random.Random(seed)
         kept_pages = 0
+        mode, _, dirs = mode.partition("+")
         with self.mutex:
+            if dirs == "dirs":  # ext4's journal committed the first k changes, in order
+                kept = rng.randint(0, len(self.dir_journal))
+                for parent, name, ino in self.dir_journal[:kept]:
+                    entries = self.inodes[int(parent)].durable_entries  # type: ignore[arg-type]
+                    if ino is None:
+                        entries.pop(str(name), None)
+                    else:
+                        entries[str(name)] = int(ino)
+                self.dirs_kept = (kept, len(self.dir_journal))
+            self.dir_journal = []
+            self.failing = {}
             survivors: dict[int, Inode] = {}
             todo = [1]
             while todo:
@@ -511,6 +565,10 @@ def serve(mountpoint: str) -> None:
                 loop_idle.wait()
                 files, kept = ops.reset(args[0], int(args[1]))
                 say(f"reset {files} {kept}")
+            elif cmd == "unmounted":  # (after an unmount without a reset) the loop ended
+                loop_idle.wait()
+                ops.mounted.clear()
+                say("unmounted")
             elif cmd == "mount":
                 loop_idle.clear()
                 mount_requests.put("mount")
@@ -526,7 +584,18 @@ def serve(mountpoint: str) -> None:
                 say("synclog " + json.dumps(log))
             elif cmd == "stats":
                 with ops.mutex:
-                    say("stats " + json.dumps(ops.counts))
+                    say("stats " + json.dumps(dict(ops.counts, injected=ops.injected,
+                                                   dirs_kept=ops.dirs_kept[0],
+                                                   dirs_unsynced=ops.dirs_kept[1])))
+            elif cmd == "failsync":
+                with ops.mutex:
+                    try:
+                        node = ops._lookup(args[0])
+                    except OSError as exc:
+                        say(f"failsync error {exc.strerror}")
+                        continue
+                    ops.failing[node.ino] = int(args[1])
+                say(f"failsync {node.ino}")
             elif cmd == "quit":
                 break
         # quit, or the test process is gone (EOF): never leave the mount behind

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import signal
 import subprocess
@@ -26,6 +27,17 @@ FS = Path(__file__).with_name("fs.py")
 WRITER = Path(__file__).with_name("writer.py")
 FUSECTL = Path("/sys/fs/fuse/connections")
 CUTS = int(os.environ.get("POWERCUT_CUTS", "30"))  # per scenario
+SEED = int(os.environ.get("COMET_POWERCUT_SEED") or time.time_ns() % 1_000_000_007)
+"""The seed of this run's random schedules: new each run unless COMET_POWERCUT_SEED
+replays one (conftest.py prints it in the test session's header and every failure)."""
+ROUNDS = int(os.environ.get("COMET_POWERCUT_ROUNDS", "1"))
+"""How many times the named-cut-point scenarios go round (test_cutpoints.py): 1 in
+CI, more for a longer run offline."""
+
+
+def seeded(name: str) -> random.Random:
+    """The random schedule of the scenario ``name`` in this run (see SEED)."""
+    return random.Random(f"{name}-{SEED}")
 
 
 class Writer(subprocess.Popen[str]):
@@ -83,10 +95,11 @@ class PowerCutFS:
             raise RuntimeError(f"power-cut fs daemon died (exit {self.daemon.poll()}) on {line!r}")
         return answer
 
-    def mount(self) -> None:
+    def mount(self, same_boot: bool = False) -> None:
         assert self._cmd("mount") == "mounted"
         self.conn = str(os.stat(self.mnt).st_dev)
-        self.boot_file.write_text(str(uuid.uuid4()) + "\n")
+        if not same_boot:
+            self.boot_file.write_text(str(uuid.uuid4()) + "\n")
 
     def checkpoint(self) -> None:
         """``sync`` then: the dirty pages go to the daemon, and all it holds is durable."""
@@ -168,6 +181,21 @@ class PowerCutFS:
         self.cuts += 1
         self.mount()
         return instant, int(answer[2])
+
+    def failsync(self, path: Path, count: int = 1) -> None:
+        """The next ``count`` fsyncs of the file ``path`` fail with EIO and drop its
+        unsynced data (fs.py ``failsync``)."""
+        answer = self._cmd(f"failsync /{path.relative_to(self.mnt).as_posix()} {count}")
+        assert answer.startswith("failsync ") and "error" not in answer, answer
+
+    def restart(self) -> None:
+        """Every process on the mount is killed and the kernel's page cache of it
+        dropped, the power staying on (same boot): what the daemon holds, synced or
+        not, is what the next process reads - unless a failed sync dropped it."""
+        self._kill_all()
+        self._unmount()
+        assert self._cmd("unmounted") == "unmounted"
+        self.mount(same_boot=True)
 
     def close(self) -> None:
         try:
@@ -270,6 +298,22 @@ def drain(proc: subprocess.Popen[str]) -> list[list[str]]:
     rest = proc.stdout.read()
     proc.stdout.close()
     return [line.split() for line in rest.split("\n")[:-1]]
+
+
+def run_to_exit(proc: Writer, timeout: float) -> tuple[list[list[str]], int]:
+    """Every line of a process that is to die by itself (at its cut point) and its
+    exit status; killed after ``timeout`` seconds (status -9: it never got there)."""
+    def stop() -> None:
+        if proc.poll() is None:
+            proc.kill()
+
+    timer = threading.Timer(timeout, stop)
+    timer.start()
+    try:
+        lines = drain(proc)
+        return lines, proc.wait()
+    finally:
+        timer.cancel()
 
 
 def discard_output(proc: Writer) -> threading.Thread:

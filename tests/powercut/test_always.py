@@ -10,19 +10,19 @@ cut the next writer reopens the log (recovery) and reports what is there.
 
 from __future__ import annotations
 
-import random
 import time
 
 import pytest
 
 from .checks import check_acked_survived
-from .harness import CUTS, PowerCutFS, drain, make_synced_dir, read_lines, read_state, writeback
+from .harness import (
+    CUTS, PowerCutFS, drain, make_synced_dir, read_lines, read_state, seeded, writeback)
 
 
 @pytest.mark.parametrize("mode", ["clean", "pages"])
 def test_always_appends_survive_power_cuts(powercut: PowerCutFS, mode: str) -> None:
     data = make_synced_dir(powercut.mnt / "data")
-    rng = random.Random(f"always-{mode}")
+    rng = seeded(f"always-{mode}")
     acked: dict[tuple[int, int], str] = {}
     started = time.monotonic()
     # The stream and its shard directories exist durably before the first cut:

@@ -8,6 +8,7 @@ anything durable, and a directory entry is durable only after ``fsyncdir``.
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 from pathlib import Path
@@ -126,3 +127,51 @@ def test_ftruncate_through_a_descriptor(powercut: PowerCutFS) -> None:
     _fsync_dir(d)
     powercut.cut("clean", 0)
     assert (d / "f").read_bytes() == b"0123"
+
+
+def test_dirs_mode_keeps_a_prefix_of_unsynced_directory_changes(powercut: PowerCutFS) -> None:
+    """``+dirs``: of the directory changes no fsyncdir made durable, a prefix survives,
+    in order; a rename never loses its file; synced changes always survive."""
+    seen = set()
+    for seed in range(12):
+        d = make_synced_dir(powercut.mnt / f"d{seed}")
+        (d / "synced").write_bytes(b"s")
+        _fsync_dir(d)
+        for name in ("a", "b", "c"):
+            (d / name).write_bytes(name.encode())
+        os.rename(d / "a", d / "a2")
+        os.unlink(d / "synced")
+        powercut.cut("clean+dirs", seed)
+        names = sorted(p.name for p in d.iterdir())
+        prefixes = [["synced"], ["a", "synced"], ["a", "b", "synced"], ["a", "b", "c", "synced"],
+                    ["a", "a2", "b", "c", "synced"], ["a2", "b", "c", "synced"], ["a2", "b", "c"]]
+        assert names in prefixes, f"seed {seed}: {names} is no prefix of the changes"
+        seen.add(len(names) + names.count("a2") * 10)
+        stats = powercut.stats()
+        assert stats["dirs_unsynced"] == 6 and 0 <= stats["dirs_kept"] <= 6
+    assert len(seen) > 2, f"12 resets kept the same prefix lengths: {seen}"
+
+
+def test_failsync_fails_the_next_syncs_and_drops_unsynced_data(powercut: PowerCutFS) -> None:
+    """``failsync``: the next fsync fails (EIO) and drops what was not durable; the one
+    after succeeds with nothing to write (fsyncgate); reading past the page cache
+    (a restart, same boot) shows the durable bytes only."""
+    d = make_synced_dir(powercut.mnt / "d")
+    fd = os.open(d / "f", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        os.pwrite(fd, b"durable!", 0)
+        os.fsync(fd)
+        _fsync_dir(d)
+        os.pwrite(fd, b"volatile", 8)
+        powercut.failsync(d / "f", 1)
+        try:
+            os.fsync(fd)
+            raise AssertionError("the armed fsync succeeded")
+        except OSError as exc:
+            assert exc.errno == errno.EIO
+        os.fsync(fd)  # succeeds: the failed write-back is forgotten
+        assert powercut.stats()["injected"] == 1
+    finally:
+        os.close(fd)
+    powercut.restart()
+    assert (d / "f").read_bytes() == b"durable!"

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from .checks import check_acked_survived
 from .harness import PowerCutFS, drain, make_synced_dir, read_lines, read_state
-from .scenarios import ALLOWANCE_S, INTERVAL_S, lost_batches, run_groups, run_interval
+from .scenarios import ALLOWANCE_S, BOUND_S, INTERVAL_S, lost_batches, run_groups, run_interval
 
 
 def always_appends_survive_one_cut(powercut: PowerCutFS, data: Path) -> None:
@@ -112,7 +112,7 @@ def test_interval_loss_window_within_twice_the_interval(powercut: PowerCutFS) ->
         check = powercut.spawn("dump", data, rnd, 0, "interval", 2, env={"POWERCUT_FROM": json.dumps(
             {f"events/{s}": min(b[1] for b in batches if b[0] == s) for s in (0, 1)})})
         state = read_state(check)
-        lost = lost_batches(state, batches, f"cut {rnd}")
+        lost = lost_batches(state, batches, f"cut {rnd}", pad=3000)
         window = instant - min(b[4] for b in lost) if lost else 0.0
         if window > 2 * INTERVAL_S + ALLOWANCE_S:
             syncs = [(round((t - instant) * 1000), path.rsplit("/", 2)[-2:])
@@ -142,7 +142,7 @@ def test_interval_log_verifies_after_power_cuts(powercut: PowerCutFS) -> None:
     directory fsync, before the newer segments' data is, so the shard is left
     with only empty files (the state file, never synced, still says what it
     said at the last checkpoint)."""
-    run_interval(powercut, "clean", 10 * INTERVAL_S, check_verify=True)
+    run_interval(powercut, "clean", BOUND_S, check_verify=True)
 
 
 def test_interval_log_is_a_prefix_after_power_cuts_pages(powercut: PowerCutFS) -> None:
@@ -154,4 +154,4 @@ def test_interval_log_is_a_prefix_after_power_cuts_pages(powercut: PowerCutFS) -
     written.  After a restart, past the durable point, the first damaged entry
     or gap now ends the log: every batch whole or absent, no hole, and the log
     verifies clean."""
-    run_interval(powercut, "pages", 10 * INTERVAL_S, check_verify=True)
+    run_interval(powercut, "pages", BOUND_S, check_verify=True)

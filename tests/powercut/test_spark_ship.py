@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import subprocess
 import threading
 import time
@@ -54,7 +53,7 @@ import pytest
 from ..support.lake_readers import (
     MAIN_KEYS, REJECT_KEYS, RunCommit, is_table, keys_by_reader, run_commits)
 from .checks import shard_entries
-from .harness import PowerCutFS, Writer, discard_output, drain, make_synced_dir, read_state
+from .harness import PowerCutFS, Writer, discard_output, drain, make_synced_dir, read_state, seeded
 from .scenarios import durable_stream
 
 SPARK_CUTS = int(os.environ.get("POWERCUT_SPARK_CUTS", "15"))
@@ -185,7 +184,7 @@ def spark_ship(powercut: PowerCutFS, data: Path, rnd: int, lake: Path, pause_at:
 def test_spark_ship_to_a_local_lake_exactly_once_across_power_cuts(powercut: PowerCutFS) -> None:
     data = make_synced_dir(powercut.mnt / "data")
     lake = make_synced_dir(powercut.mnt / "lake")
-    rng = random.Random("spark-ship")
+    rng = seeded("spark-ship")
     durable_stream(powercut, data, "interval", ENV)
     started = time.monotonic()
     points = POINTS[:] + ["random"] * max(0, SPARK_CUTS - len(POINTS))

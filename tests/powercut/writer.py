@@ -8,9 +8,13 @@ works until it is killed, printing one line per acknowledged operation:
   returned (t: CLOCK_MONOTONIC, comparable with the cut's instant);
 - ``consume``: a consumer process of group ``g`` (another process than the
   writer, as ``comet ship`` is): ``G shard offset t`` after each ack;
+- ``batches DURABILITY SHARDS``: ``B shard first count tag t`` per acknowledged batch;
+- ``cutpoint DURABILITY``: batches with production chunk sizes (see ``run_cutpoint``);
+- ``fsyncgate DURABILITY``: single appends, failures printed (see ``run_fsyncgate``);
 - ``lifecycle``: creates, appends to (``always``, large entries: frequent
   rotations), runs retention on and deletes streams: ``C name``,
-  ``A name shard entry payload``, ``R segments``, ``D name``;
+  ``A name shard entry payload``, ``R segments``, ``d name`` (a deletion begins),
+  ``D name``;
 - ``ship SINK once|follow`` and ``spark-ship LAKE PAUSE_AT``: the real
   ``comet ship`` / ``comet spark-ship`` commands (test_ship.py,
   test_spark_ship.py), their log lines on stdout (see ``run_ship``).
@@ -23,18 +27,46 @@ instead (a lake's reject); the ``A`` line still gives ``payload``.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
 import struct
 import sys
 import time
+import zlib
 from pathlib import Path
 from typing import TypedDict, Unpack, cast
 
 from storage_c import Config, Durability, Log
 
 SEGMENT = 64 << 10
+MiB = 1 << 20
+
+
+def body(tag: str, limit: int, low: int = 0) -> bytes:
+    """The payload of the entry tagged ``tag``: the tag, then a padding whose length
+    (``low`` to below ``limit``) and bytes follow from the tag, so that a check can
+    rebuild every byte from the acknowledgement line."""
+    n = low + zlib.crc32(tag.encode()) % (limit - low) if limit > low else low
+    fill = b"%08x" % zlib.crc32(tag.encode(), 1)
+    return tag.encode() + b"_" + (fill * (n // 8 + 1))[:n]
+
+
+def digest(payload: bytes) -> str:
+    """What a dump reports of each payload besides its tag: a check compares
+    it with ``digest(body(...))``, i.e. every byte, padding included."""
+    return hashlib.blake2b(payload, digest_size=10).hexdigest()
+
+
+def tag_of(payload: bytes) -> str:
+    """The tag a ``body`` payload starts with; any other payload (the JSON of the lake
+    scenarios, their rejects) whole."""
+    text = payload.decode("utf-8", "replace")
+    head, sep, _ = text.partition("_")
+    return head if sep else text
+
+
 STREAM = "events"
 GROUP = "g"
 
@@ -74,6 +106,44 @@ def raw_offsets(data: Path) -> dict[str, dict[str, int]]:
     return out
 
 
+def raw_ends(data: Path) -> dict[str, int]:
+    """Per shard, the entry after the last whole batch on disk, read from the segment
+    files before any process opens (and recovery repairs, or raises) them: from the
+    first segment on, entries that check out (number, checksum) and run without a
+    gap; the end is after the last one carrying the batch-end bit (FORMAT.md)."""
+    from storage_c.checksum import crc32c
+
+    out = {}
+    for shard in sorted(data.glob("*/shard-*")):
+        end = None
+        expect = None
+        for seg in sorted(shard.glob("*.log")):
+            base = int(seg.name[:-4])
+            if expect is not None and base != expect:
+                break
+            raw = seg.read_bytes()
+            if len(raw) < 64 or raw[:4] == bytes(4):
+                break
+            expect = base if expect is None else expect
+            end = base if end is None else end
+            at = 64
+            while at + 20 <= len(raw):
+                crc, lf, low = struct.unpack_from("<III", raw, at)
+                length = lf & 0x0FFFFFFF
+                if (lf == 0 and crc == 0) or low != expect & 0xFFFFFFFF or at + 20 + length > len(raw):
+                    break
+                check = crc32c(raw[at + 4:at + 20 + length])
+                if ((check >> 15) | (check << 17)) + 0xa282ead8 & 0xFFFFFFFF != crc:
+                    break
+                expect += 1
+                if lf & (1 << 29):
+                    end = expect
+                at += 20 + length
+        if end is not None:
+            out[str(shard.relative_to(data))] = end
+    return out
+
+
 def files(data: Path) -> dict[str, int]:
     """File sizes; a file the open log's retention deletes while this walks is left out."""
     out = {}
@@ -87,7 +157,7 @@ def files(data: Path) -> dict[str, int]:
     return out
 
 
-def dump(log: Log, data: Path, raw: dict) -> dict:
+def dump(log: Log, data: Path, raw: dict, raw_ends: dict[str, int]) -> dict:
     """What survived.  POWERCUT_FROM (JSON {"stream/shard": entry}) lists entries
     from there only (the earlier ones were checked after earlier cuts)."""
     start = json.loads(os.environ.get("POWERCUT_FROM", "{}"))
@@ -99,16 +169,25 @@ def dump(log: Log, data: Path, raw: dict) -> dict:
             entries: list[list[int | str]] = []
             since = max(st.first_entry, start.get(f"{name}/{shard}", 0))
             for batch in log.iter_entries(name, shard, since):
-                entries.extend([e, p.decode().rstrip("x")]
+                entries.extend([e, tag_of(p), digest(p)]
                                for e, p in zip(batch.entries, batch.payloads))
-            shards.append({"first": st.first_entry, "listed_from": since, "next": st.next_entry,
+            # This process's retention (its first pass runs at the open) may have
+            # deleted the oldest segments while they were listed: from its new first
+            # entry on, the listing is whole.
+            first = log.shard_stats(name, shard).first_entry
+            if first > since:
+                since = first
+                entries = [e for e in entries if int(e[0]) >= first]
+            first = max(first, st.first_entry)
+            shards.append({"first": first, "listed_from": since, "next": st.next_entry,
                            "durable": st.durable_entry, "entries": entries,
                            "truncated": st.truncated_entries,
                            "skipped": st.skipped_entries, "crc_failures": st.crc_failures,
+                           "state_rebuilds": st.state_rebuilds, "recoveries": st.recoveries,
                            "groups": {g.name: g.offset for g in log.groups(name, shard)}})
         streams[name] = shards
     report = log.verify()
-    return {"streams": streams, "raw_offsets": raw, "files": files(data),
+    return {"streams": streams, "raw_offsets": raw, "raw_ends": raw_ends, "files": files(data),
             "verify": {"ok": report.ok, "bad_entries": report.bad_entries,
                        "problems": [repr(p) for p in report.problems]}}
 
@@ -120,9 +199,12 @@ def say(line: str) -> None:
 
 def open_and_dump(data: Path, cfg: Config) -> Log:
     raw = raw_offsets(data) if data.exists() else {}
+    ends = raw_ends(data) if data.exists() else {}
+    states = {str(p.parent.relative_to(data)): [p.stat().st_size, p.read_bytes()[:64].hex()]
+              for p in data.glob("*/shard-*/state")} if data.exists() else {}
     try:
         log = Log(data, cfg)
-        say("S " + json.dumps(dump(log, data, raw)))
+        say("S " + json.dumps(dict(dump(log, data, raw, ends), raw_states=states)))
     except Exception as exc:  # reported to the test, which fails with it
         say("E " + json.dumps({"error": f"{type(exc).__name__}: {exc}", "raw_offsets": raw,
                                "files": files(data) if data.exists() else {}}))
@@ -142,11 +224,11 @@ def run_append(data: Path, rnd: int, rng: random.Random, durability: Durability,
             time.sleep(pause)
         payload = f"{rnd}.{seq}"
         pad = b"x" * rng.randrange(200)
-        body = (b'{"p":"%s","pad":"%s"}' % (payload.encode(), pad) if as_json
-                else payload.encode() + pad)
+        data_ = (b'{"p":"%s","pad":"%s"}' % (payload.encode(), pad) if as_json
+                 else body(payload, 200))
         if as_json and bad_every and seq % bad_every == bad_every - 1:
-            body = b"not json " + payload.encode()
-        shard, entry = log.append(STREAM, body, shard=seq % shards)
+            data_ = b"not json " + payload.encode()
+        shard, entry = log.append(STREAM, data_, shard=seq % shards)
         say(f"A {shard} {entry} {payload} {time.monotonic()}")
         seq += 1
 
@@ -166,10 +248,70 @@ def run_batches(data: Path, rnd: int, rng: random.Random, durability: Durability
     while True:
         tag = f"{rnd}.{seq}"
         count = rng.randrange(1, 41)
-        result = log.append_batch(STREAM, [f"{tag}.{i}".encode() + b"x" * rng.randrange(pad)
-                                           for i in range(count)], shard=seq % shards)
+        result = log.append_batch(STREAM, [body(f"{tag}.{i}", pad) for i in range(count)],
+                                  shard=seq % shards)
         say(f"B {seq % shards} {result.first} {count} {tag} {time.monotonic()}")
         seq += 1
+
+
+CUT_SEGMENT = 4 * MiB + 256 * 1024
+"""The segment size of ``cutpoint``: the default 4 MiB chunk and then some, so that
+growth runs every step production runs (64 KiB first, doubled up to the 4 MiB chunk,
+then a last, partial chunk) before each rotation."""
+
+
+def cutpoint_config(durability: Durability, retention: bool = True) -> Config:
+    """Without ``retention`` (the checking process): nothing is deleted while it lists."""
+    return Config(shards=1, segment_bytes=CUT_SEGMENT, durability=durability,
+                  fsync_interval_ms=int(os.environ.get("POWERCUT_FSYNC_MS", "100")),
+                  compression_threshold=0,
+                  retention_max_shard_bytes=2 * CUT_SEGMENT + 2 * MiB if retention else 0,
+                  retention_interval_ms=100 if retention else 0,
+                  retention_protect_unconsumed=False)
+
+
+def run_cutpoint(data: Path, rnd: int, rng: random.Random, durability: Durability) -> None:
+    """Batches of 1-40 entries of up to 6000 bytes to one shard with the default
+    chunk size (``cutpoint_config``), retention at about two segments (its unlinks:
+    every rotation after the second), and group ``g`` acknowledged by this process
+    after each batch, a random few entries short of its end: the append, growth,
+    rotation, retention and offsets cut points all come by within ~10 MiB.
+    Lines: ``B 0 first count tag t`` and ``G 0 offset t`` (none with POWERCUT_ACK=0)."""
+    log = open_and_dump(data, cutpoint_config(durability))
+    if STREAM not in log.streams():
+        log.create_stream(STREAM, 1)
+    group = log.group(STREAM, 0, GROUP)
+    acks = os.environ.get("POWERCUT_ACK", "1") == "1"
+    seq = 0
+    while True:
+        tag = f"{rnd}.{seq}"
+        count = rng.randrange(1, 41)
+        result = log.append_batch(STREAM, [body(f"{tag}.{i}", 6000) for i in range(count)],
+                                  shard=0)
+        say(f"B 0 {result.first} {count} {tag} {time.monotonic()}")
+        if acks:
+            offset = group.ack(result.first + count - 1 - rng.randrange(count))
+            say(f"G 0 {offset} {time.monotonic()}")
+        seq += 1
+
+
+def run_fsyncgate(data: Path, rnd: int, rng: random.Random, durability: Durability) -> None:
+    """Single appends to one shard, ``A 0 entry tag t`` each; an append that fails
+    prints ``F ErrorClass t`` and the next is tried 10 ms later (a client retrying):
+    after a failed sync (the test arms fs.py's ``failsync``) every append must fail."""
+    log = open_and_dump(data, config(durability, 1))
+    seq = 0
+    while True:
+        tag = f"{rnd}.{seq}"
+        try:
+            _, entry = log.append(STREAM, body(tag, 200), shard=0)
+        except Exception as exc:  # noqa: BLE001 - the test names the class it expects
+            say(f"F {type(exc).__name__} {time.monotonic()}")
+            time.sleep(0.01)
+            continue
+        say(f"A 0 {entry} {tag} {time.monotonic()}")
+        seq += 1
+        time.sleep(0.002)  # a few hundred appends per second: the flusher's syncs interleave
 
 
 def run_consume(data: Path, rnd: int, rng: random.Random, shards: int) -> None:
@@ -185,6 +327,9 @@ def run_consume(data: Path, rnd: int, rng: random.Random, shards: int) -> None:
                 moved = True
         if not moved:
             time.sleep(0.001)  # nothing to consume yet: the writer is another process
+
+
+LIFECYCLE_PAD = (2000, 9000)  # payload sizes of ``lifecycle``: a rotation every few appends
 
 
 def run_lifecycle(data: Path, rnd: int, rng: random.Random) -> None:
@@ -204,6 +349,7 @@ def run_lifecycle(data: Path, rnd: int, rng: random.Random) -> None:
             say(f"C {name}")
         elif action < 0.12 and len(live) > 1:
             name = live.pop(rng.randrange(len(live)))
+            say(f"d {name}")  # under way: a cut now may leave it or not
             log.delete_stream(name)
             say(f"D {name}")
         elif action < 0.2:
@@ -213,7 +359,7 @@ def run_lifecycle(data: Path, rnd: int, rng: random.Random) -> None:
             name = rng.choice(live)
             payload = f"{rnd}.{seq}"
             seq += 1
-            _, entry = log.append(name, payload.encode() + b"x" * rng.randrange(2000, 9000),
+            _, entry = log.append(name, body(payload, LIFECYCLE_PAD[1], LIFECYCLE_PAD[0]),
                                   shard=0)
             say(f"A {name} 0 {entry} {payload}")
 
@@ -311,6 +457,10 @@ def main() -> None:
         run_append(data, rnd, rng, cast(Durability, sys.argv[5]), int(sys.argv[6]))
     elif mode == "batches":
         run_batches(data, rnd, rng, cast(Durability, sys.argv[5]), int(sys.argv[6]))
+    elif mode == "cutpoint":
+        run_cutpoint(data, rnd, rng, cast(Durability, sys.argv[5]))
+    elif mode == "fsyncgate":
+        run_fsyncgate(data, rnd, rng, cast(Durability, sys.argv[5]))
     elif mode == "consume":
         run_consume(data, rnd, rng, int(sys.argv[5]))
     elif mode == "lifecycle":
@@ -319,6 +469,8 @@ def main() -> None:
         run_ship(data, rnd, [mode, *sys.argv[5:]])
     elif mode == "dump":
         open_and_dump(data, config(cast(Durability, sys.argv[5]), int(sys.argv[6])))
+    elif mode == "cutdump":
+        open_and_dump(data, cutpoint_config(cast(Durability, sys.argv[5]), retention=False))
     else:
         raise SystemExit(f"unknown mode {mode}")
 
