@@ -56,7 +56,7 @@ int shard_open(comet_stream *stream, uint32_t id, shard **out)
     }
     /* Openers are serialised: state validation, lock re-initialisation after
      * a reboot, and the first recovery happen one process at a time. */
-    while (flock(sh->state_fd, LOCK_EX) && errno == EINTR)
+    while (sys_flock(sh->state_fd, LOCK_EX) && errno == EINTR)
         ;
     int rebuilt = 0, due = 0;
     rc = state_open(sh, &rebuilt);
@@ -78,8 +78,8 @@ int shard_open(comet_stream *stream, uint32_t id, shard **out)
             pthread_mutex_unlock(&sh->st->append_lock.mutex);
         }
     }
-    flock(sh->state_fd, LOCK_UN);
-    close(sh->state_fd);
+    sys_flock(sh->state_fd, LOCK_UN);
+    sys_close(sh->state_fd);
     sh->state_fd = -1;
     if (rc)
         goto fail;
@@ -104,7 +104,7 @@ void shard_close(shard *sh)
     shard_release(sh);
     pthread_mutex_destroy(&sh->cache_lock);
     if (sh->state_fd >= 0)
-        close(sh->state_fd);
+        sys_close(sh->state_fd);
     free(sh);
 }
 
