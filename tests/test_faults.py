@@ -16,7 +16,7 @@ from typing import Any, Iterable
 import pytest
 
 from storage_c import Config, Log, StorageFull, StorageIOError
-from storage_c.testing import KINDS, MAP, NAME, OPEN, SIZE, SYNC, faults
+from storage_c.testing import KINDS, MAP, NAME, OPEN, READ, SIZE, SYNC, faults
 
 from .support import fault_worker
 from .support.storage import fill
@@ -215,6 +215,22 @@ def test_a_read_error_on_a_segment_header_is_a_named_error_not_an_orphan(data_di
     segments = sorted(p.name for p in (data_dir / "s" / "shard-0000").glob("*.log"))
     assert len(segments) >= 3
     assert any(segments[-1] in message for message in named), (segments, named)
+
+
+def test_a_verify_that_cannot_read_a_segment_fails_instead_of_reporting_damage(
+        data_dir: Path) -> None:
+    """A read error on the sealed segments' headers while verify loads them:
+    an error to the caller, not entries reported bad (an operator would
+    restore a healthy directory from backup)."""
+    run("write", data_dir, "[]", 1000, "always")
+    with Log(data_dir, fault_worker.config()) as log:
+        assert list(log.read("s", 0, 0, 1).entries) == [0]  # the shard open, the first segment loaded
+        with faults(READ, err=errno.EIO, persist=True) as plan:
+            with pytest.raises(StorageIOError, match="cannot read the header of segment"):
+                log.verify("s")
+        assert plan.fired >= 1
+        report = log.verify("s")
+        assert report.bad_entries == 0 and report.entries == 1000
 
 
 WALK = [  # kinds, errno or "short", count (0: from then on), whether the run must succeed
