@@ -56,8 +56,10 @@ int shard_open(comet_stream *stream, uint32_t id, shard **out)
     }
     /* Openers are serialised: state validation, lock re-initialisation after
      * a reboot, and the first recovery happen one process at a time. */
-    while (sys_flock(sh->state_fd, LOCK_EX) && errno == EINTR)
-        ;
+    if (sys_flock(sh->state_fd, LOCK_EX)) { /* never unserialised (EINTR is retried) */
+        rc = set_errno_error(errno, "cannot lock %s", path);
+        goto fail;
+    }
     int rebuilt = 0, due = 0;
     rc = state_open(sh, &rebuilt);
     if (!rc)
