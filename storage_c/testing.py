@@ -2,14 +2,21 @@
 
 Every call the core makes to the operating system goes through one table
 (``storage_c/src/sys.h``).  ``faults`` makes the Nth call of chosen kinds fail
-with an errno, once or from then on; ``clock_shifted`` moves the clocks the
-core reads, so that a test can age data without sleeping.  Both are
-process-wide: use them from one thread, and never in production.
+with an errno, once or from then on; ``fault_plan`` puts several rules in
+force at once (each its kinds, nth call, how many calls, errno; ``SHORT``
+shortens reads and writes, ``errno.EINTR`` interrupts calls, which the core
+must retry); ``clock_shifted`` moves the clocks the core reads, so that a
+test can age data without sleeping.  All are process-wide: use them from one
+thread, and never in production.
 
     with faults(SYNC, nth=1, err=errno.EIO) as plan:
         with pytest.raises(CometIOError):
             log.sync("s")
     assert plan.fired == 1
+
+    with fault_plan(Rule(READ | WRITE, err=SHORT, count=0),
+                    Rule(SYNC, nth=3, err=errno.EROFS)):
+        ...
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterator
 
-from ._comet import lib
+from ._comet import ffi, lib
 
 OPEN = lib.COMET_FAULT_OPEN        # open, opendir
 SIZE = lib.COMET_FAULT_SIZE        # fallocate, ftruncate, pwrite
@@ -29,7 +36,31 @@ NAME = lib.COMET_FAULT_NAME        # rename, link, mkdir
 REMOVE = lib.COMET_FAULT_REMOVE    # unlink, rmdir
 READDIR = lib.COMET_FAULT_READDIR  # readdir
 ALLOC = lib.COMET_FAULT_ALLOC      # malloc, calloc, realloc
+READ = lib.COMET_FAULT_READ        # pread, read
+WRITE = lib.COMET_FAULT_WRITE      # pwrite (also a SIZE call), write
+UNMAP = lib.COMET_FAULT_UNMAP      # munmap, madvise
+CLOSE = lib.COMET_FAULT_CLOSE      # close, closedir
+STAT = lib.COMET_FAULT_STAT        # fstat, stat
+LOCK = lib.COMET_FAULT_LOCK        # flock, fcntl record locks
 ALL = lib.COMET_FAULT_ALL
+KINDS = {"open": OPEN, "size": SIZE, "map": MAP, "sync": SYNC, "name": NAME, "remove": REMOVE,
+         "readdir": READDIR, "alloc": ALLOC, "read": READ, "write": WRITE, "unmap": UNMAP,
+         "close": CLOSE, "stat": STAT, "lock": LOCK}
+
+SHORT = lib.COMET_FAULT_SHORT      # err: a read or write moves half of what it was asked
+CRASH = lib.COMET_FAULT_CRASH      # err: the process dies at that call (exit CRASH_EXIT)
+CRASH_EXIT = lib.COMET_FAULT_CRASH_EXIT
+
+
+@dataclass(frozen=True)
+class Rule:
+    """The ``nth`` call of ``kinds`` (1: the next, counted from the arming)
+    and the ``count - 1`` after it fail with ``err``; ``count=0``: every
+    later one too."""
+    kinds: int
+    nth: int = 1
+    count: int = 1
+    err: int = errno.EIO
 
 
 @dataclass
@@ -58,6 +89,22 @@ def faults(kinds: int, nth: int = 1, err: int = errno.EIO, *,
         yield FaultPlan(kinds, nth)
     finally:
         lib.comet_fault_disarm()
+
+
+@contextmanager
+def fault_plan(*rules: Rule) -> Iterator[FaultPlan]:
+    """Every rule in force at once inside the block (their calls and fired
+    counts add up in the plan); cleared on leaving it."""
+    lib.comet_fault_clear()
+    try:
+        for r in rules:
+            rule = ffi.new("comet_fault_rule *", {"kinds": r.kinds, "nth": r.nth,
+                                                    "count": r.count, "err": r.err})
+            if lib.comet_fault_add(rule) != 0:
+                raise ValueError(f"fault rule refused: {r} (EINTR for ever, no kind, or too many rules)")
+        yield FaultPlan(ALL, rules[0].nth if rules else 1)
+    finally:
+        lib.comet_fault_clear()
 
 
 @contextmanager

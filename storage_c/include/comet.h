@@ -488,11 +488,12 @@ int comet_crc32c_hw_available(void);
 
 /* ---- Testing: injected faults and a movable clock (sys.c) ---------------
  * Every call the core makes to the operating system goes through one table
- * (src/sys.h).  After comet_fault_arm, the nth call (1 = the next) of one of
- * `kinds` fails with errno `err`; with `persist`, every later call of those
- * kinds fails too (a disk that stays broken).  comet_clock_shift moves both
- * clocks the core reads (cumulative), to age data without sleeping.  Process-
- * wide and for tests: a production process never arms them. */
+ * (src/sys.h).  A fault plan is a set of rules, all in force at once: each
+ * counts the calls of its `kinds` from the moment it is added, and makes the
+ * nth of them (1 = the next) and the count - 1 after it fail with `err`, or
+ * every later one when count is 0 (a disk that stays broken).  comet_clock_shift
+ * moves both clocks the core reads (cumulative), to age data without
+ * sleeping.  Process-wide and for tests: a production process never arms them. */
 #define COMET_FAULT_OPEN 0x01u    /* open, opendir */
 #define COMET_FAULT_SIZE 0x02u    /* fallocate, ftruncate, pwrite */
 #define COMET_FAULT_MAP 0x04u     /* mmap */
@@ -501,16 +502,46 @@ int comet_crc32c_hw_available(void);
 #define COMET_FAULT_REMOVE 0x20u  /* unlink, rmdir */
 #define COMET_FAULT_READDIR 0x40u /* readdir */
 #define COMET_FAULT_ALLOC 0x80u   /* malloc, calloc, realloc */
-#define COMET_FAULT_ALL 0xFFu
+#define COMET_FAULT_READ 0x100u   /* pread, read */
+#define COMET_FAULT_WRITE 0x200u  /* pwrite (also a SIZE call), write */
+#define COMET_FAULT_UNMAP 0x400u  /* munmap, madvise */
+#define COMET_FAULT_CLOSE 0x800u  /* close, closedir */
+#define COMET_FAULT_STAT 0x1000u  /* fstat, stat */
+#define COMET_FAULT_LOCK 0x2000u  /* flock, fcntl record locks */
+#define COMET_FAULT_ALL 0x3FFFu
 /* err COMET_FAULT_CRASH: the process dies at that call instead (_exit with
  * COMET_FAULT_CRASH_EXIT, before the call is made), as a kill -9 there would
  * leave it: what it wrote through its mappings stays, the rest never happens. */
 #define COMET_FAULT_CRASH (-1)
 #define COMET_FAULT_CRASH_EXIT 77
+/* err COMET_FAULT_SHORT: a read or write (READ, WRITE kinds) moves half of
+ * the bytes asked (at least one) and returns that count, as a signal or a
+ * full disk can make it; calls of other kinds, and of one byte, are not
+ * shortened (and not counted as fired).  err EINTR: the call is interrupted
+ * before it starts; the core retries it (except close, which Linux has
+ * closed already), so the operation must succeed as if nothing happened. */
+#define COMET_FAULT_SHORT (-2)
+#define COMET_FAULT_MAX_RULES 16
+typedef struct comet_fault_rule {
+    unsigned kinds; /* COMET_FAULT_* mask */
+    long nth;       /* the first call to fail, among this rule's kinds (1 = the next) */
+    long count;     /* calls failing from the nth on; 0: every later one */
+    int err;        /* an errno value, COMET_FAULT_CRASH or COMET_FAULT_SHORT */
+} comet_fault_rule;
+/* Adds a rule to the plan: 0, or COMET_E_INVALID when the plan is full, the
+ * rule has no kind, or it asks EINTR for ever (the core retries EINTR, so it
+ * would never return). */
+int comet_fault_add(const comet_fault_rule *rule);
+/* Removes every rule; comet_fault_calls/fired keep their values until the
+ * next add or arm. */
+void comet_fault_clear(void);
+/* A plan of one rule: comet_fault_clear, then the nth call of `kinds` fails
+ * with `err` (EIO when 0), once, or with `persist` every later one too.  A
+ * persistent EINTR is refused as comet_fault_add refuses it (nothing armed). */
 void comet_fault_arm(unsigned kinds, long nth, int err, int persist);
-void comet_fault_disarm(void);
-long comet_fault_calls(void); /* calls of the armed kinds since the arming */
-long comet_fault_fired(void); /* of those, how many were made to fail */
+void comet_fault_disarm(void); /* comet_fault_clear */
+long comet_fault_calls(void); /* calls counted by the plan's rules since they were added */
+long comet_fault_fired(void); /* of those, how many were made to fail (or were shortened) */
 void comet_clock_shift(int64_t ns);
 
 /* ---- Testing: named cut points (src/cutpoint.h) -------------------------

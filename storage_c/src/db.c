@@ -30,7 +30,7 @@ static void remove_deleted_leftovers(const char *path)
         if (strncmp(de->d_name, DELETED_PREFIX, strlen(DELETED_PREFIX)) == 0 &&
             !path_format(sub, "%s/%s", path, de->d_name))
             remove_tree(sub);
-    closedir(d);
+    sys_closedir(d);
 }
 
 void comet_config_default(comet_config *cfg)
@@ -193,7 +193,7 @@ int comet_open(const char *path, const comet_config *cfg, comet_db **out)
     if (strlen(path) + 1 + COMET_STREAM_NAME_MAX + 64 >= COMET_PATH_MAX)
         return set_error(COMET_E_INVALID, "data directory path is too long");
     struct stat sb;
-    if (stat(path, &sb)) {
+    if (sys_stat(path, &sb)) {
         if (errno != ENOENT || !(cfg->flags & COMET_OPEN_CREATE))
             return set_errno_error(errno, "cannot open data directory %s", path);
         if (sys_mkdir(path, 0755) && errno != EEXIST)

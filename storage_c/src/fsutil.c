@@ -8,6 +8,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -35,22 +36,39 @@ static int hex_value(char c)
     return -1;
 }
 
-void read_boot_id(uint8_t out[16])
+int read_boot_id(uint8_t out[16])
 {
-    char text[64];
-    memset(out, 0, 16);
-    long n = read_file_prefix("/proc/sys/kernel/random/boot_id", text, sizeof text - 1, NULL);
-    if (n <= 0) /* unknown: zeros (the message set by a failure is of no use) */
-        return;
-    text[n] = 0;
-    int nibbles = 0;
-    for (const char *p = text; *p && nibbles < 32; p++) {
-        int v = hex_value(*p);
-        if (v < 0)
-            continue;
-        out[nibbles / 2] |= (uint8_t)(nibbles % 2 ? v : v << 4);
-        nibbles++;
+    /* Read once per process: it cannot change while the process lives. */
+    static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+    static uint8_t cached[16];
+    static int known;
+    pthread_mutex_lock(&lock);
+    int rc = 0;
+    if (!known) {
+        char text[64];
+        int missing = 0;
+        long n = read_file_prefix("/proc/sys/kernel/random/boot_id", text, sizeof text - 1, &missing);
+        if (n < 0 && !missing) {
+            rc = (int)n; /* the message names the file */
+            goto out;
+        }
+        if (n < 0)
+            n = 0; /* no such file (no /proc): zeros, as every process of this machine reads */
+        text[n] = 0;
+        int nibbles = 0;
+        for (const char *p = text; *p && nibbles < 32; p++) {
+            int v = hex_value(*p);
+            if (v < 0)
+                continue;
+            cached[nibbles / 2] |= (uint8_t)(nibbles % 2 ? v : v << 4);
+            nibbles++;
+        }
+        known = 1;
     }
+out:
+    memcpy(out, cached, 16);
+    pthread_mutex_unlock(&lock);
+    return rc;
 }
 
 int path_format(char *out, const char *fmt, ...)
@@ -68,7 +86,7 @@ int fsync_dir(const char *dir)
     if (fd < 0)
         return set_errno_error(errno, "cannot open directory %s", dir);
     int rc = sys_fsync(fd) ? set_errno_error(errno, "cannot sync directory %s", dir) : 0;
-    close(fd);
+    sys_close(fd);
     return rc;
 }
 
@@ -114,7 +132,7 @@ int create_file_exclusive(const char *dir, const char *name, const void *data, s
     const uint8_t *p = data;
     size_t left = len;
     while (left && !err) {
-        ssize_t w = write(fd, p, left);
+        ssize_t w = sys_write(fd, p, left);
         if (w < 0 && errno != EINTR)
             err = errno;
         else if (w > 0) {
@@ -124,7 +142,7 @@ int create_file_exclusive(const char *dir, const char *name, const void *data, s
     }
     if (!err && sys_fsync(fd))
         err = errno;
-    close(fd);
+    sys_close(fd);
     int rc = err ? set_errno_error(err, "cannot write %s", tmp) : 0;
     if (!rc && sys_link(tmp, final))
         rc = errno == EEXIST ? FILE_EXISTS : set_errno_error(errno, "cannot create %s", final);
@@ -143,24 +161,24 @@ long read_file_prefix(const char *path, void *buf, size_t len, int *missing)
         return set_errno_error(errno, "cannot open %s", path);
     size_t got = 0;
     while (got < len) {
-        ssize_t r = pread(fd, (uint8_t *)buf + got, len - got, (off_t)got);
+        ssize_t r = sys_pread(fd, (uint8_t *)buf + got, len - got, (off_t)got);
         if (r < 0) {
             if (errno == EINTR)
                 continue;
             int rc = set_errno_error(errno, "cannot read %s", path);
-            close(fd);
+            sys_close(fd);
             return rc;
         }
         if (r == 0)
             break;
         got += (size_t)r;
     }
-    close(fd);
+    sys_close(fd);
     return (long)got;
 }
 
 uint64_t file_disk_bytes(const char *path)
 {
     struct stat sb;
-    return stat(path, &sb) ? 0 : (uint64_t)sb.st_blocks * 512;
+    return sys_stat(path, &sb) ? 0 : (uint64_t)sb.st_blocks * 512;
 }

@@ -18,8 +18,11 @@
 int64_t now_ns(void);        /* CLOCK_REALTIME */
 int64_t monotonic_ns(void);  /* CLOCK_MONOTONIC */
 
-/* The running kernel's boot id (16 bytes); zeros when unknown. */
-void read_boot_id(uint8_t out[16]);
+/* The running kernel's boot id (16 bytes; zeros when the kernel has none):
+ * 0, or a COMET_E_* code when it cannot be read.  A boot id that differs from
+ * a file's means "rebooted: reset its locks", so a failed read must never
+ * pass for one (it would reset locks that living processes hold). */
+int read_boot_id(uint8_t out[16]);
 
 /* snprintf into a PATH_MAX buffer; returns COMET_E_INVALID when too long. */
 int path_format(char *out, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

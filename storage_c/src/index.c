@@ -49,7 +49,7 @@ static int write_index(const char *dir, uint32_t shard_id, uint64_t base, uint32
         return set_errno_error(errno, "cannot create index %s", tmp);
     int rc = preallocate(fd, file_bytes(capacity), tmp);
     if (rc) {
-        close(fd);
+        sys_close(fd);
         sys_unlink(tmp);
         return rc;
     }
@@ -73,11 +73,11 @@ static int write_index(const char *dir, uint32_t shard_id, uint64_t base, uint32
                 : -1;
     if (w != (ssize_t)sizeof head || sys_fdatasync(fd)) { /* content durable before the name */
         int err = errno ? errno : EIO;
-        close(fd);
+        sys_close(fd);
         sys_unlink(tmp);
         return set_errno_error(err, "cannot write index %s", final);
     }
-    close(fd);
+    sys_close(fd);
     if (sys_rename(tmp, final)) {
         int err = errno;
         sys_unlink(tmp);
@@ -114,23 +114,31 @@ int index_map(segment *seg, const char *dir, uint32_t shard_id)
     segment_path(path, dir, seg->base, INDEX_SUFFIX);
     seg->index_ok = 0;
     int fd = sys_open(path, O_RDWR | O_CLOEXEC, 0);
-    if (fd < 0)
-        return 0;
+    if (fd < 0) /* missing: rebuilt; unreadable: an error, never taken for damage */
+        return errno == ENOENT ? 0 : set_errno_error(errno, "cannot open index %s", path);
     struct stat sb;
     index_header h;
-    if (fstat(fd, &sb) || sb.st_size < INDEX_RECORDS_OFFSET ||
-        pread(fd, &h, sizeof h, 0) != (ssize_t)sizeof h || h.magic != MAGIC_INDEX ||
+    memset(&h, 0, sizeof h);
+    ssize_t got = 0;
+    if (sys_fstat(fd, &sb) || (sb.st_size >= INDEX_RECORDS_OFFSET &&
+                               (got = sys_pread(fd, &h, sizeof h, 0)) < 0)) {
+        int rc = set_errno_error(errno, "cannot read index %s", path);
+        sys_close(fd);
+        return rc;
+    }
+    if (sb.st_size < INDEX_RECORDS_OFFSET || got != (ssize_t)sizeof h || h.magic != MAGIC_INDEX ||
         h.version != FORMAT_VERSION || h.header_crc != crc32c_header(&h) ||
         h.base_entry != seg->base || h.shard_id != shard_id || h.interval_bytes < 64 ||
         (uint64_t)sb.st_size < file_bytes(h.capacity)) {
-        close(fd);
+        sys_close(fd);
         return 0;
     }
     size_t bytes = file_bytes(h.capacity);
     void *map = sys_mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    close(fd);
+    int err = errno;
+    sys_close(fd);
     if (map == MAP_FAILED)
-        return 0;
+        return set_errno_error(err, "cannot map index %s", path);
     seg->index_map = map;
     seg->index_map_bytes = bytes;
     seg->index_capacity = h.capacity;
@@ -148,7 +156,7 @@ int index_map(segment *seg, const char *dir, uint32_t shard_id)
 void index_unmap(segment *seg)
 {
     if (seg->index_map)
-        munmap(seg->index_map, seg->index_map_bytes);
+        sys_munmap(seg->index_map, seg->index_map_bytes);
     seg->index_map = NULL;
     seg->index_map_bytes = 0;
     seg->index_capacity = 0;
@@ -278,7 +286,10 @@ int index_rebuild(segment *seg, const char *dir, uint32_t shard_id, uint64_t end
     free(records);
     if (rc)
         return rc;
-    if (!index_map(seg, dir, shard_id))
+    rc = index_map(seg, dir, shard_id);
+    if (rc < 0)
+        return rc;
+    if (!rc)
         return set_error(COMET_E_IO, "rebuilt index of segment %" PRIu64 " does not map",
                          seg->base);
     return 0;

@@ -81,7 +81,7 @@ uint64_t recycle_spare_bytes(const shard *sh);
 uint64_t recycle_drop(shard *sh);
 /* Recovery: when the file named as segment base is a recycled one whose new
  * header was lost (it says an older base), gives it back (spare, or unlinked)
- * and returns 1; else 0. */
+ * and returns 1; else 0; a COMET_E_* code when its header cannot be read. */
 int recycle_stale(shard *sh, uint64_t base);
 int recycle_is_stale(const shard *sh, uint64_t base); /* the test of recycle_stale */
 /* Maps the file and its index (seg->map is NULL before). */
@@ -115,8 +115,10 @@ static inline _Atomic uint32_t *index_count_ptr(const segment *seg)
 int index_create(const char *dir, uint32_t shard_id, uint64_t base, uint64_t capacity,
                  uint32_t interval);
 /* Maps seg's index file: 1 with seg->index_ok set, or 0 when the index is
- * missing, inconsistent or cannot be mapped.  Not a failure: entries are then
- * located by scanning until the index is rebuilt (segcache.c, recovery.c). */
+ * missing or inconsistent.  Not a failure: entries are then located by
+ * scanning until the index is rebuilt (segcache.c, recovery.c).  An index
+ * that cannot be opened, read or mapped (EIO, EMFILE, ENOMEM...) is a
+ * COMET_E_* code: an I/O error is never taken for damage and "repaired". */
 int index_map(segment *seg, const char *dir, uint32_t shard_id);
 void index_unmap(segment *seg);
 /* Whether the mapped index has a record slot for every interval of capacity. */

@@ -103,19 +103,19 @@ int offsets_open(shard *sh)
         return set_errno_error(errno, "cannot open %s", path);
     struct stat sb;
     int rc = 0;
-    if (fstat(fd, &sb))
+    if (sys_fstat(fd, &sb))
         rc = set_errno_error(errno, "cannot stat %s", path);
     else if (sb.st_size < OFFSETS_FILE_BYTES) {
         rc = preallocate(fd, OFFSETS_FILE_BYTES, path);
     }
     if (rc) {
-        close(fd);
+        sys_close(fd);
         return rc;
     }
     void *map = sys_mmap(NULL, OFFSETS_FILE_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (map == MAP_FAILED) {
         rc = set_errno_error(errno, "cannot map %s", path);
-        close(fd);
+        sys_close(fd);
         return rc;
     }
     sh->offsets = map;
@@ -145,10 +145,10 @@ int offsets_open(shard *sh)
 void offsets_close(shard *sh)
 {
     if (sh->offsets)
-        munmap(sh->offsets, OFFSETS_FILE_BYTES);
+        sys_munmap(sh->offsets, OFFSETS_FILE_BYTES);
     sh->offsets = NULL;
     if (sh->offsets_fd >= 0)
-        close(sh->offsets_fd);
+        sys_close(sh->offsets_fd);
     sh->offsets_fd = -1;
 }
 

@@ -69,7 +69,7 @@ static void remove_temp_files(const char *dir)
             path_format(path, "%s/%s", dir, de->d_name) == 0)
             sys_unlink(path);
     }
-    closedir(d);
+    sys_closedir(d);
 }
 
 /* End of the non-zero bytes at or after from: stops after a run of zeros. */
@@ -99,14 +99,23 @@ static uint64_t nonzero_end(const segment *seg, uint64_t from, uint64_t at_least
     return end;
 }
 
-static void set_aside(shard *sh, uint64_t base, int has_data)
+/* Only ever from what was read: a header that cannot be read stops recovery
+ * (*fatal) before anything is renamed. */
+static void set_aside(shard *sh, int *fatal, uint64_t base, int has_data)
 {
     char path[COMET_PATH_MAX], idx[COMET_PATH_MAX], orphan[COMET_PATH_MAX];
+    if (*fatal)
+        return;
+    int stale = recycle_stale(sh, base); /* never written: its earlier life's bytes */
+    if (stale < 0) {
+        *fatal = stale;
+        return;
+    }
     segment_path(path, sh->dir, base, SEGMENT_SUFFIX);
     segment_path(idx, sh->dir, base, INDEX_SUFFIX);
     sys_unlink(idx);
     cut_point(CUT_RECOVERY_SET_ASIDE);
-    if (recycle_stale(sh, base)) /* never written: its earlier life's bytes */
+    if (stale)
         return;
     if (has_data) {
         segment_path(orphan, sh->dir, base, SEGMENT_SUFFIX ORPHAN_SUFFIX);
@@ -172,9 +181,10 @@ typedef struct holds {
     int fatal; /* an error that must stop recovery */
 } holds;
 
-/* A segment that cannot be loaded is damaged (NULL), unless it was written by
- * another format version: then recovery stops with that error rather than
- * setting aside data it cannot judge. */
+/* A segment that cannot be loaded is damaged (NULL) when what was read says
+ * so (COMET_E_CORRUPT: bad header, missing).  Any other failure (a read
+ * error, another format version, no memory, EROFS...) stops recovery with
+ * that error rather than setting aside data it could not judge. */
 static segment *hold(holds *h, uint64_t base)
 {
     if (h->n == h->cap) {
@@ -191,7 +201,7 @@ static segment *hold(holds *h, uint64_t base)
     int rc = shard_segment_get(h->sh, base, &seg);
     if (seg)
         h->seg[h->n++] = seg;
-    else if (rc == COMET_E_FORMAT_VERSION || rc == COMET_E_NOMEM || rc == COMET_E_IO)
+    else if (rc != COMET_E_CORRUPT)
         h->fatal = rc;
     return seg;
 }
@@ -485,7 +495,7 @@ static void end_at_stale(repair *r, size_t from)
         segment *later = k == from ? NULL : hold(&r->h, r->bases[k]);
         if (r->h.fatal)
             return;
-        set_aside(r->sh, r->bases[k], later && segment_has_data(later));
+        set_aside(r->sh, &r->h.fatal, r->bases[k], later && segment_has_data(later));
     }
     r->n = from;
     r->changed = 1;
@@ -499,7 +509,7 @@ static void end_from(repair *r, size_t from)
         segment *seg = hold(&r->h, r->bases[k]);
         if (r->h.fatal)
             return;
-        set_aside(r->sh, r->bases[k], !r->limited && seg && segment_has_data(seg));
+        set_aside(r->sh, &r->h.fatal, r->bases[k], !r->limited && seg && segment_has_data(seg));
         r->changed = 1;
     }
     r->n = from;
@@ -517,7 +527,7 @@ static int next_segment(repair *r)
         return 0;
     }
     if (!r->seg) { /* its header cannot be read: nothing of it can be served */
-        set_aside(r->sh, r->bases[r->i], 1);
+        set_aside(r->sh, &r->h.fatal, r->bases[r->i], 1);
         r->changed = 1;
     }
     size_t j = r->i + 1;
@@ -525,7 +535,7 @@ static int next_segment(repair *r)
         segment *later = hold(&r->h, r->bases[j]);
         if (r->h.fatal)
             return 0;
-        set_aside(r->sh, r->bases[j], segment_has_data(later));
+        set_aside(r->sh, &r->h.fatal, r->bases[j], segment_has_data(later));
         r->changed = 1;
     }
     if (j >= r->n)
@@ -542,7 +552,12 @@ static int next_segment(repair *r)
             r->gap_at = j;
         }
     }
-    if (recycle_is_stale(r->sh, r->bases[j])) {
+    int stale = recycle_is_stale(r->sh, r->bases[j]);
+    if (stale < 0) {
+        r->h.fatal = stale;
+        return 0;
+    }
+    if (stale) {
         /* A recycled file whose new header never reached the disk: nothing
          * of it, nor of any later segment, was ever made durable (a sync
          * covers every segment up to the active one).  The log ends here. */

@@ -63,7 +63,7 @@ uint64_t recycle_spare_bytes(const shard *sh)
 {
     char path[COMET_PATH_MAX];
     struct stat sb;
-    if (!recycling_on(sh) || spare_path(sh, path) || stat(path, &sb))
+    if (!recycling_on(sh) || spare_path(sh, path) || sys_stat(path, &sb))
         return 0;
     return (uint64_t)sb.st_size;
 }
@@ -73,11 +73,11 @@ int recycle_keep(shard *sh, uint64_t base)
     const comet_config *cfg = &sh->stream->db->cfg;
     char from[COMET_PATH_MAX], to[COMET_PATH_MAX];
     struct stat sb;
-    if (!recycling_on(sh) || spare_path(sh, to) || stat(to, &sb) == 0)
+    if (!recycling_on(sh) || spare_path(sh, to) || sys_stat(to, &sb) == 0)
         return 0;
     segment_path(from, sh->dir, base, SEGMENT_SUFFIX);
     /* Only a full-size file is worth keeping: it is what a rotation needs. */
-    if (stat(from, &sb) || (uint64_t)sb.st_size < cfg->segment_bytes ||
+    if (sys_stat(from, &sb) || (uint64_t)sb.st_size < cfg->segment_bytes ||
         (uint64_t)sb.st_size > SEGMENT_MAX_BYTES)
         return 0;
     return sys_rename(from, to) == 0;
@@ -91,7 +91,7 @@ static int64_t rehead(shard *sh, const char *path, uint64_t base, uint64_t cover
         return set_errno_error(errno, "cannot open %s", path);
     struct stat sb;
     int64_t rc;
-    if (fstat(fd, &sb)) {
+    if (sys_fstat(fd, &sb)) {
         rc = set_errno_error(errno, "cannot stat %s", path);
         goto out;
     }
@@ -109,16 +109,22 @@ static int64_t rehead(shard *sh, const char *path, uint64_t base, uint64_t cover
      * recovery gives the file back (recycle_stale). */
     rc = (int64_t)size;
 out:
-    close(fd);
+    sys_close(fd);
     return rc;
 }
 
 /* A file named as segment base whose header, valid and of this shard, says
- * an older base: a recycled file whose new header never reached the disk. */
+ * an older base: a recycled file whose new header never reached the disk.
+ * 1 or 0, or a COMET_E_* code when the header cannot be read: an unread
+ * header is not a judgement either way. */
 static int header_is_older(const char *path, uint32_t shard_id, uint64_t base)
 {
     segment_header h;
-    if (read_file_prefix(path, &h, sizeof h, NULL) != (long)sizeof h)
+    int missing = 0;
+    long got = read_file_prefix(path, &h, sizeof h, &missing);
+    if (got < 0)
+        return missing ? 0 : (int)got;
+    if (got != (long)sizeof h)
         return 0;
     return h.magic == MAGIC_SEGMENT && h.header_crc == crc32c_header(&h) &&
            h.shard_id == shard_id && h.base_entry < base;
@@ -136,9 +142,10 @@ int recycle_stale(shard *sh, uint64_t base)
     char path[COMET_PATH_MAX], spare[COMET_PATH_MAX];
     struct stat sb;
     segment_path(path, sh->dir, base, SEGMENT_SUFFIX);
-    if (!header_is_older(path, sh->id, base))
-        return 0;
-    if (recycling_on(sh) && !spare_path(sh, spare) && stat(spare, &sb) != 0 &&
+    int older = header_is_older(path, sh->id, base);
+    if (older <= 0)
+        return older;
+    if (recycling_on(sh) && !spare_path(sh, spare) && sys_stat(spare, &sb) != 0 &&
         sys_rename(path, spare) == 0)
         return 1;
     return sys_unlink(path) == 0;
@@ -148,7 +155,7 @@ uint64_t recycle_drop(shard *sh)
 {
     char path[COMET_PATH_MAX];
     struct stat sb;
-    if (spare_path(sh, path) || stat(path, &sb))
+    if (spare_path(sh, path) || sys_stat(path, &sb))
         return 0;
     int locked = usage_begin_delete(sh->stream->db);
     uint64_t freed = sys_unlink(path) == 0 ? (uint64_t)sb.st_size : 0;
@@ -161,12 +168,12 @@ int64_t recycle_take(shard *sh, uint64_t base, uint64_t need, uint64_t coverage,
 {
     char spare[COMET_PATH_MAX], final[COMET_PATH_MAX], idx[COMET_PATH_MAX];
     struct stat sb;
-    if (!recycling_on(sh) || spare_path(sh, spare) || stat(spare, &sb) ||
+    if (!recycling_on(sh) || spare_path(sh, spare) || sys_stat(spare, &sb) ||
         (uint64_t)sb.st_size < need || (uint64_t)sb.st_size > SEGMENT_MAX_BYTES)
         return 0;
     segment_path(final, sh->dir, base, SEGMENT_SUFFIX);
     segment_path(idx, sh->dir, base, INDEX_SUFFIX);
-    if (stat(final, &sb) == 0)
+    if (sys_stat(final, &sb) == 0)
         return set_error(COMET_E_CORRUPT, "segment %s already exists", final);
     uint64_t size = (uint64_t)sb.st_size;
     if (coverage < size)

@@ -69,7 +69,7 @@ static uint64_t dir_log_bytes(const char *dir)
              strcmp(de->d_name, SPARE_NAME) == 0) &&
             !path_format(path, "%s/%s", dir, de->d_name))
             total += file_disk_bytes(path);
-    closedir(d);
+    sys_closedir(d);
     return total;
 }
 
@@ -95,9 +95,9 @@ uint64_t retention_total_bytes(comet_db *db)
             if (strncmp(sd->d_name, "shard-", 6) == 0 &&
                 !path_format(shard_dir, "%s/%s", path, sd->d_name))
                 total += dir_log_bytes(shard_dir);
-        closedir(s);
+        sys_closedir(s);
     }
-    closedir(d);
+    sys_closedir(d);
     return total;
 }
 
@@ -217,7 +217,7 @@ static int retention_stream(comet_db *db, comet_stream *s, uint64_t *excess, int
     for (uint32_t id = 0; id < s->shard_count; id++) {
         char dir[COMET_PATH_MAX];
         struct stat sb;
-        if (!owned(db, id) || path_format(dir, "%s/shard-%04u", s->dir, id) || stat(dir, &sb))
+        if (!owned(db, id) || path_format(dir, "%s/shard-%04u", s->dir, id) || sys_stat(dir, &sb))
             continue; /* never created: nothing to delete, and nothing to create */
         shard *sh;
         int rc = shard_acquire(s, id, &sh);
@@ -299,7 +299,7 @@ int comet_run_retention_room(comet_db *db, uint64_t room, comet_retention_report
     }
     if (!rc && errno) /* the listing ended early: the rest is for the next pass */
         rc = set_errno_error(errno, "cannot list %s", db->path);
-    closedir(d);
+    sys_closedir(d);
     if (!rc)
         clear_error();
     db_leave(db);
@@ -340,7 +340,7 @@ static int has_spare(const shard *sh)
 {
     char path[COMET_PATH_MAX];
     struct stat sb;
-    return !path_format(path, "%s/%s", sh->dir, SPARE_NAME) && stat(path, &sb) == 0;
+    return !path_format(path, "%s/%s", sh->dir, SPARE_NAME) && sys_stat(path, &sb) == 0;
 }
 
 /* The shards of every stream that have a sealed segment or a spare, entered
@@ -361,7 +361,7 @@ static size_t gather(comet_db *db, candidate **out)
             char dir[COMET_PATH_MAX];
             struct stat sb;
             shard *sh;
-            if (path_format(dir, "%s/shard-%04u", s->dir, id) || stat(dir, &sb) ||
+            if (path_format(dir, "%s/shard-%04u", s->dir, id) || sys_stat(dir, &sb) ||
                 shard_acquire(s, id, &sh))
                 continue;
             uint64_t *bases;
@@ -386,7 +386,7 @@ static size_t gather(comet_db *db, candidate **out)
         n = 0;
     }
     if (d)
-        closedir(d);
+        sys_closedir(d);
     clear_error();
     if (n)
         qsort(c, n, sizeof *c, by_age);

@@ -65,7 +65,7 @@ static int list_bases(const char *dir, uint64_t **out, size_t *count)
         bases[n++] = b;
     }
     int err = bases ? errno : 0; /* from the readdir that ended the loop */
-    closedir(d);
+    sys_closedir(d);
     if (!bases)
         return set_error(COMET_E_NOMEM, "out of memory listing %s", dir);
     if (err) { /* a partial listing would look like missing segments */

@@ -64,7 +64,7 @@ int segment_create(const char *dir, uint32_t shard_id, uint64_t base, uint64_t c
         return set_error(COMET_E_INVALID, "path too long: %s", final);
 
     struct stat sb;
-    if (stat(final, &sb) == 0)
+    if (sys_stat(final, &sb) == 0)
         return set_error(COMET_E_CORRUPT, "segment %s already exists", final);
     int rc = index_create(dir, shard_id, base, index_coverage > capacity ? index_coverage : capacity,
                           index_interval);
@@ -77,24 +77,24 @@ int segment_create(const char *dir, uint32_t shard_id, uint64_t base, uint64_t c
     }
     rc = preallocate(fd, capacity, final);
     if (rc) {
-        close(fd);
+        sys_close(fd);
         goto fail;
     }
     segment_header h;
     segment_header_fill(&h, shard_id, base, capacity, index_coverage, 0);
     if (sys_pwrite(fd, &h, sizeof h, 0) != (ssize_t)sizeof h) {
         rc = set_errno_error(errno ? errno : EIO, "cannot write segment header %s", tmp);
-        close(fd);
+        sys_close(fd);
         goto fail;
     }
     /* Header and size durable before the name is: a power cut must never
      * leave an empty file under a segment's name. */
     if (sys_fsync(fd)) {
         rc = set_errno_error(errno, "cannot sync segment %s", tmp);
-        close(fd);
+        sys_close(fd);
         goto fail;
     }
-    close(fd);
+    sys_close(fd);
     if (sys_link(tmp, final)) {
         rc = set_errno_error(errno, "cannot link segment %s", final);
         goto fail;
@@ -142,18 +142,27 @@ static int map_file(segment *seg, const char *path, uint32_t shard_id)
         return errno == ENOENT ? set_error(COMET_E_CORRUPT, "segment %s is missing", path)
                                : set_errno_error(errno, "cannot open segment %s", path);
     struct stat sb;
-    if (fstat(fd, &sb)) {
+    if (sys_fstat(fd, &sb)) {
         int rc = set_errno_error(errno, "cannot stat %s", path);
-        close(fd);
+        sys_close(fd);
         return rc;
     }
     segment_header h;
     memset(&h, 0, sizeof h);
-    if (pread(fd, &h, sizeof h, 0) < (ssize_t)sizeof h)
+    /* A read error is not damage: the caller gets it, and recovery never
+     * sets a segment aside that it could not read.  A file shorter than a
+     * header (zeros below) is damage. */
+    ssize_t got = sys_pread(fd, &h, sizeof h, 0);
+    if (got < 0) {
+        int rc = set_errno_error(errno, "cannot read the header of segment %s", path);
+        sys_close(fd);
+        return rc;
+    }
+    if (got < (ssize_t)sizeof h)
         memset(&h, 0, sizeof h);
     int rc = check_header(&h, (uint64_t)sb.st_size, shard_id, seg->base, path);
     if (rc) {
-        close(fd);
+        sys_close(fd);
         return rc;
     }
     /* A file shorter than its header says was truncated behind our back: map
@@ -163,7 +172,7 @@ static int map_file(segment *seg, const char *path, uint32_t shard_id)
      * nothing past `size` (the capacity) is ever touched. */
     uint64_t span = h.reserved > size && h.reserved <= SEGMENT_MAX_BYTES ? h.reserved : size;
     void *map = sys_mmap(NULL, span, PROT_READ, MAP_SHARED, fd, 0);
-    close(fd);
+    sys_close(fd);
     if (map == MAP_FAILED)
         return set_errno_error(errno, "cannot map segment %s", path);
     seg->map = map;
@@ -191,7 +200,16 @@ int segment_load(segment *seg, const char *dir, uint32_t shard_id)
     int rc = map_file(seg, path, shard_id);
     if (rc)
         return rc;
-    index_map(seg, dir, shard_id);
+    /* A missing or damaged index is rebuilt later; one that cannot be read
+     * fails the load (unmapped again, so that the next use tries anew). */
+    rc = index_map(seg, dir, shard_id);
+    if (rc < 0) {
+        sys_munmap(seg->map, seg->map_bytes);
+        seg->map = NULL;
+        seg->map_bytes = 0;
+        seg->capacity = 0;
+        return rc;
+    }
     return 0;
 }
 
@@ -271,7 +289,7 @@ uint64_t segment_refresh_capacity(segment *seg, const char *dir)
     char path[COMET_PATH_MAX];
     struct stat sb;
     segment_path(path, dir, seg->base, SEGMENT_SUFFIX);
-    if (stat(path, &sb) || (uint64_t)sb.st_size < want)
+    if (sys_stat(path, &sb) || (uint64_t)sb.st_size < want)
         return have;
     while (have < want && !atomic_compare_exchange_weak(&seg->capacity, &have, want))
         ;
@@ -306,7 +324,7 @@ void segment_release_behind(segment *seg, uint64_t off)
     if (off < seg->zapped_to + 2 * RELEASE_CHUNK)
         return;
     uint64_t to = (off - RELEASE_CHUNK) & ~(RELEASE_CHUNK - 1);
-    if (madvise(seg->wmap + seg->zapped_to, to - seg->zapped_to, MADV_DONTNEED) == 0)
+    if (sys_madvise(seg->wmap + seg->zapped_to, to - seg->zapped_to, MADV_DONTNEED) == 0)
         seg->zapped_to = to;
 }
 
@@ -315,11 +333,11 @@ void segment_free(segment *seg)
     if (!seg)
         return;
     if (seg->wmap)
-        munmap(seg->wmap, seg->map_bytes);
+        sys_munmap(seg->wmap, seg->map_bytes);
     if (seg->map)
-        munmap(seg->map, seg->map_bytes);
+        sys_munmap(seg->map, seg->map_bytes);
     index_unmap(seg);
     if (seg->fd >= 0)
-        close(seg->fd);
+        sys_close(seg->fd);
     free(seg);
 }

@@ -56,8 +56,10 @@ int shard_open(comet_stream *stream, uint32_t id, shard **out)
     }
     /* Openers are serialised: state validation, lock re-initialisation after
      * a reboot, and the first recovery happen one process at a time. */
-    while (flock(sh->state_fd, LOCK_EX) && errno == EINTR)
-        ;
+    if (sys_flock(sh->state_fd, LOCK_EX)) { /* never unserialised (EINTR is retried) */
+        rc = set_errno_error(errno, "cannot lock %s", path);
+        goto fail;
+    }
     int rebuilt = 0, due = 0;
     rc = state_open(sh, &rebuilt);
     if (!rc)
@@ -85,8 +87,8 @@ int shard_open(comet_stream *stream, uint32_t id, shard **out)
             pthread_mutex_unlock(&sh->st->append_lock.mutex);
         }
     }
-    flock(sh->state_fd, LOCK_UN);
-    close(sh->state_fd);
+    sys_flock(sh->state_fd, LOCK_UN);
+    sys_close(sh->state_fd);
     sh->state_fd = -1;
     if (rc)
         goto fail;
@@ -111,7 +113,7 @@ void shard_close(shard *sh)
     shard_release(sh);
     pthread_mutex_destroy(&sh->cache_lock);
     if (sh->state_fd >= 0)
-        close(sh->state_fd);
+        sys_close(sh->state_fd);
     free(sh);
 }
 

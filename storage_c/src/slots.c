@@ -36,7 +36,7 @@ static int ofd_lock(int fd, const char *path, off_t start, off_t len, short type
     fl.l_len = len;
     int rc;
     do
-        rc = fcntl(fd, wait ? F_OFD_SETLKW : F_OFD_SETLK, &fl);
+        rc = sys_fcntl_lock(fd, wait ? F_OFD_SETLKW : F_OFD_SETLK, &fl);
     while (rc && errno == EINTR);
     if (!rc)
         return 0;
@@ -55,7 +55,7 @@ static int any_slot_held(int fd)
     fl.l_whence = SEEK_SET;
     fl.l_start = SLOTS_LOCK_BASE;
     fl.l_len = COMET_MAX_PROCESSES;
-    if (fcntl(fd, F_OFD_GETLK, &fl))
+    if (sys_fcntl_lock(fd, F_OFD_GETLK, &fl))
         return 1;
     return fl.l_type != F_UNLCK;
 }
@@ -79,8 +79,10 @@ static int agree_on_count(comet_db *db, int fd, const char *path)
 {
     slots_header h;
     memset(&h, 0, sizeof h);
-    ssize_t n = pread(fd, &h, sizeof h, 0);
-    int fresh = n <= 0 || (h.magic == 0 && h.header_crc == 0);
+    ssize_t n = sys_pread(fd, &h, sizeof h, 0);
+    if (n < 0) /* unread is not fresh: writing a header here would clobber a live one */
+        return set_errno_error(errno, "cannot read %s", path);
+    int fresh = n == 0 || (h.magic == 0 && h.header_crc == 0);
     if (!fresh && h.magic == MAGIC_SLOTS && h.header_crc == crc32c_header(&h) &&
         h.version != FORMAT_VERSION)
         return set_error(COMET_E_FORMAT_VERSION,
@@ -117,7 +119,7 @@ int comet_claim_slot(comet_db *db, int want)
         return set_errno_error(errno, "cannot open %s", path);
     int rc = ofd_lock(fd, path, SLOTS_HEADER_LOCK_BYTE, 1, F_WRLCK, 1);
     if (rc) {
-        close(fd);
+        sys_close(fd);
         return rc;
     }
     rc = agree_on_count(db, fd, path);
@@ -144,7 +146,7 @@ int comet_claim_slot(comet_db *db, int want)
     }
     ofd_lock(fd, path, SLOTS_HEADER_LOCK_BYTE, 1, F_UNLCK, 0);
     if (rc) {
-        close(fd); /* drops any lock taken above */
+        sys_close(fd); /* drops any lock taken above */
         return rc;
     }
     db->slots_fd = fd;
@@ -157,7 +159,7 @@ int comet_release_slot(comet_db *db)
     if (!db)
         return set_error(COMET_E_INVALID, "comet_release_slot: null db");
     if (db->slots_fd >= 0)
-        close(db->slots_fd);
+        sys_close(db->slots_fd);
     db->slots_fd = -1;
     db->slot = -1;
     return 0;

@@ -12,7 +12,7 @@
  * Locks live in a file that outlives processes and boots.  After a reboot the
  * mutex words may still say "locked" by a thread that no longer exists, so the
  * boot id of the kernel that initialised them is recorded and the locks are
- * initialised again when it differs.  This is only ever done under flock() on
+ * initialised again when it differs.  This is only ever done under sys_flock() on
  * the state file, which every opener takes, so two processes never
  * re-initialise a lock the other one is using.
  */
@@ -79,7 +79,7 @@ int state_open(shard *sh, int *rebuilt)
 {
     *rebuilt = 0;
     struct stat sb;
-    if (fstat(sh->state_fd, &sb))
+    if (sys_fstat(sh->state_fd, &sb))
         return set_errno_error(errno, "cannot stat state of %s", sh->dir);
     int fresh = sb.st_size == 0;
     if (sb.st_size != STATE_FILE_BYTES) {
@@ -97,7 +97,9 @@ int state_open(shard *sh, int *rebuilt)
     sh->st = map;
     state_file *st = sh->st;
     uint8_t boot_id[16];
-    read_boot_id(boot_id);
+    int brc = read_boot_id(boot_id);
+    if (brc)
+        return brc;
 
     if (st->magic == MAGIC_STATE && st->header_crc == crc32c_header(st) &&
         st->version != FORMAT_VERSION)
@@ -127,6 +129,6 @@ int state_open(shard *sh, int *rebuilt)
 void state_close(shard *sh)
 {
     if (sh->st)
-        munmap(sh->st, STATE_FILE_BYTES);
+        sys_munmap(sh->st, STATE_FILE_BYTES);
     sh->st = NULL;
 }

@@ -121,24 +121,24 @@ static int stream_create(comet_db *db, const char *name, const char *dir, uint32
     int lock = -1;
     if (db->cfg.max_streams) {
         lock = sys_open(db->path, O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0);
-        if (lock < 0 || flock(lock, LOCK_EX)) {
+        if (lock < 0 || sys_flock(lock, LOCK_EX)) {
             int rc = set_errno_error(errno, "cannot lock %s to create stream '%s'", db->path, name);
             if (lock >= 0)
-                close(lock);
+                sys_close(lock);
             return rc;
         }
         uint32_t known;
         int rc = read_meta(dir, name, &known, NULL); /* created while we waited? */
         int64_t n = rc == COMET_E_NO_STREAM ? count_streams(db) : 0;
         if (rc == COMET_E_NO_STREAM && n >= 0 && n >= db->cfg.max_streams) {
-            close(lock);
+            sys_close(lock);
             return set_error(COMET_E_STREAM_LIMIT,
                              "cannot create stream '%s': the data directory holds %lld streams "
                              "and max_streams is %u (delete a stream or raise the limit)",
                              name, (long long)n, db->cfg.max_streams);
         }
         if (n < 0) {
-            close(lock);
+            sys_close(lock);
             return (int)n;
         }
     }
@@ -151,7 +151,7 @@ static int stream_create(comet_db *db, const char *name, const char *dir, uint32
     if (!rc)
         rc = fsync_dir(db->path); /* the stream's name must survive a power cut */
     if (lock >= 0)
-        close(lock); /* releases the flock */
+        sys_close(lock); /* releases the flock */
     return rc;
 }
 
@@ -176,7 +176,7 @@ static void remove_dead_creators_temps(const char *dir)
             !path_format(path, "%s/%s", dir, de->d_name))
             sys_unlink(path);
     }
-    closedir(d);
+    sys_closedir(d);
 }
 
 /* Reads the shard count, creating the stream when asked. */
@@ -370,7 +370,7 @@ int comet_stream_delete(comet_db *db, const char *name, size_t name_len)
     for (uint32_t id = 0; id < s->shard_count && !rc; id++) {
         char dir[COMET_PATH_MAX];
         struct stat sb;
-        if (path_format(dir, "%s/shard-%04u", s->dir, id) || stat(dir, &sb))
+        if (path_format(dir, "%s/shard-%04u", s->dir, id) || sys_stat(dir, &sb))
             continue; /* never written: nothing to mark */
         shard *sh;
         if ((rc = shard_acquire(s, id, &sh)))
@@ -509,7 +509,7 @@ int64_t comet_list_streams(comet_db *db, char *buf, size_t cap)
     while ((de = sys_readdir(d))) {
         if (comet_validate_stream_name(de->d_name, strlen(de->d_name)) ||
             path_format(path, "%s/%s/%s", db->path, de->d_name, STREAM_META_NAME) ||
-            stat(path, &sb))
+            sys_stat(path, &sb))
             continue;
         size_t len = strlen(de->d_name);
         if (buf && need + len + 1 <= cap) {
@@ -519,7 +519,7 @@ int64_t comet_list_streams(comet_db *db, char *buf, size_t cap)
         need += len + 1;
     }
     int err = errno; /* from the readdir that ended the loop */
-    closedir(d);
+    sys_closedir(d);
     if (err)
         return set_errno_error(err, "cannot list %s", db->path);
     clear_error();

@@ -50,11 +50,13 @@ static void count_into(comet_db *db, usage_file *u)
 static int set_up(comet_db *db, usage_file *u)
 {
     uint8_t boot[16];
-    read_boot_id(boot);
+    int rc = read_boot_id(boot);
+    if (rc)
+        return rc;
     if (u->magic == MAGIC_USAGE && u->version == USAGE_VERSION && !memcmp(u->boot_id, boot, 16))
         return 0;
     memset(u, 0, sizeof *u);
-    int rc = robust_mutex_init(&u->lock.mutex);
+    rc = robust_mutex_init(&u->lock.mutex);
     if (rc)
         return rc;
     count_into(db, u);
@@ -75,19 +77,19 @@ static usage_file *map_usage(comet_db *db)
         return NULL;
     usage_file *u = NULL;
     struct stat sb;
-    if (!flock(fd, LOCK_EX) && !fstat(fd, &sb) &&
+    if (!sys_flock(fd, LOCK_EX) && !sys_fstat(fd, &sb) &&
         (sb.st_size >= USAGE_FILE_BYTES || !sys_ftruncate(fd, USAGE_FILE_BYTES))) {
         void *map = sys_mmap(NULL, USAGE_FILE_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
         if (map != MAP_FAILED) {
             u = map;
             if (set_up(db, u)) {
-                munmap(map, USAGE_FILE_BYTES);
+                sys_munmap(map, USAGE_FILE_BYTES);
                 u = NULL;
             }
         }
     }
-    flock(fd, LOCK_UN);
-    close(fd);
+    sys_flock(fd, LOCK_UN);
+    sys_close(fd);
     return u;
 }
 
@@ -186,5 +188,5 @@ void usage_close(comet_db *db)
 {
     usage_file *u = atomic_exchange(&db->usage, NULL);
     if (u)
-        munmap(u, USAGE_FILE_BYTES);
+        sys_munmap(u, USAGE_FILE_BYTES);
 }

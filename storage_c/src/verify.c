@@ -96,7 +96,12 @@ static int verify_in(shard *sh, comet_verify_report *out)
         if (end > committed)
             end = committed;
         out->segments++;
-        segment *seg = shard_segment_by_base(sh, bases[i]);
+        segment *seg;
+        rc = shard_segment_get(sh, bases[i], &seg);
+        if (rc && rc != COMET_E_CORRUPT) { /* could not read: an error, not damage to report */
+            free(bases);
+            return rc;
+        }
         if (!seg) {
             note(out, bases[i], 0, bases[i], COMET_E_CORRUPT);
             if (end > bases[i])
