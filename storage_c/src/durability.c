@@ -109,9 +109,16 @@ int shard_sync(shard *sh, uint64_t upto_entry)
             continue;
         if (i + 1 < n && bases[i + 1] <= oldest)
             continue;
-        segment *seg = shard_segment_by_base(sh, bases[i]);
-        if (!seg)
-            continue; /* deleted by retention meanwhile */
+        segment *seg;
+        int got = shard_segment_get(sh, bases[i], &seg);
+        if (!seg && got == COMET_E_CORRUPT) {
+            clear_error();
+            continue; /* deleted by retention meanwhile: nothing of it to sync */
+        }
+        if (!seg) { /* it could not be opened or mapped: not synced, so not durable */
+            rc = got;
+            break;
+        }
         int fd = shard_segment_fd(sh, seg);
         if (fd >= 0 && sys_fdatasync(fd))
             rc = sync_failed(sh, errno, "fdatasync", bases[i]);

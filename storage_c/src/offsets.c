@@ -331,6 +331,18 @@ static group_slot *group_enter(comet_group *g, int *rc)
     return s;
 }
 
+/* The entries below an offset are durable before the offset is stored: the
+ * offsets page may reach the disk at any moment (the kernel writes mapped
+ * pages back when it likes), and an offset on disk ahead of the entries that
+ * survived a power cut would acknowledge data that is gone.  Past the
+ * durable point this is a sync, shared with the writer's group commit. */
+static int durable_below(shard *sh, uint64_t offset)
+{
+    if (atomic_load_explicit(&sh->st->durable_entry, memory_order_acquire) >= offset)
+        return 0;
+    return shard_sync(sh, offset);
+}
+
 /* Moves the offset forward to want (clamped to the committed entry). */
 static int64_t advance(shard *sh, group_slot *s, uint64_t want)
 {
@@ -338,6 +350,9 @@ static int64_t advance(shard *sh, group_slot *s, uint64_t want)
     if (want > committed)
         want = committed;
     uint64_t cur = atomic_load_explicit(&s->offset, memory_order_relaxed);
+    int rc = cur < want ? durable_below(sh, want) : 0;
+    if (rc)
+        return rc;
     while (cur < want &&
            !atomic_compare_exchange_weak_explicit(&s->offset, &cur, want, memory_order_release,
                                                   memory_order_relaxed))
@@ -395,6 +410,10 @@ int64_t comet_group_reset(comet_group *g, int64_t offset)
         want = 0;
     if (want > committed)
         want = committed;
+    if ((rc = durable_below(g->sh, (uint64_t)want))) {
+        shard_leave(g->sh);
+        return rc;
+    }
     atomic_store_explicit(&s->offset, (uint64_t)want, memory_order_release);
     atomic_store(&g->sh->offsets_dirty, 1);
     shard_leave(g->sh);

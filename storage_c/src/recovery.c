@@ -41,6 +41,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "errors.h"
@@ -654,6 +655,17 @@ static int sync_repair(shard *sh, uint64_t cut_base)
     return fsync_dir(sh->dir);
 }
 
+/* A state that was re-created, or repaired, reaches the disk now: until the
+ * first sync it would otherwise be zeros there (or the old points), and a
+ * power cut would leave the next opener a state to rebuild from a scan, in
+ * which entries lost in earlier segments look like damage in place. */
+static int sync_state(shard *sh)
+{
+    if (sys_msync(sh->st, STATE_FILE_BYTES, MS_SYNC))
+        return shard_note_sync_failure(sh, errno, "msync of the repaired state");
+    return 0;
+}
+
 int recovery_repair_tail(shard *sh, int how, int due)
 {
     return recovery_repair_below(sh, how, due, UINT64_MAX);
@@ -669,7 +681,8 @@ int recovery_repair_below(shard *sh, int how, int due, uint64_t limit)
         return rc;
     if (r.n == 0) {
         free(r.bases);
-        return no_segments(sh, how == STATE_REBUILT ? 0 : atomic_load(&sh->st->next_entry));
+        rc = no_segments(sh, how == STATE_REBUILT ? 0 : atomic_load(&sh->st->next_entry));
+        return rc || !how ? rc : sync_state(sh);
     }
     scan_tail(&r);
     free(r.bases);
@@ -691,5 +704,5 @@ int recovery_repair_below(shard *sh, int how, int due, uint64_t limit)
     if (rc)
         return rc;
     publish(sh, how, due, r.changed);
-    return 0;
+    return how || r.changed ? sync_state(sh) : 0;
 }
