@@ -10,11 +10,11 @@
  * older build never silently downgrades a newer directory.
  *
  * Locks live in a file that outlives processes: the kernel may write the
- * state page to disk at any moment (writeback, the durable point's msync), so
- * its durable copy can say "locked" by a thread that is gone.  A robust
- * mutex reports its owner's death (EOWNERDEAD) only to processes that share
- * the owner's mapping of the page; a process that finds such a word in a
- * copy of the directory, a volume attached again, or after a cut in which
+ * state page to disk at any moment (writeback, an msync while some thread
+ * holds a lock), so its durable copy can say "locked" by a thread that is
+ * gone.  A robust mutex reports its owner's death (EOWNERDEAD) only to
+ * processes that share the owner's mapping of the page; one that finds such
+ * a word in a copy of the directory, a volume attached again, or after a cut
  * the kernel survived (processes killed, page cache dropped) would wait for
  * it forever.  Hence the rule: the lock words are only meaningful while a
  * process holds the shared lock.  Every process that has the shard open
