@@ -47,15 +47,37 @@ def test_locks_from_another_boot_are_reinitialised(data_dir: Path) -> None:
         assert [p for _, _, p in read_all(log, "boot", 0)] == [b"before", b"after"]
 
 
-def test_the_same_boot_keeps_its_locks(data_dir: Path) -> None:
-    """The control: with the boot id unchanged, a lock word naming a live
-    (here: impossible) owner is respected - the appender waits for it."""
+def test_the_same_boot_keeps_its_locks_while_a_process_holds_the_shard(data_dir: Path) -> None:
+    """The control: with the boot id unchanged and a process holding the shard
+    open (this one), a lock word naming a live (here: impossible) owner is
+    respected - the appender waits for it.  (With nobody holding the shard the
+    word means nothing and is reset: tests/test_stale_locks.py.)"""
+    with Log(data_dir, Config(shards=1)) as log:
+        log.append("boot", b"before", shard=0)
+        state = data_dir / "boot" / "shard-0000" / "state"
+        fake_stale_lock(state, new_boot_id=None)
+        child = worker("append_one", data_dir, "boot", "after", stdout=subprocess.PIPE)
+        with pytest.raises(subprocess.TimeoutExpired):
+            child.communicate(timeout=3)
+        child.kill()
+        child.wait()
+
+
+def test_the_same_boot_resets_a_lock_no_process_holds(data_dir: Path) -> None:
+    """The same lock word with nobody holding the shard (a copy of a live
+    directory, a volume attached again): the opener re-initialises it and the
+    append goes through at once."""
     with Log(data_dir, Config(shards=1)) as log:
         log.append("boot", b"before", shard=0)
     state = data_dir / "boot" / "shard-0000" / "state"
     fake_stale_lock(state, new_boot_id=None)
     child = worker("append_one", data_dir, "boot", "after", stdout=subprocess.PIPE)
-    with pytest.raises(subprocess.TimeoutExpired):
-        child.communicate(timeout=3)
-    child.kill()
-    child.wait()
+    try:
+        out, _ = child.communicate(timeout=60)
+    finally:
+        child.kill()
+        child.wait()
+    assert child.returncode == 0 and out.strip() == b"1"
+    with Log(data_dir, Config(shards=1)) as log:
+        assert [p for _, _, p in read_all(log, "boot", 0)] == [b"before", b"after"]
+        assert log.shard_stats("boot", 0).lock_owner_died == 1

@@ -93,6 +93,42 @@ def die_holding_lock(path: str, stream: str, shard: str) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+def hold_state_locks(path: str, stream: str, shard: str) -> None:
+    """Locks the shard's append and sync mutexes by hand through its mapped
+    state, without opening the shard (so without its shared OFD lock), prints
+    "held" and stays alive holding them until killed: a copy of the directory
+    taken now names a living thread as the owner of both."""
+    state = os.path.join(path, stream, f"shard-{int(shard):04d}", "state")
+    fd = os.open(state, os.O_RDWR)
+    mm = mmap.mmap(fd, 4096)
+    addr = ctypes.addressof(ctypes.c_char.from_buffer(mm))
+    libc = ctypes.CDLL(None)
+    for at in (64, 128):  # FORMAT.md, shard state: append_lock, sync_lock
+        assert libc.pthread_mutex_lock(ctypes.c_void_p(addr + at)) == 0
+    print("held", flush=True)
+    time.sleep(600)
+
+
+def always_appender(path: str, stream: str) -> None:
+    """Appends to shard 0 with durability always until killed (every append
+    syncs, so the sync lock is held much of the time); prints "ready" after
+    the first one."""
+    with Log(path, Config(shards=1, segment_bytes=256 << 10, durability="always")) as log:
+        n = 0
+        while True:
+            log.append(stream, b"live %d" % n + b"." * (n % 200), shard=0)
+            if n == 0:
+                print("ready", flush=True)
+            n += 1
+
+
+def append_always(path: str, stream: str, payload: str) -> None:
+    """Appends one entry to shard 0 with durability always (the append and sync
+    locks both taken) and prints its id."""
+    with Log(path, Config(shards=1, durability="always")) as log:
+        print(log.append(stream, payload.encode(), shard=0)[1], flush=True)
+
+
 def fill_until_full(path: str, limit: str) -> None:
     """With RLIMIT_FSIZE lowered, appends until StorageFull; then restores the
     limit and appends again.  Prints what happened."""
@@ -234,7 +270,8 @@ def try_append(path: str, stream: str) -> None:
 
 
 COMMANDS = {f.__name__: f for f in (try_append, read_through_deletion, crash_appender, writer, hold_slot,
-                                    die_holding_lock, hold_s3_lease,
+                                    die_holding_lock, hold_s3_lease, hold_state_locks,
+                                    always_appender, append_always,
                                     fill_until_full, rotating_writer, append_one, group_offset,
                                     consume_assigned, consume_slowly)}
 

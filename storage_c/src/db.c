@@ -220,6 +220,7 @@ int comet_open(const char *path, const comet_config *cfg, comet_db **out)
     strcpy(db->path, path);
     db->cfg = *cfg;
     db->slots_fd = -1;
+    db->usage_fd = -1;
     db->slot = -1;
     pthread_mutex_init(&db->lock, NULL);
     pthread_mutex_init(&db->usage_lock, NULL);

@@ -173,7 +173,8 @@ typedef struct state_file {
     int64_t created_ns;
     uint8_t reserved1[20];
     uint32_t header_crc;
-    /* [64, 192): locks */
+    /* [64, 192): locks, meaningful only while a process holds the shard open
+     * (STATE_HOLDERS_LOCK_BYTE); re-initialised by the first opener otherwise */
     padded_mutex append_lock; /* every append, rotation and repair */
     padded_mutex sync_lock;   /* group commit: one fdatasync at a time */
     /* [192, 256): commit point, written under append_lock */
@@ -210,16 +211,27 @@ typedef struct state_file {
     uint8_t reserved5[(8 - SC_COUNT) * 8];
     /* [576, 640): registration of consumer groups in the offsets file */
     padded_mutex groups_lock;
-    uint8_t reserved6[4096 - 640];
+    /* [640, 644): STATE_CLOSED_CLEAN when the last process holding the shard
+     * closed it with everything committed synced (state.c); cleared, and
+     * synced, by the next opener that finds nobody holding the shard */
+    _Atomic uint32_t closed_clean;
+    uint8_t reserved6[4096 - 644];
 } state_file;
 static_assert(sizeof(state_file) == 4096, "state file is one page");
 static_assert(WC_COUNT <= 24 && SC_COUNT <= 8, "counter areas are full");
 static_assert(ATOMIC_LLONG_LOCK_FREE == 2, "64-bit atomics must be lock-free to share memory");
 
 #define STATE_FILE_BYTES 4096
+/* Every process with the shard open holds a shared open-file-description lock
+ * on this byte of the state file (beyond the page: no data is there); the
+ * lock words above mean something only while someone holds it (state.c). */
+#define STATE_HOLDERS_LOCK_BYTE STATE_FILE_BYTES
 /* The deletion mark: a magic value, not a flag, so that a damaged byte never
  * makes a live stream look deleted. */
 #define STATE_DELETED 0x4445454cu
+/* The clean-close mark: a magic value too, so that a damaged byte never
+ * makes a state look like one whose last holder closed it cleanly. */
+#define STATE_CLOSED_CLEAN 0x4e4c4343u
 
 /* ---- Consumer offsets: <shard>/offsets ---------------------------------------
  * A header page, then OFFSETS_GROUPS slots of 128 bytes.  A slot is claimed

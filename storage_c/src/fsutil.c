@@ -182,3 +182,23 @@ uint64_t file_disk_bytes(const char *path)
     struct stat sb;
     return sys_stat(path, &sb) ? 0 : (uint64_t)sb.st_blocks * 512;
 }
+
+int ofd_lock(int fd, const char *path, off_t start, off_t len, short type, int wait)
+{
+    struct flock fl;
+    memset(&fl, 0, sizeof fl);
+    fl.l_type = type;
+    fl.l_whence = SEEK_SET;
+    fl.l_start = start;
+    fl.l_len = len;
+    int rc;
+    do
+        rc = sys_fcntl_lock(fd, wait ? F_OFD_SETLKW : F_OFD_SETLK, &fl);
+    while (rc && errno == EINTR);
+    if (!rc)
+        return 0;
+    if (!wait && (errno == EAGAIN || errno == EACCES))
+        return OFD_BUSY;
+    return set_errno_error(errno, "cannot lock bytes %lld+%lld of %s", (long long)start,
+                           (long long)len, path);
+}

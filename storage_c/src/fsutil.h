@@ -1,6 +1,7 @@
 /*
  * fsutil.h - small operating-system helpers shared by the other files:
- * clocks, the boot id, directory fsync, zero fill, atomic file creation.
+ * clocks, the boot id, directory fsync, zero fill, atomic file creation,
+ * open-file-description locks.
  * They follow the core's return convention (internal.h): a failure is a
  * negative COMET_E_* code with the message set, never an errno value.
  */
@@ -51,5 +52,16 @@ uint64_t file_disk_bytes(const char *path);
  * set when the file does not exist: COMET_E_IO is returned then too, so that
  * a caller for whom a missing file means something else can tell. */
 long read_file_prefix(const char *path, void *buf, size_t len, int *missing);
+
+/* Takes (type F_RDLCK or F_WRLCK; a lock already held by this descriptor is
+ * converted, atomically) or drops (F_UNLCK) an open-file-description lock on
+ * bytes [start, start + len) of the file at path, open as fd.  Returns 0,
+ * OFD_BUSY when wait is 0 and another open of the file holds a conflicting
+ * lock, or a negative COMET_E_* code.  OFD locks belong to the open file, not
+ * to the process: the kernel drops them when its last descriptor is closed
+ * (kill -9 included), and two opens in one process conflict like two
+ * processes.  They are independent of flock() locks on the same file. */
+#define OFD_BUSY 1
+int ofd_lock(int fd, const char *path, off_t start, off_t len, short type, int wait);
 
 #endif

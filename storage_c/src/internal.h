@@ -300,7 +300,16 @@ int recovery_after_failed_sync(shard *sh);
  * before the machine restarted (only its durable point is sure), else 0. */
 #define STATE_REBUILT 1
 #define STATE_REBOOTED 2
-int state_open(shard *sh, int *rebuilt);
+/* STATE_UNHELD: no living process had the shard open (state.c), so the state
+ * may be a durable copy that outlived its processes without a reboot (a copy
+ * of the directory, a volume attached again, a cut the kernel survived): the
+ * tail is checked as after a restart, but what is read may still come from
+ * the page cache, so nothing is declared durable for it. */
+#define STATE_UNHELD 3
+int state_open(shard *sh, int *rebuilt, int *stale_lock);
+/* Before state_close: the last process holding the shard marks a state whose
+ * commit point is durable as closed cleanly (state.c). */
+void state_close_if_last(shard *sh);
 void state_close(shard *sh);
 int state_init_locks(state_file *st);
 /* A robust, process-shared mutex (in a shared mapping). */
@@ -374,6 +383,7 @@ struct comet_db {
     comet_stream *streams;
     /* usage.c: the shared disk-use estimate, mapped on first use */
     usage_file *_Atomic usage;
+    int usage_fd; /* kept open while mapped: it holds the shared lock (usage.c) */
     atomic_int usage_failed;
     pthread_mutex_t usage_lock;
     /* slots.c */

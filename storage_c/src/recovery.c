@@ -324,10 +324,18 @@ static int apply_cut(shard *sh, holds *h, scan_point cut, uint64_t furthest,
 
 /* ---- the scan ------------------------------------------------------------- */
 
+/* The state may be older than the segments' pages that reached the disk: a
+ * reboot, or a state no living process held (a copy, a volume attached
+ * again, a cut the kernel survived; state.c).  Only its durable point is sure. */
+static int after_restart(int how)
+{
+    return how == STATE_REBOOTED || how == STATE_UNHELD;
+}
+
 /* One recovery: the segments, where the scan stands, the best cut so far. */
 typedef struct repair {
     shard *sh;
-    int how;               /* 0, STATE_REBUILT or STATE_REBOOTED */
+    int how;               /* 0, STATE_REBUILT, STATE_REBOOTED or STATE_UNHELD */
     uint64_t *bases;       /* the segments, ascending */
     size_t n;
     uint64_t committed;    /* entries below this are kept without a batch end */
@@ -366,7 +374,7 @@ static void choose_start(repair *r)
 {
     state_file *st = r->sh->st;
     uint64_t committed = atomic_load(&st->next_entry);
-    if (r->how == STATE_REBOOTED && atomic_load(&st->durable_entry) < committed)
+    if (after_restart(r->how) && atomic_load(&st->durable_entry) < committed)
         committed = atomic_load(&st->durable_entry);
     uint64_t scan_from = committed;
     if (r->how == STATE_REBUILT || committed < r->bases[0]) {
@@ -439,7 +447,7 @@ static void keep_entry(repair *r, uint32_t lf)
  * log after a restart.) */
 static int past_durable(const repair *r)
 {
-    return r->how == STATE_REBOOTED && r->e >= r->committed;
+    return after_restart(r->how) && r->e >= r->committed;
 }
 
 /* Moves the scan past a damaged entry to the next good one before the

@@ -6,8 +6,10 @@
  * a holder that dies leaves it "owner died", and the next locker repairs the
  * tail (recovery.c) before it appends.  Opening is serialised between
  * processes by a flock on the state file, so that validating the state,
- * re-initialising its locks after a reboot and the first recovery happen one
- * process at a time.
+ * re-initialising its locks when no living process holds the shard (state.c)
+ * and the first recovery happen one process at a time.  The state file's
+ * descriptor then stays open, with its shared lock, until the shard is
+ * released: that lock is what tells the next opener the words are in use.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -54,14 +56,15 @@ int shard_open(comet_stream *stream, uint32_t id, shard **out)
         rc = set_errno_error(errno, "cannot open %s", path);
         goto fail;
     }
-    /* Openers are serialised: state validation, lock re-initialisation after
-     * a reboot, and the first recovery happen one process at a time. */
+    /* Openers are serialised: state validation, lock re-initialisation when
+     * nobody holds the shard, and the first recovery happen one process at a
+     * time. */
     if (sys_flock(sh->state_fd, LOCK_EX)) { /* never unserialised (EINTR is retried) */
         rc = set_errno_error(errno, "cannot lock %s", path);
         goto fail;
     }
     int rebuilt = 0, due = 0;
-    rc = state_open(sh, &rebuilt);
+    rc = state_open(sh, &rebuilt, &due); /* a lock its holder left: the check has a cause */
     if (!rc)
         rc = offsets_open(sh);
     if (!rc) {
@@ -75,7 +78,9 @@ int shard_open(comet_stream *stream, uint32_t id, shard **out)
         if (rc)
             rc = set_errno_error(rc, "cannot lock %s", sh->dir);
         else {
-            due |= rebuilt || atomic_load(&sh->st->recovery_pending);
+            /* A state nobody held is checked, but that alone is no cause:
+             * it is every first opener's case, after a clean close too. */
+            due |= (rebuilt && rebuilt != STATE_UNHELD) || atomic_load(&sh->st->recovery_pending);
             /* A device that still fails keeps the mark (appends refused) but
              * not readers and inspectors out: what is committed reads. */
             if (atomic_load(&sh->st->sync_failed)) {
@@ -87,9 +92,7 @@ int shard_open(comet_stream *stream, uint32_t id, shard **out)
             pthread_mutex_unlock(&sh->st->append_lock.mutex);
         }
     }
-    sys_flock(sh->state_fd, LOCK_UN);
-    sys_close(sh->state_fd);
-    sh->state_fd = -1;
+    sys_flock(sh->state_fd, LOCK_UN); /* the descriptor stays: it holds the shared lock */
     if (rc)
         goto fail;
     *out = sh;
@@ -103,7 +106,12 @@ void shard_release(shard *sh)
 {
     shard_segments_clear(sh);
     offsets_close(sh);
+    state_close_if_last(sh);
     state_close(sh);
+    /* after the unmap: the lock words are not touched again by this process */
+    if (sh->state_fd >= 0)
+        sys_close(sh->state_fd);
+    sh->state_fd = -1;
 }
 
 void shard_close(shard *sh)
@@ -112,8 +120,6 @@ void shard_close(shard *sh)
         return;
     shard_release(sh);
     pthread_mutex_destroy(&sh->cache_lock);
-    if (sh->state_fd >= 0)
-        sys_close(sh->state_fd);
     free(sh);
 }
 

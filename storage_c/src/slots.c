@@ -22,30 +22,6 @@
 #include "errors.h"
 #include "internal.h"
 
-/* Takes (or, type F_UNLCK, drops) an OFD lock on bytes [start, start + len)
- * of the slots file at path: 0, SLOT_BUSY when wait is 0 and another process
- * holds it, or a negative COMET_E_* code. */
-#define SLOT_BUSY 1
-static int ofd_lock(int fd, const char *path, off_t start, off_t len, short type, int wait)
-{
-    struct flock fl;
-    memset(&fl, 0, sizeof fl);
-    fl.l_type = type;
-    fl.l_whence = SEEK_SET;
-    fl.l_start = start;
-    fl.l_len = len;
-    int rc;
-    do
-        rc = sys_fcntl_lock(fd, wait ? F_OFD_SETLKW : F_OFD_SETLK, &fl);
-    while (rc && errno == EINTR);
-    if (!rc)
-        return 0;
-    if (!wait && (errno == EAGAIN || errno == EACCES))
-        return SLOT_BUSY;
-    return set_errno_error(errno, "cannot lock bytes %lld+%lld of %s", (long long)start,
-                           (long long)len, path);
-}
-
 /* 1 if some process holds any slot lock. */
 static int any_slot_held(int fd)
 {
@@ -131,7 +107,7 @@ int comet_claim_slot(comet_db *db, int want)
         if (taken == 0)
             slot = (int)s;
         else if (taken < 0)
-            rc = taken; /* SLOT_BUSY: try the next one */
+            rc = taken; /* OFD_BUSY: try the next one */
     }
     if (!rc && slot < 0)
         rc = want >= 0 ? set_error(COMET_E_NO_SLOT, "slot %d of %s is held by another process",

@@ -25,6 +25,15 @@
  * to count again (EOWNERDEAD).  Without the file (it cannot be created or
  * mapped) every check is a full count, as before: slower, and not atomic
  * across appenders.
+ *
+ * The mutex word, like a shard state's (state.c), is only meaningful while a
+ * process holds the file's shared open-file-description lock (byte
+ * USAGE_FILE_BYTES): every process that maps it keeps its descriptor open
+ * with that lock, and the process that maps it while no other holds it (the
+ * exclusive lock is granted, under flock) sets the file up again, so that a
+ * word left "locked" in a copy of the directory, or by processes killed
+ * without a reboot, never blocks anyone.  One descriptor per data directory
+ * that appends under a budget.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -45,15 +54,17 @@ static void count_into(comet_db *db, usage_file *u)
     u->counted_ns = now_ns();
 }
 
-/* Sets a new file up, or one from another boot (its lock may be held by a
- * process that is gone) or version; under flock. */
-static int set_up(comet_db *db, usage_file *u)
+/* Sets a new file up, or one no living process holds (alone; its lock may be
+ * held by a process that is gone), or from another boot or version; under
+ * flock. */
+static int set_up(comet_db *db, usage_file *u, int alone)
 {
     uint8_t boot[16];
     int rc = read_boot_id(boot);
     if (rc)
         return rc;
-    if (u->magic == MAGIC_USAGE && u->version == USAGE_VERSION && !memcmp(u->boot_id, boot, 16))
+    if (!alone && u->magic == MAGIC_USAGE && u->version == USAGE_VERSION &&
+        !memcmp(u->boot_id, boot, 16))
         return 0;
     memset(u, 0, sizeof *u);
     rc = robust_mutex_init(&u->lock.mutex);
@@ -67,6 +78,7 @@ static int set_up(comet_db *db, usage_file *u)
     return 0;
 }
 
+/* Maps the file with its shared lock held; db->usage_fd keeps both. */
 static usage_file *map_usage(comet_db *db)
 {
     char path[COMET_PATH_MAX];
@@ -79,17 +91,23 @@ static usage_file *map_usage(comet_db *db)
     struct stat sb;
     if (!sys_flock(fd, LOCK_EX) && !sys_fstat(fd, &sb) &&
         (sb.st_size >= USAGE_FILE_BYTES || !sys_ftruncate(fd, USAGE_FILE_BYTES))) {
-        void *map = sys_mmap(NULL, USAGE_FILE_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-        if (map != MAP_FAILED) {
-            u = map;
-            if (set_up(db, u)) {
-                sys_munmap(map, USAGE_FILE_BYTES);
-                u = NULL;
+        int alone = ofd_lock(fd, path, USAGE_FILE_BYTES, 1, F_WRLCK, 0);
+        if (alone >= 0 && !ofd_lock(fd, path, USAGE_FILE_BYTES, 1, F_RDLCK, 0)) {
+            void *map = sys_mmap(NULL, USAGE_FILE_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+            if (map != MAP_FAILED) {
+                u = map;
+                if (set_up(db, u, alone == 0)) {
+                    sys_munmap(map, USAGE_FILE_BYTES);
+                    u = NULL;
+                }
             }
         }
     }
     sys_flock(fd, LOCK_UN);
-    sys_close(fd);
+    if (u)
+        db->usage_fd = fd;
+    else
+        sys_close(fd);
     return u;
 }
 
@@ -189,4 +207,7 @@ void usage_close(comet_db *db)
     usage_file *u = atomic_exchange(&db->usage, NULL);
     if (u)
         sys_munmap(u, USAGE_FILE_BYTES);
+    if (db->usage_fd >= 0)
+        sys_close(db->usage_fd); /* after the unmap: drops the shared lock */
+    db->usage_fd = -1;
 }
