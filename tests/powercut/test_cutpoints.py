@@ -26,7 +26,7 @@ import pytest
 from storage_c.testing import CUT_EXIT, cut_point_names
 
 from .checks import (
-    check_acked_survived, check_no_orphans, check_offsets_before_recovery, shard_entries)
+    check_acked_survived, check_offsets_before_recovery, shard_entries)
 from .harness import (
     ROUNDS, SEED, PowerCutFS, Writer, make_synced_dir, read_state, run_to_exit, seeded,
     writeback)
@@ -124,10 +124,11 @@ def test_power_cut_during_recovery(powercut: PowerCutFS, point: str) -> None:
         if durability == "always":
             check_all(state, acked, where)
         else:  # acknowledged entries may be lost (test_interval.py bounds it); the rest whole
+            # (a later segment whose pages survived while an earlier one's did not is set
+            # aside as .orphan there: the log stays a prefix, FORMAT.md "Recovery" 3)
             for shard in state["streams"]["events"]:
                 shard_entries(shard, where)
             assert state["verify"]["ok"], f"{where}: verify: {state['verify']}"
-            check_no_orphans(state, where)
 
     for _ in range(ROUNDS):
         for mode in MODES:
