@@ -15,7 +15,7 @@ from typing import Any, Iterable
 
 import pytest
 
-from storage_c import Config, Log, StorageFull, StorageIOError, SyncFailed
+from storage_c import Config, Durability, Log, StorageFull, StorageIOError, SyncFailed
 from storage_c.testing import KINDS, MAP, NAME, OPEN, READ, SIZE, SYNC, faults
 
 from .support import fault_worker
@@ -79,19 +79,19 @@ def test_every_process_refuses_after_one_saw_a_failed_sync(data_dir: Path) -> No
     (A process that opens the shard after the failure repairs it: see above.)"""
     with Log(data_dir, cfg()) as log:
         fill(log, "s", map(payload, range(10)), batch=1)
-        other = worker("try_append", data_dir, "s", stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                       text=True)
-        assert other.stdout and other.stdin and other.stdout.readline() == "open\n"
+        other = worker("try_append", data_dir, "s", stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        assert other.stdout and other.stdin and other.stdout.readline() == b"open\n"
         with faults(SYNC):
             with pytest.raises(SyncFailed):
                 log.sync("s")
-        said, _ = other.communicate("go\n", timeout=60)
+        out, _ = other.communicate(b"go\n", timeout=60)
+        said = out.decode()
         assert said.startswith("refused: SyncFailed:") and "refuses appends" in said, said
 
 
 @pytest.mark.parametrize("durability", ["interval", "always"])
 def test_what_a_failed_append_sync_leaves_is_stored_once_after_a_retry(
-        data_dir: Path, durability: str) -> None:
+        data_dir: Path, durability: Durability) -> None:
     """Under `always` an append whose sync failed was refused to its caller:
     the reopen cuts it, so the caller's retry stores it once.  Under
     `interval` appends are acknowledged before their sync: the reopen keeps
@@ -227,7 +227,7 @@ def test_the_fast_appends_reach_the_one_core(data_dir: Path) -> None:
 
 
 @pytest.mark.parametrize("durability", ["interval", "always"])
-def test_every_sync_of_a_rotation_that_fails_is_seen(data_dir: Path, durability: str) -> None:
+def test_every_sync_of_a_rotation_that_fails_is_seen(data_dir: Path, durability: Durability) -> None:
     """Each sync around a rotation failing once in turn (the new index and
     segment files, the directory that names them, the segments' data): the
     failure is never silent.  A file or directory sync of the new segment

@@ -20,7 +20,7 @@ from starlette.testclient import TestClient
 from gateway.app import create_app
 from gateway.config import GatewayConfig, StreamPolicy
 from gateway.ingest import store_off_loop
-from storage_c import BatchResult, Config, Log, SyncFailed
+from storage_c import BatchResult, Config, Durability, Log, SyncFailed
 from storage_c.testing import SYNC, faults
 
 from .support.gateway_app import JSON, NDJSON, STORAGE, config, in_shard, stored
@@ -274,7 +274,7 @@ def test_storage_full_is_507(data_dir: Path) -> None:
 
 @pytest.mark.parametrize("durability", ["interval", "always"])
 def test_a_failed_sync_is_503_until_the_gateway_opens_the_shard_again(
-        data_dir: Path, durability: str) -> None:
+        data_dir: Path, durability: Durability) -> None:
     """A sync that failed: the shard's appends get 503 sync_failed naming the
     failure (never a 202 that the next sync could not keep, never a 500); the
     gateway started again (a reload or restart) repairs the shard and every
