@@ -121,6 +121,7 @@ static void flush_if_dirty(shard *sh, void *ctx)
         clear_error();
         return;
     }
+    if (presence_check(sh)) { clear_error(); return; } /* gone: nothing left to sync */
     if (atomic_exchange(&sh->dirty, 0))
         flush_entries(sh);
     if (atomic_exchange(&sh->offsets_dirty, 0) && offsets_sync(sh) && !shard_sync_refusal(sh))
