@@ -38,6 +38,8 @@ class Answer:
     received: float   # monotonic, after its answer was read
     status: int       # 0: no answer
     body: dict[str, Any]
+    rid: str = ""
+    base: int = 0     # the number of its first event
 
 
 @dataclass
@@ -67,7 +69,8 @@ class Client:
                              headers={"content-type": "application/x-ndjson"})
                 r = conn.getresponse()
                 data = orjson.loads(r.read() or b"{}")
-                self.answers.append(Answer(sent, time.monotonic(), r.status, data))
+                self.answers.append(Answer(sent, time.monotonic(), r.status, data, rid,
+                                           i * self.batch))
                 if r.status == 202:
                     self.acks.acknowledged(STREAM, data["shard"], data["first"], data["count"],
                                            rid, None, i * self.batch)
@@ -128,14 +131,15 @@ def refusal_shard(a: Answer) -> int:
     return int(m.group(1))
 
 
-def check_answers(answers: list[Answer], refused_shards: set[int] | None) -> dict[int, float]:
-    """Only 202 and 503 storage_gone (with Retry-After's code) were answered, every refusal
+def check_answers(answers: list[Answer], refused_shards: set[int] | None,
+                  code: str = "storage_gone") -> dict[int, float]:
+    """Only 202 and 503 ``code`` were answered, every refusal
     names its shard (one of ``refused_shards`` when given), and no request sent after a
     refusal of its shard reached a client was acknowledged.  Returns, per refused shard,
     when its first refusal came."""
     assert {s for s, _ in statuses(answers)} <= {202, 503}, statuses(answers)
     refusals = [a for a in answers if a.status == 503]
-    assert refusals and all(a.body.get("error") == "storage_gone" for a in refusals), \
+    assert refusals and all(a.body.get("error") == code for a in refusals), \
         statuses(answers)
     first: dict[int, float] = {}
     for a in refusals:
@@ -147,6 +151,17 @@ def check_answers(answers: list[Answer], refused_shards: set[int] | None) -> dic
             and a.sent > first[a.body["shard"]]]
     assert not late, f"{len(late)} acknowledged after their shard's refusal, e.g. {late[:3]}"
     return first
+
+
+def acks_before(clients: list[Client], cutoff: float) -> Acks:
+    """The 202s that reached their client before ``cutoff`` (monotonic)."""
+    acks = Acks()
+    for c in clients:
+        for a in list(c.answers):
+            if a.status == 202 and a.received < cutoff:
+                acks.acknowledged(STREAM, a.body["shard"], a.body["first"], a.body["count"],
+                                  a.rid, None, a.base)
+    return acks
 
 
 def log_records(server: GatewayProcess, event: str) -> list[dict[str, Any]]:

@@ -120,7 +120,7 @@ int shard_sync(shard *sh, uint64_t upto_entry)
         shard_segment_release(sh, seg);
     }
     free(bases);
-    rc = rc ? rc : presence_check(sh);
+    rc = rc ? presence_explain(sh, rc) : presence_check(sh);
     if (!rc) {
         atomic_store_explicit(&st->durable_base, newest, memory_order_relaxed);
         atomic_store_explicit(&st->durable_entry, committed, memory_order_release);

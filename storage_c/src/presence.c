@@ -178,5 +178,14 @@ int presence_explain(shard *sh, int rc)
     int cause = presence_check(sh);
     if (cause)
         return cause;
+    /* A filesystem turned read-only after an error (ext4's errors=remount-ro)
+     * does not always say so to statvfs: EROFS from any call is the sign, and
+     * it lasts until an operator acts, so the shard is refused from now on. */
+    if (rc == COMET_E_READ_ONLY)
+        return refuse(sh, COMET_E_READ_ONLY,
+                      "the filesystem of %s turned read-only (%s); appends to shard %u of "
+                      "stream '%s' are refused until it is writable again and the process "
+                      "restarted",
+                      sh->dir, detail, sh->id, sh->stream->name);
     return set_error(rc, "%s", detail);
 }
