@@ -400,7 +400,7 @@ int64_t shard_append(shard *sh, const entry_ref *refs, uint32_t count, uint64_t 
             rc = lock_without_sleeping(sh, total_bytes, &slow);
         if (rc == COMET_E_WOULD_BLOCK)
             clear_error(); /* no detail but comet_strerror's: nothing went wrong */
-    } else {
+    } else if (!(sync_mode == COMET_DURABILITY_ALWAYS && (rc = presence_check(sh)))) {
         rc = lock_with_room(sh, total_bytes, &slow);
     }
     if (rc)

@@ -97,6 +97,9 @@ static const char *vanished_level(shard *sh, char *out, size_t n)
 #define RESTART_ADVICE                                                                           \
     "appends to it are refused until the directory is restored (or recreated) and the "          \
     "process restarted; entries written since the last sync may be lost"
+#define REOPEN_ADVICE                                                                            \
+    "appends to it are refused until the process restarts (which recovers the shard from the "   \
+    "files left); entries written since the last sync may be lost"
 
 /* The active segment's link count through a descriptor this process holds
  * (writers keep one): 0 once it was unlinked.  Under the cache lock, which
@@ -146,7 +149,7 @@ int presence_check(shard *sh)
         segment_path(path, sh->dir, base, SEGMENT_SUFFIX);
         return refuse(sh, COMET_E_GONE,
                       "the active segment %s of shard %u of stream '%s' was unlinked while open "
-                      "(its link count is 0); " RESTART_ADVICE,
+                      "(its link count is 0); " REOPEN_ADVICE,
                       path, sh->id, sh->stream->name);
     }
     if (sh->state_ino) {
@@ -155,7 +158,7 @@ int presence_check(shard *sh)
             (uint64_t)sb.st_dev != sh->state_dev)
             return refuse(sh, COMET_E_GONE,
                           "the state file %s of shard %u of stream '%s' was removed or replaced "
-                          "while open; " RESTART_ADVICE,
+                          "while open; " REOPEN_ADVICE,
                           where, sh->id, sh->stream->name);
     }
     struct statvfs vfs;
