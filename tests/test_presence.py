@@ -17,7 +17,7 @@ from typing import Callable
 import pytest
 
 from storage_c import (Config, Durability, Log, ReadOnlyStorage, StorageFull, StorageGone,
-                       StorageIOError)
+                       StorageIOError, StreamNotFound)
 from storage_c.testing import MAP, NAME, OPEN, SIZE, SYNC, faults
 
 SEG = 64 << 10
@@ -193,3 +193,19 @@ def test_an_os_error_is_not_blamed_on_a_vanished_file(data_dir: Path) -> None:
                 fill(log, 2 * SEG // 200, start=10)
         fill(log, 1, start=99)
     assert os.path.isdir(shard_dir(data_dir))
+
+
+@pytest.mark.parametrize("durability", ["always", "interval"])
+def test_a_deleted_stream_is_not_a_vanished_one(data_dir: Path, durability: Durability) -> None:
+    """Deleting a stream renames its directory away on purpose: another handle's next
+    append learns of the deletion (the stream is created again), never StorageGone."""
+    with Log(data_dir, cfg(durability)) as log, Log(data_dir, cfg(durability)) as other:
+        fill(log, 5)
+        other.delete_stream("s")
+        log.sync()
+        try:
+            log.append("s", b"after", shard=0)
+        except StorageGone as exc:
+            pytest.fail(f"a deleted stream taken for a vanished one: {exc}")
+        except StreamNotFound:
+            pass  # the handle says so; the gateway opens (or creates) the stream again

@@ -130,6 +130,10 @@ int presence_check(shard *sh)
     int rc = presence_refusal(sh);
     if (rc || !sh->st || !sh->dir_ino)
         return rc;
+    /* A deleted stream's directory is renamed away on purpose: the deletion's
+     * own answer (COMET_E_NO_STREAM, from shard_check_deleted) is the right one. */
+    if (atomic_load_explicit(&sh->st->deleted, memory_order_acquire) == STATE_DELETED)
+        return 0;
     struct stat sb;
     char where[COMET_PATH_MAX];
     if (stat(sh->dir, &sb) || (uint64_t)sb.st_ino != sh->dir_ino ||
