@@ -8,9 +8,10 @@ app (the benchmark's bare anchor).  Either way the server starts in a session
 connections land on any worker, so it polls until it has seen them all);
 ``stop`` sends TERM to the master, waits, then KILLs the whole group, each
 step bounded; ``scan_log`` counts tracebacks, warnings and errors in the log.
-Stopping a gateway also checks that every answer of 500 in its access log has
-a line naming its cause (``unlogged_errors``): every test that runs a gateway
-fails if one was answered silently.
+Stopping a gateway (``stop``, or leaving its ``with`` block) also checks that
+every answer of 500 in its access log has a line naming its cause
+(``unlogged_errors``): every test that runs a gateway fails if one was
+answered silently.
 
 The tests and the benchmarks (loadtests/) start servers only through this
 module, so that both measure and check the same thing.
@@ -211,6 +212,16 @@ class GatewayProcess(ServerProcess):
             raise AssertionError(f"{len(silent)} answers of 500 without a log line naming the "
                                  f"cause in {self.log_path}, the first: {silent[:3]}")
         return status
+
+    def __exit__(self, *exc: object) -> None:
+        """KILLs what is left; a block that ended without an exception is checked as
+        ``stop`` checks (a killed worker's last access lines may be missing: never a
+        500 the check would miss a line for)."""
+        super().__exit__(*exc)
+        silent = unlogged_errors(self.log_path) if exc[0] is None else []
+        if silent:
+            raise AssertionError(f"{len(silent)} answers of 500 without a log line naming the "
+                                 f"cause in {self.log_path}, the first: {silent[:3]}")
 
     def reload_workers(self, timeout: float = 60) -> None:
         """HUP, then until none of the old workers is left and the new ones are ready."""
