@@ -18,7 +18,7 @@ import pytest
 
 from storage_c import (Config, Durability, Log, ReadOnlyStorage, StorageFull, StorageGone,
                        StorageIOError, StreamNotFound)
-from storage_c.testing import MAP, NAME, OPEN, SIZE, SYNC, faults
+from storage_c.testing import MAP, NAME, OPEN, SIZE, STAT, SYNC, faults
 
 SEG = 64 << 10
 
@@ -209,3 +209,15 @@ def test_a_deleted_stream_is_not_a_vanished_one(data_dir: Path, durability: Dura
             pytest.fail(f"a deleted stream taken for a vanished one: {exc}")
         except StreamNotFound:
             pass  # the handle says so; the gateway opens (or creates) the stream again
+
+
+def test_a_failing_stat_is_not_taken_for_a_vanished_file(data_dir: Path) -> None:
+    """stat, fstat and statvfs failing with EIO tell nothing about the files: the
+    shard's appends go on (the check looks again at the next sync)."""
+    with Log(data_dir, cfg()) as log:
+        fill(log, 5)
+        with faults(STAT, err=errno.EIO, persist=True) as plan:
+            fill(log, 20, start=5)
+            assert plan.fired >= 20  # every append's checks did fail
+        fill(log, 5, start=25)
+    assert entries(data_dir) == [payload(i) for i in range(30)]

@@ -37,7 +37,6 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/statvfs.h>
 
 #include "errors.h"
 #include "internal.h"
@@ -45,11 +44,11 @@
 void presence_note(shard *sh, int state_fd)
 {
     struct stat sb;
-    if (stat(sh->dir, &sb) == 0) {
+    if (sys_stat(sh->dir, &sb) == 0) {
         sh->dir_dev = (uint64_t)sb.st_dev;
         sh->dir_ino = (uint64_t)sb.st_ino;
     }
-    if (state_fd >= 0 && fstat(state_fd, &sb) == 0) {
+    if (state_fd >= 0 && sys_fstat(state_fd, &sb) == 0) {
         sh->state_dev = (uint64_t)sb.st_dev;
         sh->state_ino = (uint64_t)sb.st_ino;
     }
@@ -86,7 +85,7 @@ static const char *vanished_level(shard *sh, char *out, size_t n)
     const char *names[3] = {"data directory", "stream directory", "shard directory"};
     struct stat sb;
     for (int i = 0; i < 3; i++)
-        if (stat(levels[i], &sb) || !S_ISDIR(sb.st_mode)) {
+        if (sys_stat(levels[i], &sb) ? errno == ENOENT || errno == ENOTDIR : !S_ISDIR(sb.st_mode)) {
             snprintf(out, n, "%s", levels[i]);
             return names[i];
         }
@@ -117,12 +116,26 @@ static int active_segment_unlinked(shard *sh, uint64_t *base_out)
         if (seg->base < base)
             break; /* sorted: the active one is at the end */
         struct stat sb;
-        if (seg->base == base && seg->fd >= 0 && fstat(seg->fd, &sb) == 0)
+        if (seg->base == base && seg->fd >= 0 && sys_fstat(seg->fd, &sb) == 0)
             unlinked = sb.st_nlink == 0;
     }
     pthread_mutex_unlock(&sh->cache_lock);
     *base_out = base;
     return unlinked;
+}
+
+/* 1 when path no longer names the file of that device and inode: gone
+ * (ENOENT, ENOTDIR; *err set) or replaced (*err 0).  Another failure of stat
+ * (EIO, EACCES, no memory) tells nothing about it: 0, as when in place. */
+static int moved(const char *path, uint64_t dev, uint64_t ino, int *err)
+{
+    struct stat sb;
+    *err = 0;
+    if (sys_stat(path, &sb)) {
+        *err = errno;
+        return *err == ENOENT || *err == ENOTDIR;
+    }
+    return (uint64_t)sb.st_ino != ino || (uint64_t)sb.st_dev != dev;
 }
 
 int presence_check(shard *sh)
@@ -134,12 +147,10 @@ int presence_check(shard *sh)
      * own answer (COMET_E_NO_STREAM, from shard_check_deleted) is the right one. */
     if (atomic_load_explicit(&sh->st->deleted, memory_order_acquire) == STATE_DELETED)
         return 0;
-    struct stat sb;
     char where[COMET_PATH_MAX];
-    if (stat(sh->dir, &sb) || (uint64_t)sb.st_ino != sh->dir_ino ||
-        (uint64_t)sb.st_dev != sh->dir_dev) {
-        int err = errno;
-        int missing = stat(sh->dir, &sb) != 0;
+    int err;
+    if (moved(sh->dir, sh->dir_dev, sh->dir_ino, &err)) {
+        int missing = err != 0;
         const char *level = vanished_level(sh, where, sizeof where);
         return refuse(sh, COMET_E_GONE,
                       "the %s %s was %s while shard %u of stream '%s' was open%s%s; " RESTART_ADVICE,
@@ -158,15 +169,14 @@ int presence_check(shard *sh)
     }
     if (sh->state_ino) {
         path_format(where, "%s/%s", sh->dir, STATE_NAME);
-        if (stat(where, &sb) || (uint64_t)sb.st_ino != sh->state_ino ||
-            (uint64_t)sb.st_dev != sh->state_dev)
+        if (moved(where, sh->state_dev, sh->state_ino, &err))
             return refuse(sh, COMET_E_GONE,
                           "the state file %s of shard %u of stream '%s' was removed or replaced "
                           "while open; " REOPEN_ADVICE,
                           where, sh->id, sh->stream->name);
     }
     struct statvfs vfs;
-    if (statvfs(sh->dir, &vfs) == 0 && (vfs.f_flag & ST_RDONLY))
+    if (sys_statvfs(sh->dir, &vfs) == 0 && (vfs.f_flag & ST_RDONLY))
         return refuse(sh, COMET_E_READ_ONLY,
                       "the filesystem of %s is read-only (remounted after an error, or by an "
                       "operator); appends to shard %u of stream '%s' are refused until it is "
