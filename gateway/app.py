@@ -29,7 +29,7 @@ from storage_c.jsonlog import event
 
 from . import admin, auth, entries, logs, metrics, openapi, reads
 from .config import GatewayConfig
-from .errors import HTTPError, check_name
+from .errors import HTTPError, check_name, errors_answered
 from .ingest import PREFIX, Ingest
 from .otlp import SIGNALS as OTLP_PATHS
 from .otlp import OtlpIngest
@@ -100,6 +100,8 @@ def create_app(config: GatewayConfig) -> GatewayApp:
                 auth.check(request, config)
                 return await handler(request)
             except HTTPError as exc:
+                errors_answered.answered(exc.status, exc.code, exc.detail, request.url.path,
+                                         runtime.slot)
                 return exc.response()
             except Exception:  # a bug, not the client's fault: say so, keep serving
                 event(log, "internal_error", logging.ERROR, exc_info=True,

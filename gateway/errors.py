@@ -7,6 +7,9 @@ walks them), so a new storage error is mapped on purpose, not by accident.
 
 from __future__ import annotations
 
+import logging
+import re
+import time
 from typing import NamedTuple
 
 import orjson
@@ -14,6 +17,7 @@ from starlette.responses import Response
 
 import storage_c
 from storage_c import CometError, check_stream_name
+from storage_c.jsonlog import event
 
 
 class HTTPError(Exception):
@@ -116,3 +120,50 @@ def check_name(stream: str) -> None:
         raise storage_error(exc, 0) from None
     if len(_valid_names) < 10_000:
         _valid_names.add(stream)
+
+
+# ---- the error log: the cause of every answer an operator must hear of ----------------
+
+LOGGED_CODES = frozenset({"storage_gone", "storage_read_only", "sync_failed", "storage_full"})
+"""Answers below 500 that are logged too: the storage refusing writes until someone acts."""
+
+# Numbers standing alone (an entry number, a byte count) do not make a cause of their
+# own; those inside a path or a name (shard-0002, 00000000000000002000.log) do.
+LONE_NUMBER = re.compile(r"(?<![\w/.-])\d+(?![\w/.-])")
+
+error_log = logging.getLogger("comet.gateway.errors")
+
+
+class ErrorLog:
+    """One JSON line (event "error_answer") per distinct cause of a 500, or of a 503/507
+    in LOGGED_CODES, per ``every`` seconds in this worker: a fault answers every request
+    alike, and 370,000 identical lines would hide it as well as none.  The line carries
+    the status, the error code, the detail (the cause), the worker's slot, and
+    ``repeats``: the answers of the same cause since its previous line."""
+
+    MAX_CAUSES = 1000
+
+    def __init__(self, every: float = 60.0) -> None:
+        self.every = every
+        self.causes: dict[tuple[int, str, str], list[float]] = {}  # key -> [logged at, repeats]
+
+    def answered(self, status: int, code: str, detail: str, path: str,
+                 slot: int | None) -> None:
+        if status != 500 and code not in LOGGED_CODES:
+            return
+        key = (status, code, LONE_NUMBER.sub("N", detail))
+        now = time.monotonic()
+        seen = self.causes.get(key)
+        if seen is not None and now - seen[0] < self.every:
+            seen[1] += 1
+            return
+        repeats = int(seen[1]) if seen is not None else 0
+        if seen is None and len(self.causes) >= self.MAX_CAUSES:
+            self.causes.pop(next(iter(self.causes)))  # the oldest cause
+        self.causes[key] = [now, 0]
+        event(error_log, "error_answer", logging.ERROR, status=status, error=code,
+              detail=detail, path=path, slot=slot, repeats=repeats)
+
+
+errors_answered = ErrorLog()
+"""The worker's one error log (every path that answers goes through it)."""

@@ -40,14 +40,17 @@ from storage_c import (
     CometError,
     InvalidJSON,
     NoEvents,
+    ReadOnlyStorage,
     StorageFull,
+    StorageGone,
     StreamNotFound,
+    SyncFailed,
     WouldBlock,
 )
 
 from . import auth, logs
 from .bodies import decompress, encoding_of
-from .errors import HTTPError, check_name, storage_error
+from .errors import HTTPError, check_name, errors_answered, storage_error
 from .runtime import Runtime
 
 PREFIX = "/streams/"
@@ -187,6 +190,8 @@ class Ingest:
             outcome.status = 202
         except HTTPError as exc:
             outcome.status, body, headers = exc.status, exc.body(), exc.headers
+            errors_answered.answered(exc.status, exc.code, exc.detail, scope["path"],
+                                     self.runtime.slot)
         except ClientGone:
             return
         raw_headers = [(b"content-type", b"application/json"),
@@ -365,4 +370,6 @@ def store(runtime: Runtime, stream: str, kind: str, body: Body, key: str | bytes
     except CometError as exc:
         if isinstance(exc, StorageFull):
             runtime.storage_full = str(exc)
+        elif isinstance(exc, (StorageGone, ReadOnlyStorage, SyncFailed)):
+            runtime.storage_refused = str(exc)
         raise refused(exc, runtime.config.retry_after_s) from None

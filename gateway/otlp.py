@@ -43,7 +43,7 @@ from storage_c import BatchTooLarge, CometError, Decoded, InvalidOTLP, decode_ot
 
 from . import auth
 from .bodies import decompress, encoding_of
-from .errors import HTTPError, storage_error
+from .errors import HTTPError, errors_answered, storage_error
 from .ingest import EVENTS, INLINE_BODY_BYTES, ClientGone, Head, Ingest, Outcome, read_body, store
 
 PROTOBUF = "application/x-protobuf"
@@ -214,6 +214,7 @@ class OtlpIngest:
         except HTTPError as exc:
             exc = retriable(exc, runtime.config.retry_after_s)
             outcome.status, headers = exc.status, exc.headers
+            errors_answered.answered(exc.status, exc.code, exc.detail, scope["path"], runtime.slot)
             body, media_type = status_body(exc, media_type)
         except ClientGone:
             return

@@ -31,8 +31,13 @@ def readyz(runtime: Runtime) -> Response:
         problems.append("draining")
     if runtime.slot is None:
         problems.append("no process slot yet")
-    if not os.access(runtime.config.data_dir, os.W_OK):
+    if not os.path.isdir(runtime.config.data_dir):
+        problems.append(f"data directory {runtime.config.data_dir} is missing (removed while "
+                        "the gateway ran?)")
+    elif not os.access(runtime.config.data_dir, os.W_OK):
         problems.append(f"data directory {runtime.config.data_dir} is not writable")
+    if runtime.storage_refused is not None:
+        problems.append(f"storage refuses writes: {runtime.storage_refused}")
     if runtime.storage_full is not None and not runtime.room_returned():
         problems.append(f"storage full: {runtime.storage_full}")
     if problems:

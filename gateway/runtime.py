@@ -38,6 +38,10 @@ class Runtime:
         self.storage_full: str | None = None
         """Why the last write failed with storage full; None once a write
         succeeds or readiness finds room again (see room_returned)."""
+        self.storage_refused: str | None = None
+        """Why the storage refused a write until an operator acts (a removed directory, a
+        read-only filesystem, a failed sync): the shard stays refused in this worker until
+        it restarts, and readiness says so meanwhile."""
         self._claiming: threading.Thread | None = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -47,7 +51,11 @@ class Runtime:
     def open(self) -> None:
         with self._lock:
             if self.log is None:
+                missing = not os.path.exists(self.config.data_dir)
                 self.log = Log(self.config.data_dir, self.config.storage_config())
+                if missing:  # a first start, or one after the directory was removed: say so
+                    event(log, "data_directory_created", logging.INFO,
+                          path=self.config.data_dir)
 
     def claim_slot(self) -> None:
         """Claims a slot now, or keeps trying in the background."""

@@ -506,7 +506,7 @@ int comet_crc32c_hw_available(void);
 #define COMET_FAULT_WRITE 0x200u  /* pwrite (also a SIZE call), write */
 #define COMET_FAULT_UNMAP 0x400u  /* munmap, madvise */
 #define COMET_FAULT_CLOSE 0x800u  /* close, closedir */
-#define COMET_FAULT_STAT 0x1000u  /* fstat, stat */
+#define COMET_FAULT_STAT 0x1000u  /* fstat, stat, statvfs */
 #define COMET_FAULT_LOCK 0x2000u  /* flock, fcntl record locks */
 #define COMET_FAULT_ALL 0x3FFFu
 /* err COMET_FAULT_CRASH: the process dies at that call instead (_exit with

@@ -204,6 +204,8 @@ static int make_room(shard *sh, uint64_t total, int may_sleep)
     } else {
         if (!may_sleep)
             return COMET_E_WOULD_BLOCK;
+        if ((rc = presence_check(sh)))
+            return rc;
         uint64_t need = SEGMENT_DATA_OFFSET + total;
         uint64_t capacity = grown_capacity(cfg, 0, need, limit);
         uint64_t coverage = limit > need ? limit : need;
@@ -301,7 +303,7 @@ static int lock_with_room(shard *sh, uint64_t total, int *slow)
     int rc = shard_lock_noting_wait(sh, slow);
     if (rc)
         return rc;
-    if ((rc = shard_check_deleted(sh))) {
+    if ((rc = shard_check_deleted(sh)) || (rc = presence_refusal(sh))) {
         shard_unlock(sh);
         return rc;
     }
@@ -321,7 +323,7 @@ static int lock_with_room(shard *sh, uint64_t total, int *slow)
                                                &budget_protected);
         if ((rc = shard_lock_noting_wait(sh, slow)))
             return rc;
-        if ((rc = shard_check_deleted(sh))) {
+        if ((rc = shard_check_deleted(sh)) || (rc = presence_refusal(sh))) {
             shard_unlock(sh);
             return rc;
         }
@@ -336,6 +338,7 @@ static int lock_with_room(shard *sh, uint64_t total, int *slow)
     }
     budget_short = budget_protected = 0;
     if (rc) {
+        rc = presence_explain(sh, rc);
         shard_unlock(sh);
         if (rc == COMET_E_STORAGE_FULL)
             sc_add(st, SC_STORAGE_FULL_ERRORS, 1);
@@ -355,6 +358,7 @@ static int lock_without_sleeping(shard *sh, uint64_t total, int *slow)
     if (shard_trylock_clean(sh))
         return COMET_E_WOULD_BLOCK;
     int rc = shard_check_deleted(sh);
+    rc = rc ? rc : presence_refusal(sh);
     uint64_t gen_before = atomic_load_explicit(&st->active_gen, memory_order_acquire);
     uint64_t end = atomic_load_explicit(&st->active_end, memory_order_relaxed) + total;
     if (!rc && sh->active && sh->active_gen == gen_before && end <= sh->active->capacity &&
@@ -368,6 +372,7 @@ static int lock_without_sleeping(shard *sh, uint64_t total, int *slow)
         budget_short = budget_protected = 0;
     }
     if (rc) {
+        rc = presence_explain(sh, rc);
         shard_unlock(sh);
         return rc;
     }
@@ -395,7 +400,7 @@ int64_t shard_append(shard *sh, const entry_ref *refs, uint32_t count, uint64_t 
             rc = lock_without_sleeping(sh, total_bytes, &slow);
         if (rc == COMET_E_WOULD_BLOCK)
             clear_error(); /* no detail but comet_strerror's: nothing went wrong */
-    } else {
+    } else if (!(sync_mode == COMET_DURABILITY_ALWAYS && (rc = presence_check(sh)))) {
         rc = lock_with_room(sh, total_bytes, &slow);
     }
     if (rc)

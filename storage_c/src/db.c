@@ -121,6 +121,8 @@ static void flush_if_dirty(shard *sh, void *ctx)
         clear_error();
         return;
     }
+    if (presence_check(sh)) /* gone: nothing left to sync */
+        return;
     if (atomic_exchange(&sh->dirty, 0))
         flush_entries(sh);
     if (atomic_exchange(&sh->offsets_dirty, 0) && offsets_sync(sh) && !shard_sync_refusal(sh))

@@ -45,7 +45,7 @@ int shard_sync_refusal(shard *sh)
     uint32_t err = atomic_load_explicit(&sh->st->sync_failed, memory_order_acquire);
     if (!err)
         return 0;
-    return set_error(COMET_E_SYNC_FAILED,
+    return set_error(err == EROFS ? COMET_E_READ_ONLY : COMET_E_SYNC_FAILED, /* presence.c */
                      "a sync of %s failed earlier (%s): the kernel may have dropped data it could "
                      "not write, so the shard refuses appends until it is opened again (restart or "
                      "reload the gateway), which checks its tail; see the storage's logs and the "
@@ -64,7 +64,7 @@ static int sync_failed(shard *sh, int err, const char *what, uint64_t base)
         snprintf(first, sizeof first, "%s", what);
     else
         snprintf(first, sizeof first, "%s of segment %" PRIu64, what, base);
-    return set_error(COMET_E_SYNC_FAILED,
+    return set_error(err == EROFS ? COMET_E_READ_ONLY : COMET_E_SYNC_FAILED, /* presence.c */
                      "%s in %s failed: %s; the shard refuses appends until it is opened again "
                      "(restart or reload the gateway), which checks its tail",
                      first, sh->dir, strerror(err));
@@ -127,6 +127,7 @@ int shard_sync(shard *sh, uint64_t upto_entry)
         shard_segment_release(sh, seg);
     }
     free(bases);
+    rc = rc ? presence_explain(sh, rc) : presence_check(sh);
     if (!rc) {
         atomic_store_explicit(&st->durable_base, newest, memory_order_relaxed);
         atomic_store_explicit(&st->durable_entry, committed, memory_order_release);

@@ -199,6 +199,12 @@ struct shard {
     int offsets_fd;
     atomic_int offsets_dirty;
     struct comet_group *groups; /* handles, guarded by cache_lock, kept until exit */
+    /* presence.c: what the shard directory and state file were at open, and
+     * the refusal once they are seen gone (0, or the code; detail under
+     * cache_lock, written once before the code is published) */
+    uint64_t dir_dev, dir_ino, state_dev, state_ino;
+    atomic_int gone;
+    char gone_detail[512];
 };
 
 int shard_open(struct comet_stream *stream, uint32_t id, shard **out);
@@ -241,6 +247,20 @@ void shard_segments_clear(shard *sh);
  * again first (repair and retention); _bases trusts the cache. */
 int shard_segment_bases(shard *sh, uint64_t **bases, size_t *count);
 int shard_list_segments(shard *sh, uint64_t **bases, size_t *count);
+
+/* ---- presence.c: files taken away from under an open shard --------------- */
+
+/* Notes the shard directory's and state file's identity (shard_open). */
+void presence_note(shard *sh, int state_fd);
+/* COMET_E_GONE or COMET_E_READ_ONLY (the detail says which path and what to
+ * do) once this process saw the shard's files go; else 0.  A load. */
+int presence_refusal(shard *sh);
+/* Looks (a few stat calls): the refusal, or 0 when everything is in place.
+ * At every sync and rotation. */
+int presence_check(shard *sh);
+/* rc (an append step's error) or, when the check finds its cause, the
+ * refusal instead: a vanished directory named, not its symptom. */
+int presence_explain(shard *sh, int rc);
 
 /* ---- offsets.c ----------------------------------------------------------- */
 

@@ -92,6 +92,7 @@ int shard_open(comet_stream *stream, uint32_t id, shard **out)
             pthread_mutex_unlock(&sh->st->append_lock.mutex);
         }
     }
+    presence_note(sh, sh->state_fd);
     sys_flock(sh->state_fd, LOCK_UN); /* the descriptor stays: it holds the shared lock */
     if (rc)
         goto fail;

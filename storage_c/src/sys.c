@@ -220,6 +220,11 @@ static int real_stat(const char *path, struct stat *sb)
     return fault(COMET_FAULT_STAT, NULL) ? -1 : stat(path, sb);
 }
 
+static int real_statvfs(const char *path, struct statvfs *vfs)
+{
+    return fault(COMET_FAULT_STAT, NULL) ? -1 : statvfs(path, vfs);
+}
+
 static int real_flock(int fd, int op) { return fault(COMET_FAULT_LOCK, NULL) ? -1 : flock(fd, op); }
 
 static int real_fcntl_lock(int fd, int cmd, struct flock *fl)
@@ -284,6 +289,7 @@ comet_sys_table comet_sys = {
     .closedir = real_closedir,
     .fstat = real_fstat,
     .stat = real_stat,
+    .statvfs = real_statvfs,
     .flock = real_flock,
     .fcntl_lock = real_fcntl_lock,
     .rename = real_rename,

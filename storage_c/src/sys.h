@@ -38,6 +38,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/types.h>
 
 struct flock;
@@ -60,6 +61,7 @@ typedef struct comet_sys_table {
     int (*closedir)(DIR *dir);
     int (*fstat)(int fd, struct stat *sb);
     int (*stat)(const char *path, struct stat *sb);
+    int (*statvfs)(const char *path, struct statvfs *vfs);
     int (*flock)(int fd, int op);
     int (*fcntl_lock)(int fd, int cmd, struct flock *fl); /* F_OFD_SETLK(W), F_OFD_GETLK, ... */
     int (*rename)(const char *from, const char *to);
@@ -185,6 +187,7 @@ static inline int sys_close(int fd) { return comet_sys.close(fd); }
 static inline int sys_closedir(DIR *dir) { return comet_sys.closedir(dir); }
 static inline int sys_fstat(int fd, struct stat *sb) { SYS_RETRY(int, comet_sys.fstat(fd, sb)); }
 static inline int sys_stat(const char *path, struct stat *sb) { SYS_RETRY(int, comet_sys.stat(path, sb)); }
+static inline int sys_statvfs(const char *path, struct statvfs *vfs) { SYS_RETRY(int, comet_sys.statvfs(path, vfs)); }
 static inline int sys_flock(int fd, int op) { SYS_RETRY(int, comet_sys.flock(fd, op)); }
 static inline int sys_fcntl_lock(int fd, int cmd, struct flock *fl) { SYS_RETRY(int, comet_sys.fcntl_lock(fd, cmd, fl)); }
 static inline int sys_rename(const char *from, const char *to) { SYS_RETRY(int, comet_sys.rename(from, to)); }

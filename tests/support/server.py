@@ -8,6 +8,10 @@ app (the benchmark's bare anchor).  Either way the server starts in a session
 connections land on any worker, so it polls until it has seen them all);
 ``stop`` sends TERM to the master, waits, then KILLs the whole group, each
 step bounded; ``scan_log`` counts tracebacks, warnings and errors in the log.
+Stopping a gateway (``stop``, or leaving its ``with`` block) also checks that
+every answer of 500 in its access log has a line naming its cause
+(``unlogged_errors``): every test that runs a gateway fails if one was
+answered silently.
 
 The tests and the benchmarks (loadtests/) start servers only through this
 module, so that both measure and check the same thing.
@@ -31,8 +35,9 @@ from storage_c import Config, Log, NoFreeSlot
 
 HOST = "127.0.0.1"
 COMET = Path(sys.executable).with_name("comet")
-# What the tests run with: no access log, 8 shards, 1 MiB segments.
-SMALL = {"COMET_ACCESS_LOG": "0", "COMET_STORAGE_SHARDS": "8",
+# What the tests run with: 8 shards, 1 MiB segments, the access log on (stopping a
+# gateway reads it for answers of 500; see unlogged_errors).
+SMALL = {"COMET_ACCESS_LOG": "1", "COMET_STORAGE_SHARDS": "8",
          "COMET_STORAGE_SEGMENT_BYTES": str(1 << 20)}
 
 
@@ -198,6 +203,26 @@ class GatewayProcess(ServerProcess):
         super().__init__(argv, port, workers=workers, env=env,
                          log_path=log_path or data_dir.parent / f"serve-{port}.log")
 
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60) -> int:
+        """ServerProcess.stop, then AssertionError if an answer of 500 in the access log
+        has no line naming its cause (see unlogged_errors)."""
+        status = super().stop(sig, timeout)
+        silent = unlogged_errors(self.log_path)
+        if silent:
+            raise AssertionError(f"{len(silent)} answers of 500 without a log line naming the "
+                                 f"cause in {self.log_path}, the first: {silent[:3]}")
+        return status
+
+    def __exit__(self, *exc: object) -> None:
+        """KILLs what is left; a block that ended without an exception is checked as
+        ``stop`` checks (a killed worker's last access lines may be missing: never a
+        500 the check would miss a line for)."""
+        super().__exit__(*exc)
+        silent = unlogged_errors(self.log_path) if exc[0] is None else []
+        if silent:
+            raise AssertionError(f"{len(silent)} answers of 500 without a log line naming the "
+                                 f"cause in {self.log_path}, the first: {silent[:3]}")
+
     def reload_workers(self, timeout: float = 60) -> None:
         """HUP, then until none of the old workers is left and the new ones are ready."""
         old = set(self.worker_pids())
@@ -223,6 +248,47 @@ class GatewayProcess(ServerProcess):
 ACCESS_LINE = b'"event":"request"'
 LEVEL = re.compile(r"\[(DEBUG|INFO|WARNING|ERROR|CRITICAL)\]\s*(.*)")
 DIGITS = re.compile(r"\d+")
+
+
+CAUSE_EVENTS = ("error_answer", "internal_error")
+# The gateway logs a cause once per minute per worker (gateway/errors.py, ErrorLog);
+# the access line of an answer is written up to a batch interval after the answer.
+CAUSE_WINDOW_S = 61.0
+
+
+def unlogged_errors(path: Path) -> list[dict[str, Any]]:
+    """The access lines of answers of 500 in a gateway's log that no line names the cause
+    of: an "error_answer" of status 500 from the same worker (slot) at most CAUSE_WINDOW_S
+    before, or an error line with a traceback (an exception the server caught) as near."""
+    answers: list[dict[str, Any]] = []
+    causes: dict[object, list[float]] = {}  # slot (None: any worker) -> when
+    try:
+        f = open(path, "rb")
+    except OSError:
+        return []
+    with f:
+        for raw in f:
+            if not raw.startswith(b"{"):
+                continue
+            try:
+                record = json.loads(raw)
+            except ValueError:
+                continue
+            ts = float(record.get("ts", 0))
+            if record.get("event") == "request":
+                if record.get("status") == 500:
+                    answers.append(record)
+            elif record.get("event") in CAUSE_EVENTS and record.get("status", 500) == 500:
+                causes.setdefault(record.get("slot"), []).append(ts)
+            elif record.get("level") == "error" and record.get("exception"):
+                causes.setdefault(None, []).append(ts)
+    silent = []
+    for a in answers:
+        ts = float(a["ts"])
+        near = causes.get(a.get("slot"), []) + causes.get(None, [])
+        if not any(ts - CAUSE_WINDOW_S <= t <= ts + 1 for t in near):
+            silent.append(a)
+    return silent
 
 
 def scan_log(path: Path) -> dict[str, Any]:

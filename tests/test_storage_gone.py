@@ -1,0 +1,322 @@
+"""What an operator can do to a running gateway's files, under load (issue 25): the data
+directory removed, a shard directory removed, the active segment of a shard unlinked.
+
+Each runs a real ``comet serve`` (tests/support/server.py) with clients posting from
+threads, does the damage from outside, and checks what the clients saw (202 or 503
+``storage_gone``, never 500, and no 202 for a request sent after its shard's refusal
+reached a client), the one log line per cause, ``/readyz``, and what a restart does:
+nothing acknowledged that still exists on disk is missing.  The read-only filesystem is
+tests/test_storage_read_only.py; the core's own checks, tests/test_presence.py.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import re
+import shutil
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import orjson
+
+from .support.noloss import Acks, check
+from .support.server import HOST, SMALL, GatewayProcess
+
+STREAM = "ev"
+SHARD_OF = re.compile(r"shard (\d+) of stream|/shard-(\d+)\b")  # its number, or its directory
+# Syncs (and so the checks) every 100 ms: the clients see the refusal soon.
+ENV = {**SMALL, "COMET_STORAGE_FSYNC_INTERVAL_MS": "100"}
+
+
+@dataclass
+class Answer:
+    sent: float       # monotonic, before the request was written
+    received: float   # monotonic, after its answer was read
+    status: int       # 0: no answer
+    body: dict[str, Any]
+    rid: str = ""
+    base: int = 0     # the number of its first event
+
+
+@dataclass
+class Client:
+    """Posts numbered NDJSON events (``{"c", "i", "r"}``, as tests/support/noloss.py
+    reads them) until stopped, and keeps every answer with its times."""
+
+    port: int
+    name: str
+    batch: int = 5
+    answers: list[Answer] = field(default_factory=list)
+    acks: Acks = field(default_factory=Acks)
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def run(self) -> None:
+        conn: http.client.HTTPConnection | None = None
+        i = 0
+        while not self.stop.is_set():
+            rid = f"{self.name}.{i}"
+            body = b"\n".join(orjson.dumps({"c": self.name, "i": i * self.batch + k, "r": rid})
+                              for k in range(self.batch))
+            sent = time.monotonic()
+            try:
+                if conn is None:
+                    conn = http.client.HTTPConnection(HOST, self.port, timeout=30)
+                conn.request("POST", f"/streams/{STREAM}", body=body,
+                             headers={"content-type": "application/x-ndjson"})
+                r = conn.getresponse()
+                data = orjson.loads(r.read() or b"{}")
+                self.answers.append(Answer(sent, time.monotonic(), r.status, data, rid,
+                                           i * self.batch))
+                if r.status == 202:
+                    self.acks.acknowledged(STREAM, data["shard"], data["first"], data["count"],
+                                           rid, None, i * self.batch)
+                else:
+                    self.acks.refused(rid, r.status)
+                    self.stop.wait(0.005)  # a refused client retries, not in a tight loop
+            except (OSError, http.client.HTTPException):
+                self.answers.append(Answer(sent, time.monotonic(), 0, {}))
+                self.acks.refused(rid, 0)
+                if conn is not None:
+                    conn.close()
+                conn = None
+                self.stop.wait(0.01)
+            i += 1
+        if conn is not None:
+            conn.close()
+
+
+class Load:
+    """``n`` clients in threads; ``until`` waits (bounded) for a condition on them."""
+
+    def __init__(self, server: GatewayProcess, n: int = 3) -> None:
+        self.clients = [Client(server.port, f"c{k}") for k in range(n)]
+        self.threads = [threading.Thread(target=c.run, daemon=True) for c in self.clients]
+        for t in self.threads:
+            t.start()
+
+    def answers(self) -> list[Answer]:
+        return [a for c in self.clients for a in list(c.answers)]
+
+    def until(self, what: str, cond: Callable[[list[Answer]], bool], timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        while not cond(self.answers()):
+            assert time.monotonic() < deadline, f"no {what} within {timeout} s: " \
+                f"{statuses(self.answers())}"
+            time.sleep(0.02)
+
+    def finish(self) -> list[Answer]:
+        for c in self.clients:
+            c.stop.set()
+        for t in self.threads:
+            t.join(timeout=60)
+        assert not any(t.is_alive() for t in self.threads)
+        return self.answers()
+
+
+def statuses(answers: list[Answer]) -> dict[tuple[int, str], int]:
+    out: dict[tuple[int, str], int] = {}
+    for a in answers:
+        key = (a.status, str(a.body.get("error", "")))
+        out[key] = out.get(key, 0) + 1
+    return out
+
+
+def refusal_shard(a: Answer) -> int:
+    m = SHARD_OF.search(str(a.body.get("detail", "")))
+    assert m, f"a refusal that names no shard: {a.body}"
+    return int(m.group(1) or m.group(2))
+
+
+def check_answers(answers: list[Answer], refused_shards: set[int] | None,
+                  codes: tuple[str, ...] = ("storage_gone",)) -> dict[int, float]:
+    """Only 202 and 503 of ``codes`` were answered, every refusal
+    names its shard (one of ``refused_shards`` when given), and no request sent after a
+    refusal of its shard reached a client was acknowledged.  Returns, per refused shard,
+    when its first refusal came."""
+    assert {s for s, _ in statuses(answers)} <= {202, 503}, statuses(answers)
+    refusals = [a for a in answers if a.status == 503]
+    assert refusals and all(a.body.get("error") in codes for a in refusals), \
+        statuses(answers)
+    first: dict[int, float] = {}
+    for a in refusals:
+        shard = refusal_shard(a)
+        first[shard] = min(first.get(shard, a.received), a.received)
+    if refused_shards is not None:
+        assert set(first) <= refused_shards, (first, refused_shards)
+    late = [a for a in answers if a.status == 202 and a.body["shard"] in first
+            and a.sent > first[a.body["shard"]]]
+    assert not late, f"{len(late)} acknowledged after their shard's refusal, e.g. {late[:3]}"
+    return first
+
+
+def acks_before(clients: list[Client], cutoff: float) -> Acks:
+    """The 202s that reached their client before ``cutoff`` (monotonic)."""
+    acks = Acks()
+    for c in clients:
+        for a in list(c.answers):
+            if a.status == 202 and a.received < cutoff:
+                acks.acknowledged(STREAM, a.body["shard"], a.body["first"], a.body["count"],
+                                  a.rid, None, a.base)
+    return acks
+
+
+def log_records(server: GatewayProcess, event: str) -> list[dict[str, Any]]:
+    out = []
+    for line in server.log_path.read_bytes().splitlines():
+        if line.startswith(b"{") and f'"event":"{event}"'.encode() in line:
+            out.append(json.loads(line))
+    return out
+
+
+def check_logged(server: GatewayProcess, names: str, most: int) -> list[dict[str, Any]]:
+    """At least one and at most ``most`` "error_answer" lines of storage_gone, each naming
+    ``names`` in its detail (not one per request)."""
+    lines = [r for r in log_records(server, "error_answer") if r["error"] == "storage_gone"]
+    assert 1 <= len(lines) <= most, lines
+    assert all(names in r["detail"] and r["status"] == 503 for r in lines), lines
+    return lines
+
+
+def check_not_ready(server: GatewayProcess, says: str) -> None:
+    """Some worker's /readyz is 503 and says why (new connections land on either)."""
+    for _ in range(20):
+        status, body, _ = server.request("GET", "/readyz")
+        problems = " ".join(json.loads(body).get("problems", []))
+        if status == 503 and says in problems:
+            return
+    raise AssertionError(f"no /readyz said {says!r}; the last: {status} {body!r}")
+
+
+def active_segment(shard_dir: Path) -> Path:
+    return max(shard_dir.glob("*.log"))
+
+
+def remove(path: Path) -> None:
+    """rm -rf, done again while the gateway creates files in it meanwhile."""
+    deadline = time.monotonic() + 10
+    while path.exists():
+        shutil.rmtree(path, ignore_errors=True)
+        assert time.monotonic() < deadline, f"{path} keeps coming back"
+
+
+def restart(data_dir: Path, env: dict[str, str]) -> GatewayProcess:
+    server = GatewayProcess(data_dir, env=env)
+    server.wait_ready()
+    return server
+
+
+def test_data_directory_removed(data_dir: Path) -> None:
+    with GatewayProcess(data_dir, env=ENV) as server:
+        server.wait_ready()
+        load = Load(server)
+        load.until("202s", lambda a: sum(x.status == 202 for x in a) >= 100)
+        remove(data_dir)
+        load.until("refusal of every client", lambda a: all(
+            any(x.status == 503 for x in c.answers) for c in load.clients))
+        time.sleep(0.5)  # the refusals go on: no 202 among them
+        answers = load.finish()
+        check_answers(answers, None)
+        # rm -rf removes bottom up: a check during it may find the shard's or the
+        # stream's directory gone first, and names that one
+        lines = check_logged(server, f"{data_dir}", most=2 * 8)
+        assert any(f"the data directory {data_dir} was removed" in r["detail"] for r in lines) \
+            or all(" was removed while shard " in r["detail"] for r in lines), lines
+        assert len({r["slot"] for r in lines}) <= 2
+        check_not_ready(server, "storage refuses writes")
+        assert server.stop() == 0
+    # A restart starts empty: the directory is created again, and says so.
+    assert not data_dir.exists()
+    with restart(data_dir, ENV) as server:
+        status, body, _ = server.request("POST", f"/streams/{STREAM}", b'{"after":1}',
+                                         {"content-type": "application/json"})
+        assert status == 202, body
+        created = log_records(server, "data_directory_created")
+        assert created and created[0]["path"] == str(data_dir), created
+        assert server.stop() == 0
+
+
+def busiest_shard(load: Load) -> int:
+    """The shard most 202s named, once there were 200 (a client's connection stays with
+    one worker, which owns half of the shards)."""
+    load.until("202s", lambda a: sum(x.status == 202 for x in a) >= 200)
+    counts: dict[int, int] = {}
+    for a in load.answers():
+        if a.status == 202:
+            counts[a.body["shard"]] = counts.get(a.body["shard"], 0) + 1
+    return max(counts, key=lambda s: counts[s])
+
+
+def test_shard_directory_removed(data_dir: Path) -> None:
+    with GatewayProcess(data_dir, env=ENV) as server:
+        server.wait_ready()
+        load = Load(server)
+        victim = busiest_shard(load)
+        shard_dir = data_dir / STREAM / f"shard-{victim:04d}"
+        remove(shard_dir)
+        load.until("its refusal", lambda a: any(x.status == 503 for x in a))
+        time.sleep(0.5)
+        answers = load.finish()
+        check_answers(answers, {victim})
+        others = sum(a.status == 202 and a.body["shard"] != victim and a.sent > time.monotonic() - 0.5
+                     for a in answers)
+        assert others, "the other shards stopped too"
+        check_logged(server, f"the shard directory {shard_dir} was removed", most=1)
+        check_not_ready(server, str(shard_dir))
+        assert server.stop() == 0
+    # A restart opens the shard again empty (numbered from 0: its entries are gone with
+    # the directory); every other shard holds every entry it acknowledged.
+    with restart(data_dir, ENV) as server:
+        assert server.stop() == 0
+    acks = Acks()
+    for c in load.clients:
+        for (stream, shard), ranges in c.acks.by_shard.items():
+            if shard != victim:
+                acks.by_shard.setdefault((stream, shard), []).extend(ranges)
+                acks.rids |= {r.rid for r in ranges}
+                acks.events += sum(r.last - r.first + 1 for r in ranges)
+                acks.requests += len(ranges)
+    report = check(data_dir, acks, exact=False)
+    assert report.acked_events > 0
+    assert report.lost == report.duplicates == 0, (report.problems, report.examples[:5])
+    assert not any(shard_dir.glob("*.log"))  # nothing written there since
+
+
+def test_active_segment_unlinked(data_dir: Path) -> None:
+    env = {**ENV, "COMET_STORAGE_SEGMENT_BYTES": str(64 << 10),
+           "COMET_STORAGE_SEGMENT_CHUNK_BYTES": str(64 << 10)}
+    with GatewayProcess(data_dir, env=env) as server:
+        server.wait_ready()
+        load = Load(server)
+        victim = busiest_shard(load)
+        shard_dir = data_dir / STREAM / f"shard-{victim:04d}"
+        load.until("a sealed segment in the shard", lambda a: shard_dir.exists()
+                   and len(list(shard_dir.glob("*.log"))) >= 2, timeout=60)
+        segment = active_segment(shard_dir)
+        segment.unlink()
+        load.until("its refusal", lambda a: any(x.status == 503 for x in a))
+        time.sleep(0.5)
+        answers = load.finish()
+        check_answers(answers, {victim})
+        check_logged(server, f"the active segment {segment} of shard {victim}", most=1)
+        assert server.stop() == 0
+    # A restart recovers the shard from the segments left: the entries of the unlinked
+    # one are gone (numbering goes on after the last that survived); every entry
+    # acknowledged in a sealed segment, and in every other shard, is there.
+    with restart(data_dir, env) as server:
+        assert server.stop() == 0
+    base = int(segment.name.split(".")[0])
+    acks = Acks()
+    for c in load.clients:
+        for (stream, shard), ranges in c.acks.by_shard.items():
+            kept = [r for r in ranges if shard != victim or r.last < base]
+            acks.by_shard.setdefault((stream, shard), []).extend(kept)
+            acks.rids |= {r.rid for r in kept}
+            acks.events += sum(r.last - r.first + 1 for r in kept)
+            acks.requests += len(kept)
+    assert acks.by_shard[(STREAM, victim)], "nothing acknowledged in the sealed segments"
+    report = check(data_dir, acks, exact=False)
+    assert report.lost == report.duplicates == 0, (report.problems, report.examples[:5])
