@@ -182,13 +182,17 @@ def check_logged(server: GatewayProcess, names: str, most: int) -> list[dict[str
 
 
 def check_not_ready(server: GatewayProcess, says: str) -> None:
-    """Some worker's /readyz is 503 and says why (new connections land on either)."""
-    for _ in range(20):
+    """The /readyz of the worker that refused is 503 and says why (a new connection
+    lands on either worker; an idle gateway may hand many in a row to the same one)."""
+    deadline = time.monotonic() + 20
+    while True:
         status, body, _ = server.request("GET", "/readyz")
         problems = " ".join(json.loads(body).get("problems", []))
         if status == 503 and says in problems:
             return
-    raise AssertionError(f"no /readyz said {says!r}; the last: {status} {body!r}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no /readyz said {says!r}; the last: {status} {body!r}")
+        time.sleep(0.05)
 
 
 def active_segment(shard_dir: Path) -> Path:
