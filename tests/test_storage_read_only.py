@@ -28,8 +28,8 @@ import pytest
 
 from .support.noloss import Acks, NoLossReport, check
 from .support.server import GatewayProcess
-from .test_storage_gone import (ENV, Load, acks_before, check_answers, check_not_ready,
-                                log_records, statuses)
+from .support.faulty_load import (ENV, Load, acks_before, check_answers, check_not_ready,
+                                 log_records, statuses)
 
 
 def run(*argv: str) -> subprocess.CompletedProcess[str]:
