@@ -12,13 +12,10 @@ import pytest
 from .harness import SEED, PowerCutFS
 
 
-@pytest.fixture(autouse=True, scope="session")
-def _print_seed(request: pytest.FixtureRequest) -> None:
-    """The seed of the random schedules, where CI's output shows it (pytest captures
-    prints): COMET_POWERCUT_SEED=<it> replays the run."""
-    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is not None:
-        reporter.write_line(f"powercut: COMET_POWERCUT_SEED={SEED}")
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """The seed of the random schedules, at the end of every run that collected these
+    tests (where CI's output shows it): COMET_POWERCUT_SEED=<it> replays the run."""
+    terminalreporter.write_line(f"powercut: COMET_POWERCUT_SEED={SEED}")
 
 
 @pytest.hookimpl(hookwrapper=True)
