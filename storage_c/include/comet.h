@@ -502,8 +502,8 @@ int comet_crc32c_hw_available(void);
 #define COMET_FAULT_REMOVE 0x20u  /* unlink, rmdir */
 #define COMET_FAULT_READDIR 0x40u /* readdir */
 #define COMET_FAULT_ALLOC 0x80u   /* malloc, calloc, realloc */
-#define COMET_FAULT_READ 0x100u   /* pread, read */
-#define COMET_FAULT_WRITE 0x200u  /* pwrite (also a SIZE call), write */
+#define COMET_FAULT_READ 0x100u   /* pread */
+#define COMET_FAULT_WRITE 0x200u  /* pwrite (also a SIZE call) */
 #define COMET_FAULT_UNMAP 0x400u  /* munmap, madvise */
 #define COMET_FAULT_CLOSE 0x800u  /* close, closedir */
 #define COMET_FAULT_STAT 0x1000u  /* fstat, stat, statvfs */

@@ -94,16 +94,11 @@ static uint8_t zeros[1 << 20];
 
 int zero_fill(int fd, uint64_t from, uint64_t to)
 {
-    while (from < to) {
+    for (; from < to; from += sizeof zeros) {
         size_t n = (size_t)(to - from < sizeof zeros ? to - from : sizeof zeros);
-        ssize_t w = sys_pwrite(fd, zeros, n, (off_t)from);
-        if (w < 0) {
-            if (errno == EINTR)
-                continue;
+        if (sys_pwrite(fd, zeros, n, (off_t)from) < 0)
             return set_errno_error(errno, "cannot write zeros over [%" PRIu64 ", %" PRIu64 ")",
                                    from, to);
-        }
-        from += (uint64_t)w;
     }
     return 0;
 }
@@ -129,18 +124,7 @@ int create_file_exclusive(const char *dir, const char *name, const void *data, s
     if (fd < 0)
         return set_errno_error(errno, "cannot create %s", tmp);
     int err = 0; /* the errno value of the first failure */
-    const uint8_t *p = data;
-    size_t left = len;
-    while (left && !err) {
-        ssize_t w = sys_write(fd, p, left);
-        if (w < 0 && errno != EINTR)
-            err = errno;
-        else if (w > 0) {
-            p += w;
-            left -= (size_t)w;
-        }
-    }
-    if (!err && sys_fsync(fd))
+    if (sys_pwrite(fd, data, len, 0) < 0 || sys_fsync(fd))
         err = errno;
     sys_close(fd);
     int rc = err ? set_errno_error(err, "cannot write %s", tmp) : 0;
@@ -159,19 +143,11 @@ long read_file_prefix(const char *path, void *buf, size_t len, int *missing)
         *missing = fd < 0 && errno == ENOENT;
     if (fd < 0)
         return set_errno_error(errno, "cannot open %s", path);
-    size_t got = 0;
-    while (got < len) {
-        ssize_t r = sys_pread(fd, (uint8_t *)buf + got, len - got, (off_t)got);
-        if (r < 0) {
-            if (errno == EINTR)
-                continue;
-            int rc = set_errno_error(errno, "cannot read %s", path);
-            sys_close(fd);
-            return rc;
-        }
-        if (r == 0)
-            break;
-        got += (size_t)r;
+    ssize_t got = sys_pread(fd, buf, len, 0); /* short only at the end of the file */
+    if (got < 0) {
+        int rc = set_errno_error(errno, "cannot read %s", path);
+        sys_close(fd);
+        return rc;
     }
     sys_close(fd);
     return (long)got;

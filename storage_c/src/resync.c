@@ -47,18 +47,14 @@ static int rewrite_and_sync(shard *sh, int fd, const uint8_t *map, uint64_t from
     uint8_t *buf = to > from ? sys_malloc(REWRITE_CHUNK) : NULL;
     if (to > from && !buf)
         return set_error(COMET_E_NOMEM, "out of memory repairing %s", sh->dir);
-    while (from < to) {
+    for (; from < to; from += REWRITE_CHUNK) {
         size_t n = (size_t)(to - from < REWRITE_CHUNK ? to - from : REWRITE_CHUNK);
         memcpy(buf, map + from, n);
-        ssize_t w = sys_pwrite(fd, buf, n, (off_t)from);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0) {
-            int err = w < 0 ? errno : EIO;
+        if (sys_pwrite(fd, buf, n, (off_t)from) < 0) {
+            int err = errno;
             free(buf);
             return set_errno_error(err, "cannot write %s of %s back", what, sh->dir);
         }
-        from += (uint64_t)w;
     }
     free(buf);
     if (sys_fdatasync(fd))

@@ -151,19 +151,9 @@ static ssize_t real_pwrite(int fd, const void *buf, size_t n, off_t offset)
     return fault(COMET_FAULT_SIZE | COMET_FAULT_WRITE, &n) == FAIL ? -1 : pwrite(fd, buf, n, offset);
 }
 
-static ssize_t real_write(int fd, const void *buf, size_t n)
-{
-    return fault(COMET_FAULT_WRITE, &n) == FAIL ? -1 : write(fd, buf, n);
-}
-
 static ssize_t real_pread(int fd, void *buf, size_t n, off_t offset)
 {
     return fault(COMET_FAULT_READ, &n) == FAIL ? -1 : pread(fd, buf, n, offset);
-}
-
-static ssize_t real_read(int fd, void *buf, size_t n)
-{
-    return fault(COMET_FAULT_READ, &n) == FAIL ? -1 : read(fd, buf, n);
 }
 
 static void *real_mmap(void *addr, size_t len, int prot, int flags, int fd, off_t offset)
@@ -276,9 +266,7 @@ comet_sys_table comet_sys = {
     .fallocate = real_fallocate,
     .ftruncate = real_ftruncate,
     .pwrite = real_pwrite,
-    .write = real_write,
     .pread = real_pread,
-    .read = real_read,
     .mmap = real_mmap,
     .munmap = real_munmap,
     .madvise = real_madvise,

@@ -24,8 +24,8 @@
  *     it did anything), except by close and closedir: Linux has released the
  *     descriptor whatever they return, and a retry could close a descriptor
  *     another thread just opened.
- *   - sys_pwrite and sys_write write everything or fail; sys_pread and
- *     sys_read read everything or stop at the end of the file.  A short
+ *   - sys_pwrite writes everything or fails; sys_pread reads everything or
+ *     stops at the end of the file.  A short
  *     transfer is legal for each of them and is looped over, never taken
  *     for the whole (a short header read taken for "not a segment" would set
  *     a healthy segment aside).
@@ -48,9 +48,7 @@ typedef struct comet_sys_table {
     int (*fallocate)(int fd, off_t offset, off_t len);
     int (*ftruncate)(int fd, off_t len);
     ssize_t (*pwrite)(int fd, const void *buf, size_t n, off_t offset);
-    ssize_t (*write)(int fd, const void *buf, size_t n);
     ssize_t (*pread)(int fd, void *buf, size_t n, off_t offset);
-    ssize_t (*read)(int fd, void *buf, size_t n);
     void *(*mmap)(void *addr, size_t len, int prot, int flags, int fd, off_t offset);
     int (*munmap)(void *addr, size_t len);
     int (*madvise)(void *addr, size_t len, int advice);
@@ -119,45 +117,12 @@ static inline ssize_t sys_pwrite(int fd, const void *buf, size_t n, off_t offset
     return (ssize_t)n;
 }
 
-static inline ssize_t sys_write(int fd, const void *buf, size_t n)
-{
-    size_t done = 0;
-    while (done < n) {
-        ssize_t w = comet_sys.write(fd, (const char *)buf + done, n - done);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0) {
-            if (w == 0)
-                errno = EIO;
-            return -1;
-        }
-        done += (size_t)w;
-    }
-    return (ssize_t)n;
-}
-
 /* n bytes, fewer only at the end of the file, or -1. */
 static inline ssize_t sys_pread(int fd, void *buf, size_t n, off_t offset)
 {
     size_t done = 0;
     while (done < n) {
         ssize_t r = comet_sys.pread(fd, (char *)buf + done, n - done, offset + (off_t)done);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r < 0)
-            return -1;
-        if (r == 0)
-            break;
-        done += (size_t)r;
-    }
-    return (ssize_t)done;
-}
-
-static inline ssize_t sys_read(int fd, void *buf, size_t n)
-{
-    size_t done = 0;
-    while (done < n) {
-        ssize_t r = comet_sys.read(fd, (char *)buf + done, n - done);
         if (r < 0 && errno == EINTR)
             continue;
         if (r < 0)
