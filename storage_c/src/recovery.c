@@ -405,16 +405,32 @@ static uint64_t start_offset(holds *h, segment **seg, uint64_t entry, uint64_t *
 }
 
 /* Puts the scan in the segment holding scan_from, at the index record before
- * it; the cut starts there.  Sets h.fatal when that segment cannot be judged. */
+ * it; the cut starts there.  Sets h.fatal when that segment cannot be judged.
+ * A segment that holds no entry to start from - a recycled file whose new
+ * header never reached the disk, or a header that does not check out - is
+ * reached from the segment before it instead (next_segment ends the log or
+ * sets it aside there): started in, it would leave no cut at all, and the log
+ * would be taken as empty while earlier segments hold entries. */
 static void scan_start(repair *r)
 {
     size_t i = r->n - 1;
     while (i > 0 && r->bases[i] > r->scan_from)
         i--;
+    for (;; i--) {
+        int stale = i > 0 ? recycle_is_stale(r->sh, r->bases[i]) : 0;
+        if (stale < 0) {
+            r->h.fatal = stale;
+            return;
+        }
+        if (stale)
+            continue;
+        r->seg = hold(&r->h, r->bases[i]);
+        if (r->h.fatal)
+            return;
+        if (r->seg || i == 0)
+            break;
+    }
     r->i = i;
-    r->seg = hold(&r->h, r->bases[i]);
-    if (r->h.fatal)
-        return;
     uint64_t rel = 0, off = SEGMENT_DATA_OFFSET;
     if (r->seg)
         off = start_offset(&r->h, &r->seg, r->scan_from, &rel);

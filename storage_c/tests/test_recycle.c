@@ -11,7 +11,11 @@
  *     call of a run of appends that rotates into recycled files: reopened,
  *     every acknowledged entry reads back as written, no entry of a file's
  *     earlier life is ever returned, and appends go on from there;
+ *   - a recycled file whose new header never reached the disk, in the
+ *     segment the durable point falls in, ends the log before it after a
+ *     restart: the segments before it keep every entry;
  *   - a segment file of the old format version (1) is still read. */
+#include <dirent.h>
 #include <errno.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -212,9 +216,89 @@ static void test_version_1_segment_is_read(void)
     rm_tree(dir);
 }
 
+/* The bases of the shard's segment files, ascending (at most max). */
+static size_t segment_bases(const char *shard_dir, uint64_t *bases, size_t max)
+{
+    DIR *d = opendir(shard_dir);
+    CHECK(d != NULL);
+    size_t n = 0;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        size_t len = strlen(de->d_name);
+        if (len == 24 && strcmp(de->d_name + 20, ".log") == 0 && n < max)
+            bases[n++] = strtoull(de->d_name, NULL, 10);
+    }
+    closedir(d);
+    for (size_t i = 1; i < n; i++)
+        for (size_t j = i; j > 0 && bases[j - 1] > bases[j]; j--) {
+            uint64_t t = bases[j];
+            bases[j] = bases[j - 1];
+            bases[j - 1] = t;
+        }
+    return n;
+}
+
+static void rewrite(const char *path, long at, const void *bytes, size_t n)
+{
+    FILE *f = fopen(path, "r+b");
+    CHECK(f != NULL);
+    CHECK(fseek(f, at, SEEK_SET) == 0 && fwrite(bytes, 1, n, f) == n);
+    fclose(f);
+}
+
+/* The power went right after a rotation took the spare: the new segment's
+ * header (not synced then) reads as its earlier life's, and the state's
+ * durable point is the new segment's base (everything before it synced).  The
+ * scan of a restart starts in the segment holding the durable point: that
+ * stale file, which holds no entry.  The log must end at its base, with every
+ * earlier segment's entries there (found by the power-cut tests: the shard
+ * was taken as empty from that base on, hiding two segments of entries). */
+static void test_stale_recycled_segment_at_the_durable_point(void)
+{
+    char *dir = scratch_dir();
+    comet_db *db;
+    comet_stream *s = open_recycling(dir, &db);
+    CHECK_OK(append_upto(s, PREFILL, NULL));
+    comet_shard_stats st;
+    CHECK_OK(comet_shard_stats_get(s, 0, &st));
+    CHECK(st.recycled_segments > 0);
+    comet_close(db);
+
+    char shard_dir[512], path[600];
+    snprintf(shard_dir, sizeof shard_dir, "%s/r/shard-0000", dir);
+    uint64_t bases[64];
+    size_t n = segment_bases(shard_dir, bases, 64);
+    CHECK(n >= 2);
+    uint64_t first = bases[0], last = bases[n - 1];
+    CHECK(first == st.first_entry);
+    uint8_t older[64]; /* a valid header of this shard saying an older base */
+    snprintf(path, sizeof path, "%s/%020llu.log", shard_dir, (unsigned long long)first);
+    FILE *f = fopen(path, "rb");
+    CHECK(f != NULL && fread(older, 1, sizeof older, f) == sizeof older);
+    fclose(f);
+    snprintf(path, sizeof path, "%s/%020llu.log", shard_dir, (unsigned long long)last);
+    rewrite(path, 0, older, sizeof older);
+    snprintf(path, sizeof path, "%s/state", shard_dir);
+    rewrite(path, 192, &last, 8);  /* next_entry */
+    rewrite(path, 256, &last, 8);  /* durable_entry */
+    uint32_t zero = 0;
+    rewrite(path, 640, &zero, 4);  /* no clean close: opened as after a restart */
+
+    s = open_recycling(dir, &db);
+    CHECK_OK(comet_shard_stats_get(s, 0, &st));
+    CHECK(st.first_entry == first);
+    CHECK(st.next_entry == last);
+    check_all(s, last);
+    CHECK_OK(append_upto(s, last + PER_SEGMENT, NULL)); /* and appends go on from there */
+    check_all(s, last + PER_SEGMENT);
+    comet_close(db);
+    rm_tree(dir);
+}
+
 int main(void)
 {
     RUN(test_files_are_reused);
+    RUN(test_stale_recycled_segment_at_the_durable_point);
     RUN(test_version_1_segment_is_read);
     RUN(test_crash_at_every_call);
     return 0;
