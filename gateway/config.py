@@ -16,6 +16,7 @@
     otlp_logs_stream = "otel-logs"        # where POST /v1/logs stores (OTLP/HTTP)
     otlp_traces_stream = "otel-traces"
     otlp_metrics_stream = "otel-metrics"
+    idempotency_window_s = 600  # an Idempotency-Key's retry is a duplicate this long
 
     [storage]                   # any field of storage_c.Config
     shards = 16
@@ -54,6 +55,8 @@ class ConfigError(ValueError):
 @dataclass(frozen=True)
 class StreamPolicy:
     validate: bool = True
+    idempotency_window_s: float | None = None
+    """This stream's duplicate window for Idempotency-Key (None: the gateway's)."""
 
 
 @dataclass(frozen=True)
@@ -86,6 +89,9 @@ class GatewayConfig:
     """The stream of POST /v1/traces: one event per span."""
     otlp_metrics_stream: str = "otel-metrics"
     """The stream of POST /v1/metrics: one event per metric data point."""
+    idempotency_window_s: float = 600.0
+    """How long a request's Idempotency-Key makes a retry of it a duplicate
+    (per stream: [streams.NAME] idempotency_window_s)."""
     slot_wait_s: float = 10.0
     """How long a starting worker waits for a free process slot before serving (with 503s)."""
     storage: Config = field(default_factory=Config)
@@ -113,6 +119,12 @@ class GatewayConfig:
                 check_stream_name(self.otlp_stream(signal))
             except CometError as exc:
                 raise ConfigError(f"otlp_{signal}_stream: {exc}") from None
+        windows = {"idempotency_window_s": self.idempotency_window_s}
+        windows.update({f"streams.{name}.idempotency_window_s": p.idempotency_window_s
+                        for name, p in self.streams.items() if p.idempotency_window_s is not None})
+        for name, seconds in windows.items():
+            if not 0 < seconds <= 7 * 86400:
+                raise ConfigError(f"{name} must be above 0 and at most a week (604800), not {seconds}")
         if isinstance(self.auto_create, tuple) and not all(self.auto_create):
             raise ConfigError("auto_create patterns must not be empty")
 
@@ -136,6 +148,13 @@ class GatewayConfig:
     def validates(self, stream: str) -> bool:
         policy = self.streams.get(stream)
         return self.validate if policy is None else policy.validate
+
+    def idempotency_window(self, stream: str) -> float:
+        """Seconds an Idempotency-Key of ``stream`` stays a duplicate."""
+        policy = self.streams.get(stream)
+        if policy is None or policy.idempotency_window_s is None:
+            return self.idempotency_window_s
+        return policy.idempotency_window_s
 
     def may_create(self, stream: str) -> bool:
         """Whether a write may create ``stream`` (auto_create)."""
@@ -193,7 +212,7 @@ def _coerce(name: str, value: Any, kind: Any) -> Any:
             return bool(value)
         if kind == "int":
             return int(value)
-        if kind == "float":
+        if kind in ("float", "float | None"):
             return float(value)
         return str(value) if kind in ("str", "Durability") else value
     except (TypeError, ValueError):

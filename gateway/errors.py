@@ -66,6 +66,7 @@ STORAGE_ERRORS: dict[type[CometError], ErrorAnswer] = {
     storage_c.GroupNotFound: ErrorAnswer(404, "unknown_group"),
     storage_c.StreamLimit: ErrorAnswer(409, "too_many_streams"),
     storage_c.TooManyGroups: ErrorAnswer(409, "too_many_groups"),
+    storage_c.IdempotencyKeyReused: ErrorAnswer(422, "idempotency_key_reused"),
     # the gateway cannot take it now; later it may
     storage_c.StorageFull: ErrorAnswer(507, "storage_full", retry=True),
     storage_c.NoFreeSlot: ErrorAnswer(503, "starting", retry=True),

@@ -38,6 +38,7 @@ from storage_c import (
     BatchResult,
     BodyFault,
     CometError,
+    IdempotencyKey,
     InvalidJSON,
     NoEvents,
     ReadOnlyStorage,
@@ -89,6 +90,7 @@ class Head:
     length: int | None = None
     key: str | None = None
     authorization: str = ""
+    idempotency_key: str | None = None
 
     @classmethod
     def parse(cls, scope: Scope, stream: str | None = None) -> Head:
@@ -105,6 +107,8 @@ class Head:
                 head.key = value.decode("utf-8", "replace")
             elif name == b"authorization":
                 head.authorization = value.decode("latin-1")
+            elif name == b"idempotency-key":
+                head.idempotency_key = value.decode("latin-1")
         query = scope.get("query_string", b"")
         if b"key=" in query:
             for k, v in parse_qsl(query.decode("latin-1"), keep_blank_values=True):
@@ -112,6 +116,19 @@ class Head:
                     head.key = v
                     break
         return head
+
+
+IDEMPOTENCY_KEY = re.compile(r"[\x20-\x7e]{1,255}")
+REPLAYED = {"Idempotent-Replayed": "true"}
+
+
+def check_idempotency_key(value: str | None) -> None:
+    """1 to 255 printable ASCII characters (400 otherwise)."""
+    if value is not None and not IDEMPOTENCY_KEY.fullmatch(value):
+        raise HTTPError(400, "bad_idempotency_key",
+                        f"Idempotency-Key must be 1 to 255 printable ASCII characters; got "
+                        f"{len(value)} characters" + ("" if value.isascii() and value.isprintable()
+                                                      else ", some not printable ASCII"))
 
 
 def check_media_type(value: str) -> str:
@@ -230,6 +247,7 @@ class Ingest:
         runtime = self.runtime
         config = runtime.config
         check_name(head.stream)
+        check_idempotency_key(head.idempotency_key)
         self.check_ready()
         kind = check_media_type(head.content_type)
         encoding = encoding_of(head.encoding)
@@ -242,9 +260,9 @@ class Ingest:
             res = await self.store(head.stream, work, offload)
         finally:
             runtime.release(reserved)
-        outcome.events = res.count
+        outcome.events = 0 if res.replayed else res.count
         return orjson.dumps({"stream": head.stream, "shard": res.shard, "first": res.first,
-                             "last": res.last, "count": res.count}), {}
+                             "last": res.last, "count": res.count}), REPLAYED if res.replayed else {}
 
     def check_ready(self) -> None:
         """503 while the worker has no slot yet or is shutting down."""
@@ -306,7 +324,7 @@ def decode_and_store(runtime: Runtime, head: Head, kind: str, encoding: str,
     """Decompresses, checks and stores one body (on the loop or a thread);
     ``wait=False``: WouldBlock, nothing stored, where the append would wait."""
     body = decompress(body, encoding, runtime.config.max_decompressed_bytes)
-    return store(runtime, head.stream, kind, body, head.key, wait, shard)
+    return store(runtime, head.stream, kind, body, head.key, wait, shard, head.idempotency_key)
 
 
 def refused(exc: CometError, retry_after_s: int) -> HTTPError:
@@ -342,12 +360,37 @@ def one_event(body: Body) -> Body:
     return body
 
 
+def body_format(runtime: Runtime, stream: str, kind: str, body: Body) -> str:
+    """How Log.ingest stores a body of ``kind``: checked ("json", "ndjson") as
+    the stream's policy says, or unchecked ("lines", "raw")."""
+    if kind == EVENTS:
+        return "lines"
+    if kind in BYTES_TYPES:
+        one_event(body)
+        return "raw"
+    validate = runtime.config.validates(stream)
+    if kind in NDJSON_TYPES:
+        return "ndjson" if validate else "lines"
+    return "json" if validate or ARRAY_START.match(body) else "raw"
+
+
 def store(runtime: Runtime, stream: str, kind: str, body: Body, key: str | bytes | None,
-          wait: bool = True, shard: int | None = None) -> BatchResult:
-    """One body into the log; ``shard`` None: the key's, or the next in turn."""
+          wait: bool = True, shard: int | None = None,
+          idempotency_key: str | None = None) -> BatchResult:
+    """One body into the log; ``shard`` None: the key's (the partition key,
+    else the idempotency key), or the next in turn.  With ``idempotency_key``
+    the body is stored once per key within the stream's window (one C call,
+    Log.ingest: the key and the batch under one lock; a replay returns the
+    batch the key stored before, flagged ``replayed``)."""
     log = runtime.log
     assert log is not None
     try:
+        if idempotency_key is not None:
+            fmt = body_format(runtime, stream, kind, body)
+            idem = IdempotencyKey.of(idempotency_key, runtime.config.idempotency_window(stream),
+                                     fmt.encode(), body)
+            return log.ingest(stream, body, fmt, key=key, shard=shard, wait=wait,
+                              idempotency=idem)
         if kind == EVENTS:
             return log.append_delimited(stream, body, key=key, shard=shard, wait=wait)
         if kind in BYTES_TYPES:

@@ -44,7 +44,8 @@ from storage_c import BatchTooLarge, CometError, Decoded, InvalidOTLP, decode_ot
 from . import auth
 from .bodies import decompress, encoding_of
 from .errors import HTTPError, errors_answered, storage_error
-from .ingest import EVENTS, INLINE_BODY_BYTES, ClientGone, Head, Ingest, Outcome, read_body, store
+from .ingest import (EVENTS, INLINE_BODY_BYTES, ClientGone, Head, Ingest, Outcome,
+                     check_idempotency_key, read_body, store)
 
 PROTOBUF = "application/x-protobuf"
 JSON = "application/json"
@@ -234,6 +235,7 @@ class OtlpIngest:
         ingest = self.ingest
         runtime = self.runtime
         config = runtime.config
+        check_idempotency_key(head.idempotency_key)
         ingest.check_ready()
         if head.content_type not in (PROTOBUF, JSON):
             raise HTTPError(415, "unsupported_media_type",
@@ -253,7 +255,8 @@ class OtlpIngest:
             except CometError as exc:  # out of memory: as the storage errors' table says
                 raise storage_error(exc, config.retry_after_s) from None
             if decoded.count:
-                work_store = partial(store, runtime, head.stream, EVENTS, decoded.events, decoded.key)
+                work_store = partial(store, runtime, head.stream, EVENTS, decoded.events,
+                                     decoded.key, idempotency_key=head.idempotency_key)
                 await ingest.store(head.stream, work_store,
                                    offload or config.storage.durability == "always")
         finally:

@@ -40,6 +40,7 @@ from .errors import (
     StreamLimit,
     WouldBlock,
     StreamNotFound,
+    IdempotencyKeyReused,
 )
 from .group_admin import ResetResult, ResetTo, delete_group, reset_group
 from .groups import Group, check_group_name
@@ -49,6 +50,8 @@ from .otlp import decode as decode_otlp
 from .records import (
     BatchResult,
     Entry,
+    IdempotencyKey,
+    ReplayedBatch,
     GroupInfo,
     GroupLag,
     Problem,
@@ -80,6 +83,8 @@ __all__ = [
     "GroupLag",
     "GroupNameError",
     "GroupNotFound",
+    "IdempotencyKey",
+    "IdempotencyKeyReused",
     "InvalidArgument",
     "InvalidJSON",
     "InvalidOTLP",
@@ -89,6 +94,7 @@ __all__ = [
     "Problem",
     "ProcessCountMismatch",
     "ReadBatch",
+    "ReplayedBatch",
     "ResetResult",
     "ResetTo",
     "RetentionReport",

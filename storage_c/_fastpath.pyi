@@ -2,7 +2,7 @@
 
 from typing import Any, Iterable, Iterator
 
-from .records import BatchResult, Buffer
+from .records import BatchResult, Buffer, IdempotencyKey
 
 class StreamBase:
     shards: int
@@ -20,4 +20,4 @@ class Appender:
                      wait: bool = True) -> BatchResult: ...
     def ingest(self, stream: str, body: Buffer, format: str = "json", *, shard: int | None = None,
                key: str | bytes | None = None, durability: str | None = None,
-               wait: bool = True) -> BatchResult: ...
+               wait: bool = True, idempotency: IdempotencyKey | None = None) -> BatchResult: ...

@@ -151,6 +151,13 @@ class NoEvents(CometError, ValueError):
     code = lib.COMET_E_NO_EVENTS
 
 
+class IdempotencyKeyReused(CometError, ValueError):
+    """An idempotency key already stored another request's batch (a different
+    body) within its window: nothing was stored."""
+
+    code = lib.COMET_E_KEY_REUSED
+
+
 class WouldBlock(CometError):
     """An append called with ``wait=False`` would have had to wait (for the
     shard's lock, a rotation, a sync): nothing was stored; make the call
@@ -226,6 +233,7 @@ _BY_CODE: dict[int, type[CometError]] = {
         StreamLimit,
         WouldBlock,
         InvalidOTLP,
+        IdempotencyKeyReused,
     )
 }
 _BY_CODE[lib.COMET_E_NOMEM] = CometError

@@ -29,9 +29,11 @@ from .records import (
     BatchResult,
     Buffer,
     GroupInfo,
+    IdempotencyKey,
     NdjsonBatch,
     Problem,
     ReadBatch,
+    ReplayedBatch,
     RetentionReport,
     ShardStats,
     StreamStats,
@@ -400,7 +402,8 @@ class Log(Appender):
 
     def _ingest_general(self, stream: str, body: Buffer, format: str = "json", *,
                         shard: int | None = None, key: str | bytes | None = None,
-                        durability: str | None = None, wait: bool = True) -> BatchResult:
+                        durability: str | None = None, wait: bool = True,
+                        idempotency: IdempotencyKey | None = None) -> BatchResult:
         """Log.ingest when the fast way does not apply (see Appender.ingest):
         validates a request body and appends its events as one atomic batch.
 
@@ -413,12 +416,27 @@ class Log(Appender):
         (event index, line, byte offset, reason).  One C call, which releases
         the GIL: run it off an event loop for large bodies.  ``wait=False``:
         WouldBlock, nothing stored, where the append would have to wait.
+        "lines" and "raw" store unchecked (storage_c.split.BODY_FORMATS).
+
+        ``idempotency``: the batch is stored once per key within its window
+        (comet.h, comet_idempotency): a call whose key stored a batch before
+        returns that batch as a ReplayedBatch and stores nothing, or raises
+        IdempotencyKeyReused when its digest differs.  Every attempt must go
+        to the same shard (``key`` or ``shard``; by default the shard of the
+        idempotency key).
         """
         s = self._streams.get(stream) or self._open_stream(stream)
         if shard is None:
-            shard = s.pick(key)
+            shard = s.pick(key if key is not None or idempotency is None else idempotency.key)
         call = self._ingest
         req, res = call.req, call.res
+        idem = ffi.NULL
+        if idempotency is not None:
+            idem = ffi.new("comet_idempotency *")
+            idem.key = idempotency.key
+            idem.digest = idempotency.digest
+            idem.window_ms = idempotency.window_ms
+        req.idempotency = idem
         keep = ffi.from_buffer(body)
         req.body = keep
         req.len = len(keep)
@@ -431,11 +449,14 @@ class Log(Appender):
             raise s.out_of_range(shard) from None
         finally:
             req.body = ffi.NULL
+            req.idempotency = ffi.NULL
         if rc == _WOULD_BLOCK:
             self._raise(stream, rc, shard)
         if rc < 0:
             self._forget_if_deleted(stream, rc)
             raise ingest_error(rc, res)
+        if res.replayed:
+            return ReplayedBatch(shard, rc, res.count)
         return BatchResult(shard, rc, res.count)
 
     _ingest_general.__qualname__ = "Log.ingest"

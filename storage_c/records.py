@@ -3,6 +3,8 @@ payload or body."""
 
 from __future__ import annotations
 
+import hashlib
+
 from array import array
 from dataclasses import dataclass, field
 from typing import Iterator, NamedTuple, TypeAlias
@@ -30,6 +32,42 @@ class BatchResult(NamedTuple):
     @property
     def last(self) -> int:
         return self.first + self.count - 1
+
+    @property
+    def replayed(self) -> bool:
+        """Whether an idempotency key had stored this batch before (nothing stored now)."""
+        return False
+
+
+class ReplayedBatch(BatchResult):
+    """The batch an idempotency key stored before: this call stored nothing."""
+
+    __slots__ = ()
+
+    @property
+    def replayed(self) -> bool:
+        return True
+
+
+class IdempotencyKey(NamedTuple):
+    """An ingest's idempotency key (comet.h, comet_idempotency): 16 bytes of a
+    hash of the client's key, 16 of a hash of what the request asks to store,
+    and how long the key stays a duplicate."""
+
+    key: bytes
+    digest: bytes
+    window_ms: int
+
+    @classmethod
+    def of(cls, key: str | bytes, window_s: float, *content: Buffer) -> IdempotencyKey:
+        """BLAKE2b-128 of the key and of ``content`` (what the request asks to
+        store, as the caller defines it: the same request gives the same bytes)."""
+        raw = key.encode() if isinstance(key, str) else key
+        digest = hashlib.blake2b(digest_size=16)
+        for part in content:
+            digest.update(part)
+        return cls(hashlib.blake2b(raw, digest_size=16).digest(), digest.digest(),
+                   max(1, int(window_s * 1000)))
 
 
 class Entry(NamedTuple):
@@ -156,6 +194,8 @@ class ShardStats:
     sync_failed_errno: int
     """Nonzero (the errno of the first failure): a sync of the shard failed and
     it refuses appends (SyncFailed) until it is opened again."""
+    key_replays: int
+    """Keyed appends answered with the batch their idempotency key stored before."""
 
     @property
     def entries(self) -> int:

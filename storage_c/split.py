@@ -9,7 +9,10 @@ from ._comet import ffi, lib
 from .errors import ingest_error
 from .records import Buffer, as_bytes
 
-BODY_FORMATS = {"json": lib.COMET_BODY_JSON, "ndjson": lib.COMET_BODY_NDJSON}
+BODY_FORMATS = {"json": lib.COMET_BODY_JSON, "ndjson": lib.COMET_BODY_NDJSON,
+                "lines": lib.COMET_BODY_LINES, "raw": lib.COMET_BODY_RAW}
+"""json, ndjson: checked and split (Log.ingest); lines: one event per line that
+is not empty, raw: the whole body one event, both stored unchecked."""
 
 
 def body_format(name: str) -> int:
@@ -17,7 +20,7 @@ def body_format(name: str) -> int:
     try:
         return BODY_FORMATS[name]
     except KeyError:
-        raise ValueError(f"body format {name!r} is not 'json' or 'ndjson'") from None
+        raise ValueError(f"body format {name!r} is not one of {', '.join(BODY_FORMATS)}") from None
 
 
 def split_json(body: Buffer, format: str = "json", max_entry_bytes: int = 0) -> list[bytes]:

@@ -69,8 +69,9 @@ enum {
     COMET_E_SYNC_FAILED = -30,       /* a sync (fsync, fdatasync, msync) of the shard failed: it refuses appends until reopened */
     COMET_E_GONE = -31,              /* a file or directory of the data directory was removed while in use */
     COMET_E_READ_ONLY = -32,         /* the filesystem holding the data directory is read-only (EROFS) */
+    COMET_E_KEY_REUSED = -33,        /* an idempotency key already stored another request's batch */
 };
-#define COMET_ERROR_COUNT 33
+#define COMET_ERROR_COUNT 34
 
 /* Durability, per data directory (config) and overridable per append. */
 enum {
@@ -173,6 +174,7 @@ typedef struct comet_shard_stats {
     /* Nonzero (the errno of the first failure): a sync failed and the shard
      * refuses appends (COMET_E_SYNC_FAILED) until an opener repairs it. */
     uint64_t sync_failed_errno;
+    uint64_t key_replays;         /* keyed appends answered with the batch their key stored before */
 } comet_shard_stats;
 
 /* Batch read into caller-provided buffers. */
@@ -367,24 +369,45 @@ int64_t comet_append_delimited(comet_stream *s, uint32_t shard, const void *buf,
  * checked in either mode before the append is tried. */
 #define COMET_BODY_JSON 1u
 #define COMET_BODY_NDJSON 2u
+#define COMET_BODY_LINES 3u /* one event per line that is not empty, stored unchecked (a "\r" before the "\n" is dropped) */
+#define COMET_BODY_RAW 4u   /* the whole body is one event, stored unchecked */
 #define COMET_JSON_MAX_DEPTH 512
 #define COMET_NO_INDEX UINT64_MAX /* error_index of a fault outside every event */
+
+/* Idempotent ingest (keys.c, FORMAT.md "Idempotency keys").  A request
+ * carrying a key is stored once per shard within window_ms: a later call
+ * with the same key finds the batch the first one stored and answers it again
+ * (res->replayed = 1, first and count of that batch, nothing stored), or
+ * COMET_E_KEY_REUSED when its digest differs (another request under the same
+ * key).  Under durability "always" a replay returns once that batch is
+ * durable.  The key is durable exactly when its batch is: kept across kill -9
+ * and power cuts with the batch, forgotten with it.  All processes of the
+ * data directory see every key of a shard; the caller sends every attempt of
+ * one request to the same shard (a shard chosen from the key).  The hashes
+ * are the caller's: 16 bytes of a strong hash of the client's key and of what
+ * the request asked to store. */
+typedef struct comet_idempotency {
+    uint8_t key[16];
+    uint8_t digest[16];
+    int64_t window_ms; /* > 0 */
+} comet_idempotency;
 
 typedef struct comet_ingest_request {
     const void *body;
     size_t len;
-    uint32_t format;          /* COMET_BODY_JSON or COMET_BODY_NDJSON */
+    uint32_t format;          /* COMET_BODY_* */
     uint32_t compress_above;  /* events longer than this are stored zstd-compressed; 0: never */
     int32_t compress_level;   /* zstd level for those */
     int32_t durability;       /* COMET_DURABILITY_* */
     int32_t mode;             /* COMET_APPEND_WAIT or COMET_APPEND_NOWAIT */
     uint32_t reserved;
+    const comet_idempotency *idempotency; /* NULL, or the request's key (above) */
 } comet_ingest_request;
 
 typedef struct comet_ingest_result {
     int64_t first;            /* first entry number of the batch */
     uint32_t count;           /* events stored */
-    uint32_t reserved;
+    uint32_t replayed;        /* 1: the idempotency key had stored this batch before; nothing stored now */
     /* After COMET_E_BAD_JSON, COMET_E_ENTRY_TOO_LARGE or COMET_E_NO_EVENTS: */
     uint64_t error_index;     /* 0-based event index, or COMET_NO_INDEX */
     uint64_t error_line;      /* 1-based line of the body */

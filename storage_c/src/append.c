@@ -380,14 +380,32 @@ static int lock_without_sleeping(shard *sh, uint64_t total, int *slow)
     return 0;
 }
 
+/* A replay of the batch an idempotency key stored: nothing written; under
+ * "always" it returns once that batch is durable, as the first attempt did. */
+static int64_t replay(shard *sh, int sync_mode, key_hit hit, uint32_t *replayed)
+{
+    shard_unlock(sh);
+    if (sync_mode == COMET_DURABILITY_ALWAYS) {
+        int rc = shard_sync(sh, hit.first + hit.count);
+        if (rc)
+            return rc;
+    }
+    wc_add(sh->st, WC_KEY_REPLAYS, 1);
+    *replayed = hit.count;
+    return (int64_t)hit.first;
+}
+
 int64_t shard_append(shard *sh, const entry_ref *refs, uint32_t count, uint64_t total_bytes,
-                     uint64_t raw_bytes, int durability, int mode)
+                     uint64_t raw_bytes, int durability, int mode,
+                     const comet_idempotency *idem, uint32_t *replayed)
 {
     state_file *st = sh->st;
     int64_t t0 = now_ns();
     int sync_mode = resolve_durability(sh, durability);
     int nowait = mode == COMET_APPEND_NOWAIT;
     int slow = count > 1, rc = shard_sync_refusal(sh);
+    if (replayed)
+        *replayed = 0;
     if (rc)
         return rc;
     if (nowait) {
@@ -413,13 +431,29 @@ int64_t shard_append(shard *sh, const entry_ref *refs, uint32_t count, uint64_t 
         atomic_store_explicit(&st->write_hwm, end, memory_order_relaxed);
     int64_t last_ts = atomic_load_explicit(&st->last_ts, memory_order_relaxed);
     int64_t ts = t0 > last_ts ? t0 : last_ts;
+    uint32_t keyed = 0;
+    if (idem) {
+        key_hit hit;
+        rc = keys_find(sh, idem, nowait, t0, &hit);
+        if (rc == 0)
+            rc = keys_record(sh, idem, first, count, ts);
+        if (rc == 1)
+            return replay(sh, sync_mode, hit, replayed);
+        if (rc) {
+            if (rc == COMET_E_WOULD_BLOCK)
+                clear_error();
+            shard_unlock(sh);
+            return rc;
+        }
+        keyed = ENTRY_FLAG_KEYED;
+    }
 
     uint64_t entry = first, compressed = 0;
     for (uint32_t i = 0; i < count; i += 4) {
         uint32_t k = count - i < 4 ? count - i : 4, flags[4];
         for (uint32_t j = 0; j < k; j++) {
             const entry_ref *r = &refs[i + j];
-            flags[j] = (i + j + 1 == count) ? ENTRY_FLAG_BATCH_END : 0;
+            flags[j] = (i + j + 1 == count) ? ENTRY_FLAG_BATCH_END | keyed : 0;
             if (r->flags & COMET_ENTRY_COMPRESSED) {
                 flags[j] |= ENTRY_FLAG_ZSTD;
                 compressed++;

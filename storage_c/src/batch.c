@@ -16,6 +16,7 @@
  * by its content size, an ingested event by its bytes as sent.
  */
 #include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -108,7 +109,7 @@ static int enter_shard(comet_stream *s, uint32_t shard_id, int mode, shard **out
 }
 
 static int64_t batch_commit(batch *b, comet_stream *s, uint32_t shard_id, int durability,
-                            int mode)
+                            int mode, const comet_idempotency *idem, uint32_t *replayed)
 {
     if (b->count == 0)
         return set_error(COMET_E_INVALID, "empty batch: nothing to append");
@@ -119,7 +120,8 @@ static int64_t batch_commit(batch *b, comet_stream *s, uint32_t shard_id, int du
     int rc = enter_shard(s, shard_id, mode, &sh);
     if (rc)
         return rc;
-    int64_t r = shard_append(sh, b->refs, b->count, b->total, b->raw, durability, mode);
+    int64_t r = shard_append(sh, b->refs, b->count, b->total, b->raw, durability, mode, idem,
+                             replayed);
     shard_leave(sh);
     return r;
 }
@@ -164,7 +166,7 @@ int64_t comet_append(comet_stream *s, uint32_t shard_id, const void *payload, ui
     if ((rc = enter_shard(s, shard_id, mode, &sh)))
         return rc;
     int64_t first = shard_append(sh, &r, 1, ENTRY_HEADER_BYTES + (uint64_t)len, raw, durability,
-                                 mode);
+                                 mode, NULL, NULL);
     shard_leave(sh);
     return first;
 }
@@ -186,7 +188,7 @@ int64_t comet_append_batch(comet_stream *s, uint32_t shard_id, const void *buf,
         rc = batch_add(&b, s, p, lens[i], flags ? (flags[i] & COMET_ENTRY_COMPRESSED) : 0);
         p += lens[i];
     }
-    int64_t r = rc ? rc : batch_commit(&b, s, shard_id, durability, mode);
+    int64_t r = rc ? rc : batch_commit(&b, s, shard_id, durability, mode, NULL, NULL);
     batch_free(&b);
     return r;
 }
@@ -212,7 +214,7 @@ int64_t comet_append_vector(comet_stream *s, uint32_t shard_id, const comet_payl
         else
             rc = batch_add(&b, s, items[i].data, n, 0);
     }
-    int64_t r = rc ? rc : batch_commit(&b, s, shard_id, durability, mode);
+    int64_t r = rc ? rc : batch_commit(&b, s, shard_id, durability, mode, NULL, NULL);
     batch_free(&b);
     return r;
 }
@@ -246,7 +248,7 @@ int64_t comet_append_delimited(comet_stream *s, uint32_t shard_id, const void *b
         }
         p = stop + 1;
     }
-    int64_t r = rc ? rc : batch_commit(&b, s, shard_id, durability, mode);
+    int64_t r = rc ? rc : batch_commit(&b, s, shard_id, durability, mode, NULL, NULL);
     if (count_out)
         *count_out = r >= 0 ? b.count : 0;
     batch_free(&b);
@@ -292,14 +294,56 @@ static int ingest_emit(void *arg, const uint8_t *event, uint32_t len, uint64_t i
 }
 
 static void ingest_result(comet_ingest_result *res, const json_splitter *j, int64_t first,
-                          uint32_t count)
+                          uint32_t count, uint32_t replayed)
 {
     if (!res)
         return;
     res->first = first >= 0 ? first : -1;
-    res->count = first >= 0 ? count : 0;
-    res->reserved = 0;
+    res->count = first < 0 ? 0 : replayed ? replayed : count;
+    res->replayed = first >= 0 && replayed;
     json_report(j, res);
+}
+
+/* The events of a body stored unchecked: one per line that is not blank
+ * (COMET_BODY_LINES; a "\r" before the "\n" dropped), or the whole body
+ * (COMET_BODY_RAW).  A fault is reported like json_split's. */
+static int split_unchecked(json_splitter *j, const uint8_t *body, size_t len, uint32_t format,
+                           uint32_t max_entry_bytes, ingest_ctx *c)
+{
+    memset(j, 0, sizeof *j);
+    j->body = body;
+    j->end = body + len;
+    j->index = COMET_NO_INDEX;
+    const uint8_t *p = body, *end = body + len;
+    while (p < end) {
+        const uint8_t *stop = format == COMET_BODY_RAW ? end : memchr(p, '\n', (size_t)(end - p));
+        if (!stop)
+            stop = end;
+        const uint8_t *e = stop;
+        if (format == COMET_BODY_LINES && e > p && e[-1] == '\r')
+            e--;
+        uint64_t n = (uint64_t)(e - p);
+        if (n > 0) {
+            if (max_entry_bytes && n > max_entry_bytes) {
+                j->index = j->count;
+                j->fault = p;
+                snprintf(j->reason, sizeof j->reason, "event of %" PRIu64
+                         " bytes is above max_entry_bytes (%u)", n, max_entry_bytes);
+                return j->code = COMET_E_ENTRY_TOO_LARGE;
+            }
+            int rc = ingest_emit(c, p, (uint32_t)n, j->count);
+            if (rc)
+                return j->code = rc;
+            j->count++;
+        }
+        p = stop + 1;
+    }
+    if (j->count == 0) {
+        j->fault = body;
+        snprintf(j->reason, sizeof j->reason, "the body holds no event");
+        return j->code = COMET_E_NO_EVENTS;
+    }
+    return 0;
 }
 
 int64_t comet_ingest(comet_stream *s, uint32_t shard_id, const comet_ingest_request *req,
@@ -308,25 +352,35 @@ int64_t comet_ingest(comet_stream *s, uint32_t shard_id, const comet_ingest_requ
     json_splitter j;
     memset(&j, 0, sizeof j);
     if (!req || (!req->body && req->len)) {
-        ingest_result(res, &j, -1, 0);
+        ingest_result(res, &j, -1, 0, 0);
         return set_error(COMET_E_INVALID, "null request or body");
     }
     int rc = check_target(s, shard_id, req->durability, req->mode);
     if (rc) {
-        ingest_result(res, &j, -1, 0);
+        ingest_result(res, &j, -1, 0, 0);
         return rc;
+    }
+    const comet_idempotency *idem = req->idempotency;
+    if (idem && idem->window_ms <= 0) {
+        ingest_result(res, &j, -1, 0, 0);
+        return set_error(COMET_E_INVALID, "an idempotency window must be positive");
     }
     ingest_ctx c = {.s = s, .compress_above = req->compress_above, .level = req->compress_level};
     batch_init(&c.b);
-    rc = json_split(&j, req->body, req->len, req->format, s->db->cfg.max_entry_bytes, ingest_emit, &c);
+    uint32_t max = s->db->cfg.max_entry_bytes;
+    if (req->format == COMET_BODY_LINES || req->format == COMET_BODY_RAW)
+        rc = split_unchecked(&j, req->body, req->len, req->format, max, &c);
+    else
+        rc = json_split(&j, req->body, req->len, req->format, max, ingest_emit, &c);
     int64_t r;
+    uint32_t replayed = 0;
     if (rc) {
         r = rc == COMET_E_BAD_JSON || rc == COMET_E_ENTRY_TOO_LARGE || rc == COMET_E_NO_EVENTS
                 ? set_error(rc, "%s", j.reason) : rc;
     } else {
-        r = batch_commit(&c.b, s, shard_id, req->durability, req->mode);
+        r = batch_commit(&c.b, s, shard_id, req->durability, req->mode, idem, &replayed);
     }
-    ingest_result(res, &j, r, c.b.count);
+    ingest_result(res, &j, r, c.b.count, replayed);
     for (uint32_t i = 0; i < c.packed_count; i++)
         free(c.packed[i]);
     free(c.packed);
@@ -360,7 +414,7 @@ int64_t comet_json_split(const comet_ingest_request *req, uint32_t max_entry_byt
     json_splitter j;
     memset(&j, 0, sizeof j);
     if (!req || (!req->body && req->len) || (!out && out_cap) || (!lens && lens_cap)) {
-        ingest_result(res, &j, -1, 0);
+        ingest_result(res, &j, -1, 0, 0);
         return set_error(COMET_E_INVALID, "null request or buffer");
     }
     split_ctx c = {out, out_cap, 0, lens, lens_cap};
@@ -368,7 +422,7 @@ int64_t comet_json_split(const comet_ingest_request *req, uint32_t max_entry_byt
     int64_t r = rc == 0 ? (int64_t)j.count
                 : rc == COMET_E_BAD_JSON || rc == COMET_E_ENTRY_TOO_LARGE || rc == COMET_E_NO_EVENTS
                     ? set_error(rc, "%s", j.reason) : rc;
-    ingest_result(res, &j, r >= 0 ? 0 : r, (uint32_t)j.count);
+    ingest_result(res, &j, r >= 0 ? 0 : r, (uint32_t)j.count, 0);
     json_split_free(&j);
     return r;
 }

@@ -103,7 +103,11 @@ int shard_sync(shard *sh, uint64_t upto_entry)
     uint64_t oldest = atomic_load_explicit(&st->durable_base, memory_order_relaxed);
     uint64_t *bases = NULL;
     size_t n = 0;
-    rc = shard_segment_bases(sh, &bases, &n);
+    /* The idempotency keys first: a batch this sync makes durable has its key
+     * on the disk before it (keys.c). */
+    rc = keys_sync(sh);
+    if (!rc)
+        rc = shard_segment_bases(sh, &bases, &n);
     for (size_t i = 0; !rc && i < n; i++) {
         if (bases[i] < oldest || bases[i] > newest)
             continue;

@@ -45,6 +45,7 @@ static const char *const messages[COMET_ERROR_COUNT] = {
     [-COMET_E_SYNC_FAILED] = "an earlier sync of the shard failed",
     [-COMET_E_GONE] = "removed while in use",
     [-COMET_E_READ_ONLY] = "read-only filesystem",
+    [-COMET_E_KEY_REUSED] = "idempotency key reused for another request",
 };
 
 static _Thread_local char detail[512];

@@ -32,6 +32,7 @@
 #define MAGIC_SLOTS 0x4c534d43u   /* "CMSL" */
 #define MAGIC_OFFSETS 0x464f4d43u /* "CMOF" */
 #define MAGIC_USAGE 0x53554d43u   /* "CMUS" */
+#define MAGIC_KEYS 0x594b4d43u    /* "CMKY" */
 
 /* Every file header: magic, version, header size, then type-specific fields,
  * with a masked CRC32C of bytes [0, 60) at offset 60. */
@@ -43,7 +44,9 @@
  *   0  u32 crc        masked CRC32C of bytes [4, 20 + length), the register
  *                     starting at ~0 xor the entry number's high 32 bits
  *                     (segment version 2; version 1: at ~0)
- *   4  u32 len_flags  bits 0-27 payload length, 28 zstd, 29 batch end, 30-31 zero
+ *   4  u32 len_flags  bits 0-27 payload length, 28 zstd, 29 batch end,
+ *                     30 keyed (on a batch end: an idempotency key was recorded
+ *                     for the batch, keys.c), 31 zero
  *   8  u32 entry_lo   low 32 bits of the entry number
  *  12  i64 timestamp  unix ns
  *  20  payload
@@ -56,7 +59,8 @@
 #define ENTRY_LEN_MASK 0x0FFFFFFFu
 #define ENTRY_FLAG_ZSTD 0x10000000u
 #define ENTRY_FLAG_BATCH_END 0x20000000u
-#define ENTRY_FLAGS_RESERVED 0xC0000000u
+#define ENTRY_FLAG_KEYED 0x40000000u
+#define ENTRY_FLAGS_RESERVED 0x80000000u
 
 typedef struct entry_header {
     uint32_t crc;
@@ -141,6 +145,7 @@ enum writer_counter {
     WC_RETENTION_DELETED_BYTES,
     WC_RETENTION_LOST_ENTRIES,
     WC_RECYCLED_SEGMENTS,
+    WC_KEY_REPLAYS,
     WC_COUNT
 };
 
@@ -202,7 +207,10 @@ typedef struct state_file {
      * appends, which were refused, wrote after the durable point. */
     _Atomic uint32_t sync_failed;
     _Atomic uint64_t acked_end;
-    uint8_t reserved3[16];
+    /* 1 once the shard's keys file exists (keys.c): every syncer then syncs
+     * it before the segments, whether or not its process wrote a key. */
+    _Atomic uint32_t keys_in_use;
+    uint8_t reserved3[12];
     /* [320, 512): counters */
     _Atomic uint64_t writer[WC_COUNT];
     uint8_t reserved4[(24 - WC_COUNT) * 8];
@@ -334,5 +342,38 @@ static_assert(offsetof(usage_file, lock) == FILE_HEADER_BYTES, "usage header is 
 #define ORPHAN_SUFFIX ".orphan"
 /* A deleted segment's file kept for the shard's next segment (recycle.c). */
 #define SPARE_NAME "spare.log.free"
+
+/* ---- Idempotency keys: `keys` (keys.c) ---------------------------------------
+ *
+ * A ring of key records, one per keyed batch, written under the append lock
+ * before the batch's entries.  The header (64 bytes, checksummed) gives the
+ * ring's capacity; `head` (at byte 64) counts the records ever written: the
+ * next goes to slot head % capacity.  Records start at byte 4096.
+ */
+#define KEYS_FILE_VERSION 1
+#define KEYS_HEAD_OFFSET 64
+#define KEYS_RECORDS_OFFSET 4096u
+
+typedef struct keys_header {
+    uint32_t magic;
+    uint16_t version;
+    uint16_t header_bytes;
+    uint32_t shard_id;
+    uint32_t capacity; /* records */
+    uint8_t reserved[44];
+    uint32_t header_crc;
+} keys_header;
+static_assert(sizeof(keys_header) == FILE_HEADER_BYTES, "keys header is 64 bytes");
+
+typedef struct key_record {
+    uint8_t key[16];    /* the caller's hash of the client's key */
+    uint8_t digest[16]; /* the caller's hash of what the request asked to store */
+    uint64_t first;     /* the batch: entries [first, first + count) */
+    uint32_t count;     /* 0: an empty slot, or a record forgotten by recovery */
+    uint32_t crc;       /* masked CRC32C of the record with this field zero */
+    int64_t ts;         /* the batch's timestamp (its entries' headers) */
+    uint64_t reserved;
+} key_record;
+static_assert(sizeof(key_record) == 64, "a key record is 64 bytes");
 
 #endif /* COMET_FORMAT_H */

@@ -36,6 +36,7 @@
 #include "fsutil.h"
 
 typedef struct shard shard;
+typedef struct keys_table keys_table;
 
 /* ---- segment.c / index.c ------------------------------------------------- */
 
@@ -205,6 +206,8 @@ struct shard {
     uint64_t dir_dev, dir_ino, state_dev, state_ino;
     atomic_int gone;
     char gone_detail[512];
+    /* keys.c: the idempotency keys, attached on first use (under cache_lock) */
+    _Atomic(keys_table *) keys;
 };
 
 int shard_open(struct comet_stream *stream, uint32_t id, shard **out);
@@ -216,8 +219,31 @@ int shard_trylock_clean(shard *sh);
 void shard_unlock(shard *sh);
 /* append.c: the append path (lock, room and budget, write, publish). */
 /* mode: COMET_APPEND_WAIT or COMET_APPEND_NOWAIT (comet.h, Appends). */
+/* idem: NULL, or the request's idempotency key; a replay returns the first
+ * entry of the batch the key stored before, with *replayed set to its count
+ * (0 when this call stored the batch). */
 int64_t shard_append(shard *sh, const entry_ref *refs, uint32_t count, uint64_t total_bytes,
-                     uint64_t raw_bytes, int durability, int mode);
+                     uint64_t raw_bytes, int durability, int mode,
+                     const comet_idempotency *idem, uint32_t *replayed);
+/* keys.c: idempotency keys (FORMAT.md "Idempotency keys"). */
+#define KEYS_CAPACITY 65536u /* keys a shard remembers (a power of two) */
+typedef struct key_hit {
+    uint64_t first;
+    uint32_t count;
+} key_hit;
+/* Under the append lock: 1 and *hit when the key stored a batch still in
+ * the log within its window, 0 when not, COMET_E_KEY_REUSED when it stored a
+ * batch with another digest; COMET_E_WOULD_BLOCK (nowait) before the file is
+ * attached and indexed in this process. */
+int keys_find(shard *sh, const comet_idempotency *idem, int nowait, int64_t now, key_hit *hit);
+/* Under the append lock, after a keys_find that returned 0: the record of the
+ * batch [first, first + count) about to be written with timestamp ts. */
+int keys_record(shard *sh, const comet_idempotency *idem, uint64_t first, uint32_t count,
+                int64_t ts);
+int keys_sync(shard *sh);          /* before a sync of the segments */
+int keys_recorded(shard *sh, uint64_t first, uint64_t end); /* 1: a live record of that batch */
+int keys_forget_after(shard *sh, uint64_t next); /* recovery: records of batches past next */
+void keys_close(shard *sh);
 int shard_sync(shard *sh, uint64_t upto_entry);
 /* durability.c: COMET_E_SYNC_FAILED (with the detail) once a sync of the shard
  * failed in any process and no opener has repaired it since; else 0. */

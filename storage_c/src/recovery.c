@@ -505,6 +505,22 @@ static void scan_segment(repair *r)
         }
         uint32_t lf = 0;
         entry_check c = entry_validate(r->seg, r->off, r->e, ENTRY_LEN_MASK, &lf);
+        if (c == ENTRY_OK && (lf & ENTRY_FLAG_KEYED) && past_durable(r)) {
+            /* A keyed batch whose key record did not reach the disk: a retry
+             * would store it again, so it ends the log (keys.c).  The cut
+             * stands at the batch's start: past the durable point it moves
+             * only at batch ends. */
+            int recorded = keys_recorded(r->sh, r->cut.entry, r->e + 1);
+            if (recorded < 0) {
+                r->h.fatal = recorded;
+                return;
+            }
+            if (!recorded) {
+                r->ended = 1;
+                r->changed = 1;
+                return;
+            }
+        }
         if (c == ENTRY_OK)
             keep_entry(r, lf);
         else if (c == ENTRY_END || !skip_damage(r))
@@ -706,6 +722,8 @@ int recovery_repair_below(shard *sh, int how, int due, uint64_t limit)
     if (r.n == 0) {
         free(r.bases);
         rc = no_segments(sh, how == STATE_REBUILT ? 0 : atomic_load(&sh->st->next_entry));
+        if (!rc && how)
+            rc = keys_forget_after(sh, atomic_load(&sh->st->next_entry));
         return rc || !how ? rc : sync_state(sh);
     }
     scan_tail(&r);
@@ -717,7 +735,8 @@ int recovery_repair_below(shard *sh, int how, int due, uint64_t limit)
     if (!r.cut.seg) { /* no readable segment: the log goes on where the scan ended */
         release_all(&r.h);
         shard_refresh_segments(sh);
-        return no_segments(sh, r.e);
+        rc = no_segments(sh, r.e);
+        return rc ? rc : keys_forget_after(sh, atomic_load(&sh->st->next_entry));
     }
     uint64_t furthest = r.e > r.committed ? r.e : r.committed;
     uint64_t cut_base = r.cut.seg->base; /* apply_cut may swap the segment object */
@@ -728,5 +747,9 @@ int recovery_repair_below(shard *sh, int how, int due, uint64_t limit)
     if (rc)
         return rc;
     publish(sh, how, due, r.changed);
+    /* Records of batches that did not survive: their numbers are handed out
+     * again, and a record must never name a later batch. */
+    if ((how || r.changed) && (rc = keys_forget_after(sh, atomic_load(&sh->st->next_entry))))
+        return rc;
     return how || r.changed ? sync_state(sh) : 0;
 }

@@ -107,6 +107,7 @@ void shard_release(shard *sh)
 {
     shard_segments_clear(sh);
     offsets_close(sh);
+    keys_close(sh);
     state_close_if_last(sh);
     state_close(sh);
     /* after the unmap: the lock words are not touched again by this process */

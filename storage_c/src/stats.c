@@ -95,5 +95,6 @@ static int stats_of(shard *sh, comet_shard_stats *out)
     out->storage_full_errors = atomic_load(&st->shared[SC_STORAGE_FULL_ERRORS]);
     out->sync_failures = atomic_load(&st->shared[SC_SYNC_FAILURES]);
     out->sync_failed_errno = atomic_load(&st->sync_failed);
+    out->key_replays = wc_get(st, WC_KEY_REPLAYS);
     return 0;
 }

@@ -584,7 +584,7 @@ static void test_ingest(void)
     CHECK(res.error_index == 1 && res.error_offset == 4);
     /* bad requests */
     CHECK(comet_ingest(s, 0, NULL, &res) == COMET_E_INVALID);
-    comet_ingest_request req = {.body = "1", .len = 1, .format = 3, .durability = -1};
+    comet_ingest_request req = {.body = "1", .len = 1, .format = 9, .durability = -1};
     CHECK(comet_ingest(s, 0, &req, &res) == COMET_E_INVALID);
     req.format = J;
     CHECK(comet_ingest(s, 1, &req, &res) < 0); /* no shard 1 */
