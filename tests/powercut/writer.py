@@ -11,6 +11,8 @@ works until it is killed, printing one line per acknowledged operation:
 - ``batches DURABILITY SHARDS``: ``B shard first count tag t`` per acknowledged batch;
 - ``cutpoint DURABILITY``: batches with production chunk sizes (see ``run_cutpoint``);
 - ``fsyncgate DURABILITY``: single appends, failures printed (see ``run_fsyncgate``);
+- ``keyed DURABILITY`` and ``keyed-retry DURABILITY``: batches with idempotency
+  keys, and the retries of a client that lost its answers (see ``run_keyed``);
 - ``lifecycle``: creates, appends to (``always``, large entries: frequent
   rotations), runs retention on and deletes streams: ``C name``,
   ``A name shard entry payload``, ``R segments``, ``d name`` (a deletion begins),
@@ -38,7 +40,7 @@ import zlib
 from pathlib import Path
 from typing import TypedDict, Unpack, cast
 
-from storage_c import Config, Durability, Log
+from storage_c import Config, Durability, IdempotencyKey, Log
 
 SEGMENT = 64 << 10
 MiB = 1 << 20
@@ -254,6 +256,46 @@ def run_batches(data: Path, rnd: int, rng: random.Random, durability: Durability
         seq += 1
 
 
+KEYED_SHARDS = 4
+
+
+def keyed_batch(tag: str) -> tuple[bytes, int]:
+    """The body (lines, one entry each: ``tag.i``) of the keyed batch ``tag`` and its count."""
+    count = 1 + zlib.crc32(tag.encode()) % 12
+    return b"\n".join(body(f"{tag}.{i}", 200) for i in range(count)), count
+
+
+def keyed_append(log: Log, tag: str) -> None:
+    """One keyed batch (the key is the tag): ``K tag shard first count replayed t``."""
+    payload, count = keyed_batch(tag)
+    result = log.ingest(STREAM, payload, "lines",
+                        idempotency=IdempotencyKey.of(tag, 600, b"lines", payload))
+    assert result.count == count, f"{tag}: {result.count} entries, {count} sent"
+    say(f"K {tag} {result.shard} {result.first} {count} {int(result.replayed)} {time.monotonic()}")
+
+
+def run_keyed(data: Path, rnd: int, retry: bool, durability: Durability) -> None:
+    """``keyed``: batches keyed ``rnd.seq`` in turn, ``T tag`` before each attempt
+    and ``K ...`` after its answer, until killed.  ``keyed-retry``: the client
+    that lost answers sends every tag listed in the file POWERCUT_TAGS again,
+    prints ``K ...`` lines, then what the log holds (``S2 {json}``) and exits."""
+    log = open_and_dump(data, config(durability, KEYED_SHARDS))
+    if STREAM not in log.streams():
+        log.create_stream(STREAM, KEYED_SHARDS)
+    if retry:
+        for tag in Path(os.environ["POWERCUT_TAGS"]).read_text().split():
+            keyed_append(log, tag)
+        say("S2 " + json.dumps(dump(log, data, {}, {})))
+        log.close()
+        return
+    seq = 0
+    while True:
+        tag = f"{rnd}.{seq}"
+        say(f"T {tag}")
+        keyed_append(log, tag)
+        seq += 1
+
+
 CUT_SEGMENT = 4 * MiB + 256 * 1024
 """The segment size of ``cutpoint``: the default 4 MiB chunk and then some, so that
 growth runs every step production runs (64 KiB first, doubled up to the 4 MiB chunk,
@@ -461,6 +503,8 @@ def main() -> None:
         run_cutpoint(data, rnd, rng, cast(Durability, sys.argv[5]))
     elif mode == "fsyncgate":
         run_fsyncgate(data, rnd, rng, cast(Durability, sys.argv[5]))
+    elif mode in ("keyed", "keyed-retry"):
+        run_keyed(data, rnd, mode == "keyed-retry", cast(Durability, sys.argv[5]))
     elif mode == "consume":
         run_consume(data, rnd, rng, int(sys.argv[5]))
     elif mode == "lifecycle":
