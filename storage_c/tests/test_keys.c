@@ -3,7 +3,8 @@
  *   - a retry with the same key and body answers the first batch again and
  *     stores nothing; another body under the key is refused; a key past its
  *     window stores again; a reopened shard still knows its keys;
- *   - processes racing with the same keys store each batch once;
+ *   - processes racing with the same keys store each batch once, and so do
+ *     threads of one process while the flusher syncs the keys;
  *   - a shard remembers its last KEYS_CAPACITY keys;
  *   - recovery: a keyed batch past the durable point whose record did not
  *     survive is cut, and a record whose batch did not survive is forgotten
@@ -11,6 +12,7 @@
  *   - a crash at every system call of a run of keyed appends, each retried
  *     until it succeeds and all of them retried again after the crash: every
  *     key's batch is in the log exactly once. */
+#include <pthread.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -148,6 +150,50 @@ static void test_processes_race(void)
     for (uint32_t k = 0; k < RACE_KEYS; k++)
         CHECK(counts[k] == 1);
     CHECK(next_entry(s) == 2 * RACE_KEYS);
+    comet_close(db);
+    rm_tree(dir);
+}
+
+typedef struct racer {
+    comet_stream *s;
+    uint32_t offset;
+    int failed;
+} racer;
+
+static void *race_keys(void *arg)
+{
+    racer *r = arg;
+    comet_ingest_result res;
+    for (uint32_t k = 0; k < RACE_KEYS; k++)
+        if (keyed(r->s, (k * 7 + r->offset) % RACE_KEYS, 1, 60000, &res) < 0)
+            r->failed = 1;
+    return NULL;
+}
+
+static void test_threads_race(void)
+{
+    char *dir = scratch_dir();
+    comet_config cfg;
+    comet_config_default(&cfg);
+    cfg.segment_bytes = 1 << 20;
+    cfg.fsync_interval_ms = 1; /* the flusher syncs the keys while they are written */
+    comet_db *db;
+    CHECK_OK(comet_open(dir, &cfg, &db));
+    comet_stream *s = open_stream(db, "k", 1);
+    pthread_t t[RACERS];
+    racer r[RACERS];
+    for (int i = 0; i < RACERS; i++) {
+        r[i] = (racer){s, (uint32_t)i, 0};
+        CHECK(pthread_create(&t[i], NULL, race_keys, &r[i]) == 0);
+    }
+    for (int i = 0; i < RACERS; i++) {
+        CHECK(pthread_join(t[i], NULL) == 0);
+        CHECK(!r[i].failed);
+    }
+    uint32_t counts[RACE_KEYS];
+    count_keys(s, counts, RACE_KEYS);
+    for (uint32_t k = 0; k < RACE_KEYS; k++)
+        CHECK(counts[k] == 1);
     comet_close(db);
     rm_tree(dir);
 }
@@ -301,6 +347,7 @@ int main(void)
 {
     RUN(test_replay_reuse_window);
     RUN(test_processes_race);
+    RUN(test_threads_race);
     RUN(test_ring_remembers_the_last_keys);
     RUN(test_recovery_keeps_keys_and_batches_together);
     RUN(test_crash_at_every_call);
