@@ -148,6 +148,7 @@ def render(log: Log, data_dir: str | os.PathLike[str]) -> str:
         ("comet_stream_retention_deleted_segments_total", "counter", "retention_deleted_segments", "Segments deleted by retention."),
         ("comet_stream_retention_lost_entries_total", "counter", "retention_lost_entries", "Unconsumed entries deleted by force."),
         ("comet_stream_recycled_segments_total", "counter", "recycled_segments", "Segments that reused a deleted segment's file."),
+        ("comet_stream_key_replays_total", "counter", "key_replays", "Requests answered with the batch their Idempotency-Key stored before."),
     ]
     stats = [log.stats(name) for name in log.streams()]
     for metric, kind, fieldname, help_text in storage:

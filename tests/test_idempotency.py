@@ -59,6 +59,8 @@ def test_a_retry_gets_the_first_answer_and_stores_nothing(client: TestClient, da
         again = post(client, body, "req-1")
         assert again[0] == 202 and again[1] == first and again[2][REPLAYED] == "true"
     assert stored(data_dir, "s") == [b'{"a":1}', b'{"a":2}', b'{"a":3}']
+    metrics = client.get("/metrics").text
+    assert 'comet_stream_key_replays_total{stream="s"} 3' in metrics
     # another key stores; the same key on another stream is another key
     assert post(client, body, "req-2")[0] == 202
     assert post(client, body, "req-1", stream="t")[2].get(REPLAYED) is None
