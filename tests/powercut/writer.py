@@ -13,6 +13,8 @@ works until it is killed, printing one line per acknowledged operation:
 - ``fsyncgate DURABILITY``: single appends, failures printed (see ``run_fsyncgate``);
 - ``keyed DURABILITY`` and ``keyed-retry DURABILITY``: batches with idempotency
   keys, and the retries of a client that lost its answers (see ``run_keyed``);
+- ``serve PORT``: the real ``comet serve`` on DATA (two workers, 127.0.0.1:PORT,
+  its settings from COMET_* in the environment), no ``S`` line;
 - ``lifecycle``: creates, appends to (``always``, large entries: frequent
   rotations), runs retention on and deletes streams: ``C name``,
   ``A name shard entry payload``, ``R segments``, ``d name`` (a deletion begins),
@@ -503,6 +505,10 @@ def main() -> None:
         run_cutpoint(data, rnd, rng, cast(Durability, sys.argv[5]))
     elif mode == "fsyncgate":
         run_fsyncgate(data, rnd, rng, cast(Durability, sys.argv[5]))
+    elif mode == "serve":
+        comet = Path(sys.executable).with_name("comet")
+        os.execv(comet, [str(comet), "serve", "--data-dir", str(data), "--host", "127.0.0.1",
+                         "--port", sys.argv[5], "--workers", "2"])
     elif mode in ("keyed", "keyed-retry"):
         run_keyed(data, rnd, mode == "keyed-retry", cast(Durability, sys.argv[5]))
     elif mode == "consume":
