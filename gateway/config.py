@@ -67,7 +67,7 @@ class GatewayConfig:
     port: int = 8080
     workers: int = 0
     auth: str = "auto"
-    tokens: tuple[str | Token, ...] = ()
+    tokens: tuple[str | Token, ...] = field(default=(), repr=False)  # secrets: never in a repr
     """Accepted bearer tokens: plain secrets (every scope; named token-1, token-2...
     in order) and scoped Token entries (gateway.tokens); load() adds tokens_file's."""
     tokens_file: str = ""
