@@ -18,9 +18,11 @@ from starlette.testclient import TestClient
 
 from gateway import auth
 from gateway.app import create_app
+from gateway.config import load
 from gateway.tokens import Token, digest_of
 from storage_c import Log
 
+from .support.docs import code_blocks
 from .support.gateway_app import JSON, STORAGE, config, stored
 from .support.server import SMALL, GatewayProcess
 
@@ -188,7 +190,7 @@ def test_patterns_match_as_fnmatch_does_case_and_all(data_dir: Path) -> None:
 def test_the_docs_table_of_scopes_is_the_code_s() -> None:
     """docs/http-api.md's table under "Scopes" says what gateway.auth.SCOPES says, row by row."""
     text = (REPO / "docs" / "http-api.md").read_text()
-    section = text.split("### Scopes", 1)[1].split("\n#", 1)[0]
+    section = text.split("\n## Scopes\n", 1)[1].split("\n#", 1)[0]
     rows = re.findall(r"^\| `(\w+) ([^`]+)` \| ([^|]+?) \|", section, re.M)
     assert {(path, method): scope for method, path, scope in rows} == \
         {key: rule.describe() for key, rule in auth.SCOPES.items()}
@@ -240,3 +242,21 @@ def test_a_tokens_file_by_sha256_names_tokens_in_the_access_log_and_a_hup_revoke
     seen = [(line["status"], line.get("token", "-")) for line in lines]
     assert seen == [(202, "edge"), (403, "reader")] + [(403, "-")] * 4
     assert EDGE_SECRET not in server.log_path.read_text()
+
+
+def test_the_tokens_page_example_loads_as_shown(tmp_path: Path) -> None:
+    """docs/tokens.md: its configuration and tokens file load, and the secret it
+    hashes with sha256sum is the one of its edge-writers token."""
+    page = REPO / "docs" / "tokens.md"
+    comet, tokens = code_blocks(page, "## Giving tokens", "toml")
+    (tmp_path / "tokens.toml").write_text(tokens)
+    (tmp_path / "comet.toml").write_text(comet.replace("/etc/comet/tokens.toml",
+                                                       str(tmp_path / "tokens.toml")))
+    access = load(tmp_path / "comet.toml", env={}).access
+    by_name = {t.name: t for t in access.tokens}
+    assert list(by_name) == ["edge-writers", "dashboards", "ops"]
+    secret = re.findall(r"printf %s '(\w+)' \| sha256sum", page.read_text())
+    assert access.identify(secret[0].encode()) is by_name["edge-writers"]
+    assert access.identify(b"a plain secret") is by_name["ops"] and by_name["ops"].admin
+    assert access.allows(by_name["edge-writers"], "write", "logs-app")
+    assert not access.allows(by_name["edge-writers"], "read", "logs-app")
