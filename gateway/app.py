@@ -97,10 +97,11 @@ def create_app(config: GatewayConfig) -> GatewayApp:
     def guarded(handler: Handler, rule: auth.Rule) -> ASGIApp:
         async def endpoint(request: Request) -> Response:
             try:
+                token = None
                 if rule.scope != auth.OPEN:
                     token = auth.identify(request.headers.get("authorization", ""), config)
                     auth.require(token, config, rule.scope, auth.stream_of(rule, request.path_params))
-                    request.state.token = token
+                request.state.token = token  # None: auth off, or an open route
                 return await handler(request)
             except HTTPError as exc:
                 errors_answered.answered(exc.status, exc.code, exc.detail, request.url.path,

@@ -260,3 +260,15 @@ def test_the_tokens_page_example_loads_as_shown(tmp_path: Path) -> None:
     assert access.identify(b"a plain secret") is by_name["ops"] and by_name["ops"].admin
     assert access.allows(by_name["edge-writers"], "write", "logs-app")
     assert not access.allows(by_name["edge-writers"], "read", "logs-app")
+
+
+def test_admin_needs_the_scope_and_the_setting(data_dir: Path) -> None:
+    """A token without admin is refused for its scope; one with admin, while the
+    configuration has admin off, gets admin_disabled; nothing is deleted."""
+    with TestClient(create_app(config(data_dir, auth="on", tokens=TOKENS))) as c:
+        assert c.post("/streams/ev", content=b"{}", headers={**JSON, **FULL}).status_code == 202
+        r = c.delete("/streams/ev", headers={"authorization": "Bearer w-secret"})
+        assert (r.status_code, r.json()["error"]) == (403, "forbidden")
+        r = c.delete("/streams/ev", headers={"authorization": "Bearer a-secret"})
+        assert (r.status_code, r.json()["error"]) == (403, "admin_disabled")
+    assert stored(data_dir, "ev") == [b"{}"]
