@@ -94,10 +94,14 @@ def create_app(config: GatewayConfig) -> GatewayApp:
         if access is not None:
             access.flush()
 
-    def guarded(handler: Handler) -> ASGIApp:
+    def guarded(handler: Handler, rule: auth.Rule) -> ASGIApp:
         async def endpoint(request: Request) -> Response:
             try:
-                auth.check(request, config)
+                token = None
+                if rule.scope != auth.OPEN:
+                    token = auth.identify(request.headers.get("authorization", ""), config)
+                    auth.require(token, config, rule.scope, auth.stream_of(rule, request.path_params))
+                request.state.token = token  # None: auth off, or an open route
                 return await handler(request)
             except HTTPError as exc:
                 errors_answered.answered(exc.status, exc.code, exc.detail, request.url.path,
@@ -129,7 +133,7 @@ def create_app(config: GatewayConfig) -> GatewayApp:
         return reads.readyz(runtime)
 
     async def get_streams(request: Request) -> Response:
-        return reads.list_streams(runtime)
+        return reads.list_streams(runtime, auth.readable(request.state.token, config))
 
     async def get_stream(request: Request) -> Response:
         return reads.describe_stream(runtime, name(request))
@@ -159,23 +163,31 @@ def create_app(config: GatewayConfig) -> GatewayApp:
 
     # A path parameter never holds a "/": a path with more segments than a
     # route's is no route (404), one of a route's paths with another method 405.
-    table: dict[str, dict[str, ASGIApp]] = {
-        "/streams/{name}": {"POST": ingest, "GET": guarded(get_stream),
-                            "DELETE": guarded(delete_stream)},
-        "/streams/{name}/entries": {"GET": guarded(get_entries)},
-        "/streams/{name}/groups": {"GET": guarded(get_groups)},
-        "/streams/{name}/groups/{group}": {"GET": guarded(get_group), "PUT": guarded(put_group),
-                                           "DELETE": guarded(delete_group)},
-        "/streams": {"GET": guarded(get_streams)},
+    table: dict[str, dict[str, Handler | Ingest | OtlpIngest]] = {
+        "/streams/{name}": {"POST": ingest, "GET": get_stream, "DELETE": delete_stream},
+        "/streams/{name}/entries": {"GET": get_entries},
+        "/streams/{name}/groups": {"GET": get_groups},
+        "/streams/{name}/groups/{group}": {"GET": get_group, "PUT": put_group,
+                                           "DELETE": delete_group},
+        "/streams": {"GET": get_streams},
         "/v1/logs": {"POST": otlp},
         "/v1/traces": {"POST": otlp},
         "/v1/metrics": {"POST": otlp},
-        "/healthz": {"GET": guarded(get_health)},
-        "/readyz": {"GET": guarded(get_ready)},
-        "/metrics": {"GET": guarded(get_metrics)},
-        "/openapi.json": {"GET": guarded(get_openapi)},
+        "/healthz": {"GET": get_health},
+        "/readyz": {"GET": get_ready},
+        "/metrics": {"GET": get_metrics},
+        "/openapi.json": {"GET": get_openapi},
     }
-    routes = [Route(path, ByMethod(handlers), methods=list(handlers))
+
+    def endpoint(path: str, method: str, handler: Handler | Ingest | OtlpIngest) -> ASGIApp:
+        rule = auth.rule(path, method)  # every route says which scope it needs
+        if isinstance(handler, (Ingest, OtlpIngest)):
+            return handler  # the ingest paths check their rule themselves, on their fast path
+        return guarded(handler, rule)
+
+    routes = [Route(path, ByMethod({method: endpoint(path, method, handler)
+                                    for method, handler in handlers.items()}),
+                    methods=list(handlers))
               for path, handlers in table.items()]
     document = openapi.document(config, openapi.operations(routes))
 

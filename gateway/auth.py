@@ -1,31 +1,135 @@
-"""Bearer tokens: off by default on a loopback bind, required otherwise
-(unless explicitly turned off).  401 when no bearer token is given, 403 when
-the token is not one of the configured ones."""
+"""Bearer tokens and the scope each route needs.
+
+Tokens are off by default on a loopback bind and required otherwise (unless
+explicitly turned off).  401 when no bearer token is given; 403 ``forbidden``
+when the token is not one of the configured ones, or when it lacks the scope
+the route needs: the detail names the token (its name, never its secret), the
+scope and the stream.
+
+``SCOPES`` is the one table of what each route needs (the app refuses to build
+with a route missing from it; the docs' table is checked against it).
+"""
 
 from __future__ import annotations
 
-import hmac
-
-from starlette.requests import Request
+from dataclasses import dataclass
+from typing import Callable
 
 from .config import GatewayConfig
-from .errors import HTTPError
+from .errors import HTTPError, check_name
+from .tokens import ADMIN, READ, WRITE, Token
 
-OPEN_PATHS = ("/healthz", "/readyz")
+OPEN = "open"
+TOKEN = "token"
+PATH = "{name}"
+ANY = "any"
+OTLP = "otlp"
 
 
-def check(request: Request, config: GatewayConfig) -> None:
-    if request.url.path not in OPEN_PATHS:
-        check_header(request.headers.get("authorization", ""), config)
+@dataclass(frozen=True)
+class Rule:
+    """What a route needs: ``scope`` (open: nothing; token: any accepted token;
+    read, write, admin) and, for read and write, on which stream: the path's
+    ({name}), any stream (the token has at least one pattern), or the
+    configured OTLP stream of the route's signal (otlp)."""
+
+    scope: str
+    stream: str = ""
+
+    def describe(self) -> str:
+        if self.scope == OPEN:
+            return "none (no token needed)"
+        if self.scope == TOKEN:
+            return "any accepted token"
+        if self.scope == ADMIN:
+            return "admin"
+        if self.stream == ANY:
+            return f"{self.scope} on any stream"
+        if self.stream == OTLP:
+            return f"{self.scope} on the configured OTLP stream"
+        return f"{self.scope} on {self.stream}"
 
 
-def check_header(header: str, config: GatewayConfig) -> None:
+SCOPES: dict[tuple[str, str], Rule] = {
+    ("/streams/{name}", "POST"): Rule(WRITE, PATH),
+    ("/streams/{name}", "GET"): Rule(READ, PATH),
+    ("/streams/{name}", "DELETE"): Rule(ADMIN),
+    ("/streams/{name}/entries", "GET"): Rule(READ, PATH),
+    ("/streams/{name}/groups", "GET"): Rule(READ, PATH),
+    ("/streams/{name}/groups/{group}", "GET"): Rule(READ, PATH),
+    ("/streams/{name}/groups/{group}", "PUT"): Rule(ADMIN),
+    ("/streams/{name}/groups/{group}", "DELETE"): Rule(ADMIN),
+    # lists only the streams the token may read
+    ("/streams", "GET"): Rule(READ, ANY),
+    ("/v1/logs", "POST"): Rule(WRITE, OTLP),
+    ("/v1/traces", "POST"): Rule(WRITE, OTLP),
+    ("/v1/metrics", "POST"): Rule(WRITE, OTLP),
+    ("/healthz", "GET"): Rule(OPEN),
+    ("/readyz", "GET"): Rule(OPEN),
+    # every stream's counters, by name: for a monitoring token with read scope
+    ("/metrics", "GET"): Rule(READ, ANY),
+    # the API's description: nothing of the data
+    ("/openapi.json", "GET"): Rule(TOKEN),
+}
+
+
+def rule(path: str, method: str) -> Rule:
+    """The rule of a route (HEAD: GET's); LookupError for a route without one."""
+    found = SCOPES.get((path, "GET" if method == "HEAD" else method))
+    if found is None:
+        raise LookupError(f"{method} {path} is routed but gateway.auth.SCOPES has no rule for "
+                          "it: say which scope it needs")
+    return found
+
+
+def identify(header: str, config: GatewayConfig) -> Token | None:
+    """The token of an ``Authorization`` header: None when auth is off, else
+    401 without a bearer token and 403 for one that is not accepted."""
     if not config.auth_required:
-        return
-    scheme, _, token = header.partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
+        return None
+    scheme, _, secret = header.partition(" ")
+    secret = secret.strip()
+    if scheme.lower() != "bearer" or not secret:
         raise HTTPError(401, "unauthorized", "send 'Authorization: Bearer <token>'",
                         headers={"WWW-Authenticate": "Bearer"})
-    given = token.strip().encode()
-    if not any(hmac.compare_digest(given, t.encode()) for t in config.tokens):
+    token = config.access.identify(secret.encode())
+    if token is None:
         raise HTTPError(403, "forbidden", "this token is not accepted")
+    return token
+
+
+def require(token: Token | None, config: GatewayConfig, scope: str, stream: str | None) -> None:
+    """403 unless ``token`` may ``scope`` ``stream`` (None: any stream); a
+    token of None (auth off) may do everything."""
+    if token is None or scope in (OPEN, TOKEN):
+        return
+    if scope == ADMIN:
+        if not token.admin:
+            raise HTTPError(403, "forbidden", f"token {token.name!r} lacks admin (the stream and "
+                            "consumer group life cycle)")
+    elif stream is None:
+        if not token.patterns(scope):
+            raise HTTPError(403, "forbidden", f"token {token.name!r} lacks {scope} on any stream")
+    elif not config.access.allows(token, scope, stream):
+        check_name(stream)  # a bad name is a 400 of its own, whoever asks
+        raise HTTPError(403, "forbidden", f"token {token.name!r} lacks {scope} on stream {stream!r}")
+
+
+def authorize(header: str, config: GatewayConfig, scope: str, stream: str | None) -> Token | None:
+    """identify, then require: the token (None when auth is off)."""
+    token = identify(header, config)
+    if token is not None:
+        require(token, config, scope, stream)
+    return token
+
+
+def readable(token: Token | None, config: GatewayConfig) -> Callable[[str], bool]:
+    """Whether the token may read a stream (every stream when auth is off)."""
+    if token is None:
+        return lambda stream: True
+    return lambda stream: config.access.allows(token, READ, stream)
+
+
+def stream_of(rule: Rule, path_params: dict[str, object]) -> str | None:
+    """The stream a request of a guarded route is about (None: any)."""
+    return str(path_params["name"]) if rule.stream == PATH else None

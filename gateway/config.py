@@ -5,7 +5,8 @@
     port = 8080
     workers = 2                 # 0: one per CPU
     auth = "auto"               # "auto": tokens required unless bound to loopback; "on"; "off"
-    tokens = ["s3cret"]
+    tokens = ["s3cret"]         # plain secrets with every scope, or [[tokens]] tables
+    tokens_file = "/etc/comet/tokens.toml"  # more [[tokens]] (gateway.tokens), read by load()
     max_body_bytes = 16777216
     max_decompressed_bytes = 67108864
     inflight_bytes = 67108864   # per worker; above it requests get 429
@@ -26,7 +27,7 @@
     validate = false
 
 Every top-level key has an environment variable ``COMET_<KEY>`` (``COMET_TOKENS``
-is comma-separated), every storage key ``COMET_STORAGE_<KEY>``; the
+is comma-separated plain secrets), every storage key ``COMET_STORAGE_<KEY>``; the
 environment wins over the file.  ``COMET_CONFIG`` names the file.
 """
 
@@ -43,6 +44,9 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from storage_c import CometError, Config, check_stream_name
+
+from . import tokens as token_entries
+from .tokens import Token, TokenError, Tokens
 
 MiB = 1 << 20
 LOOPBACK_NAMES = {"localhost", "ip6-localhost"}
@@ -66,7 +70,11 @@ class GatewayConfig:
     port: int = 8080
     workers: int = 0
     auth: str = "auto"
-    tokens: tuple[str, ...] = ()
+    tokens: tuple[str | Token, ...] = field(default=(), repr=False)  # secrets: never in a repr
+    """Accepted bearer tokens: plain secrets (every scope; named token-1, token-2...
+    in order) and scoped Token entries (gateway.tokens); load() adds tokens_file's."""
+    tokens_file: str = ""
+    """A TOML file of more [[tokens]] tables, read by load() (at start and on every HUP)."""
     max_body_bytes: int = 16 * MiB
     max_decompressed_bytes: int = 64 * MiB
     inflight_bytes: int = 64 * MiB
@@ -100,12 +108,16 @@ class GatewayConfig:
     def __post_init__(self) -> None:
         if self.auth not in ("auto", "on", "off"):
             raise ConfigError(f"auth must be 'auto', 'on' or 'off', not {self.auth!r}")
+        try:
+            self.access  # names unique, secrets distinct: checked once, here
+        except TokenError as exc:
+            raise ConfigError(str(exc)) from None
         if self.auth_required and not self.tokens:
             # Starting would refuse every write: say so now instead of with 401s.
             if self.auth == "on":
                 raise ConfigError("auth is on but no tokens are configured")
             raise ConfigError(f"host {self.host} is not loopback, so tokens are required "
-                              "(auth = \"auto\"): set tokens (COMET_TOKENS), or "
+                              "(auth = \"auto\"): set tokens (COMET_TOKENS) or tokens_file, or "
                               "auth = \"off\" (COMET_AUTH=off) to accept writes from anyone")
         for name in ("max_body_bytes", "max_decompressed_bytes", "inflight_bytes", "port"):
             if getattr(self, name) <= 0:
@@ -140,6 +152,11 @@ class GatewayConfig:
         if self.auth == "off":
             return False
         return self.auth == "on" or not is_loopback(self.host)
+
+    @functools.cached_property
+    def access(self) -> Tokens:
+        """The accepted tokens by the digest of their secret, with their scopes."""
+        return Tokens(self.tokens)
 
     def otlp_stream(self, signal: str) -> str:
         """The stream OTLP records of ``signal`` (logs, traces, metrics) go to."""
@@ -241,7 +258,8 @@ def load(path: str | os.PathLike[str] | None = None,
             continue
         if key not in TOP_LEVEL:
             raise ConfigError(f"unknown setting {key!r} in {path}")
-        top[key] = _coerce(key, value, TOP_LEVEL[key].type)
+        top[key] = (_tokens(value, str(path)) if key == "tokens"
+                    else _coerce(key, value, TOP_LEVEL[key].type))
     storage: dict[str, Any] = {}
     for key, value in raw.get("storage", {}).items():
         if key not in STORAGE:
@@ -252,7 +270,10 @@ def load(path: str | os.PathLike[str] | None = None,
     for key, f in TOP_LEVEL.items():
         var = f"COMET_{key.upper()}"
         if var in env:
-            top[key] = _coerce(var, env[var], f.type)
+            top[key] = (_coerce(var, env[var], "tuple") if key == "tokens"
+                        else _coerce(var, env[var], f.type))
+    if top.get("tokens_file"):
+        top["tokens"] = tuple(top.get("tokens", ())) + _tokens_file(top["tokens_file"])
     for key, f in STORAGE.items():
         var = f"COMET_STORAGE_{key.upper()}"
         if var in env:
@@ -261,6 +282,30 @@ def load(path: str | os.PathLike[str] | None = None,
         return GatewayConfig(**top, storage=Config(**storage), streams=streams)
     except (TypeError, ValueError) as exc:  # the storage Config's own checks raise ValueError
         raise ConfigError(str(exc)) from None
+
+
+def _tokens(value: Any, where: str) -> tuple[str | Token, ...]:
+    try:
+        return token_entries.parse(value, where)
+    except TokenError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def _tokens_file(path: str) -> tuple[str | Token, ...]:
+    """The tokens of a tokens_file: a TOML file holding ``tokens`` only."""
+    try:
+        raw = tomllib.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"tokens_file {path} does not exist") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"tokens_file {path}: {exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"tokens_file {path}: {exc}") from None
+    for key in raw:
+        if key != "tokens":
+            raise ConfigError(f"unknown setting {key!r} in tokens_file {path} (it holds "
+                              "[[tokens]] tables only)")
+    return _tokens(raw.get("tokens", []), f"tokens_file {path}")
 
 
 POLICY = {f.name: f for f in dataclasses.fields(StreamPolicy)}

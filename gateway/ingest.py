@@ -53,6 +53,7 @@ from . import auth, logs
 from .bodies import decompress, encoding_of
 from .errors import HTTPError, check_name, errors_answered, storage_error
 from .runtime import Runtime
+from .tokens import WRITE, Token
 
 PREFIX = "/streams/"
 
@@ -76,6 +77,8 @@ ARRAY_START = re.compile(rb"[ \t\r\n]*\[")
 class Outcome:
     status: int = 500
     events: int = 0
+    token: Token | None = None
+    """The request's token (None: auth off, or no accepted token)."""
 
 
 @dataclass
@@ -202,7 +205,8 @@ class Ingest:
         head = Head.parse(scope)
         outcome = Outcome()
         try:
-            auth.check_header(head.authorization, self.runtime.config)
+            outcome.token = auth.identify(head.authorization, self.runtime.config)
+            auth.require(outcome.token, self.runtime.config, WRITE, head.stream)
             body, headers = await self.handle(head, receive, outcome)
             outcome.status = 202
         except HTTPError as exc:
@@ -222,7 +226,7 @@ class Ingest:
             metrics.observe(outcome.status, seconds, outcome.events, head.length or 0)
         if self.access_log is not None:
             self.access_log.request(scope["path"], outcome.status, outcome.events, seconds,
-                                    self.runtime.slot)
+                                    self.runtime.slot, outcome.token)
 
     def open_stream(self, stream: str) -> None:
         """Opens (or creates, as auto_create allows) the stream before its

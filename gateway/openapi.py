@@ -13,6 +13,7 @@ from typing import Any, Callable, Iterable
 
 from starlette.routing import BaseRoute, Route
 
+from . import auth
 from .config import GatewayConfig
 
 Operation = dict[str, Any]
@@ -24,6 +25,9 @@ STREAM_NAME = {"name": "name", "in": "path", "required": True,
 GROUP_NAME = {"name": "group", "in": "path", "required": True,
               "schema": {"type": "string", "pattern": "^[A-Za-z0-9._-]{1,47}$"},
               "description": "Consumer group name; anything else is refused with 400."}
+
+FORBIDDEN = ("The bearer token is not accepted, or lacks the scope the route needs "
+             "(x-comet-scope; the detail names the token, the scope and the stream).")
 
 
 def operations(routes: Iterable[BaseRoute]) -> list[tuple[str, str]]:
@@ -52,10 +56,9 @@ class Context:
         self.config = config
         self.security: list[dict[str, list[str]]] = [{"bearer": []}] if config.auth_required else []
         self.auth = {"401": _error("No bearer token (when tokens are required)."),
-                     "403": _error("The bearer token is not accepted.")}
+                     "403": _error(FORBIDDEN)}
         self.admin = {**self.auth, "403": _error(
-            "The bearer token is not accepted, or the change needs admin = true "
-            "(error admin_disabled).")}
+            f"{FORBIDDEN[:-1]}, or the change needs admin = true (error admin_disabled).")}
         self.busy = {"503": _error("The worker is starting or draining.", retry=True)}
 
     def stream_read(self, summary: str, answer: str, *, extra: Iterable[dict[str, Any]] = (),
@@ -160,7 +163,7 @@ def _otlp(signal: str, request: str, records: str) -> Callable[[Context], Operat
                                         "type": "string", "format": "binary"}}}},
                 "400": _status("Not an OTLP request of this signal; nothing is stored."),
                 "401": _status("No bearer token (when tokens are required)."),
-                "403": _status("The bearer token is not accepted."),
+                "403": _status(FORBIDDEN),
                 "404": _status("The stream does not exist while auto-create is off."),
                 "409": _status("Creating the stream would pass max_streams."),
                 "413": _status("Body, decompressed body or the request's events above their "
@@ -254,7 +257,9 @@ def document(config: GatewayConfig, routed: Iterable[tuple[str, str]]) -> dict[s
         if build is None:
             raise LookupError(f"{method} {path} is routed but gateway/openapi.py does not "
                               "describe it (OPERATIONS)")
-        paths.setdefault(path, {})[method.lower()] = build(context)
+        operation = build(context)
+        operation["x-comet-scope"] = auth.rule(path, method).describe()
+        paths.setdefault(path, {})[method.lower()] = operation
     return {
         "openapi": "3.1.0",
         "info": {"title": "Comet ingest gateway", "version": "1"},

@@ -46,6 +46,7 @@ from .bodies import decompress, encoding_of
 from .errors import HTTPError, errors_answered, storage_error
 from .ingest import (EVENTS, INLINE_BODY_BYTES, ClientGone, Head, Ingest, Outcome,
                      check_idempotency_key, read_body, store)
+from .tokens import WRITE
 
 PROTOBUF = "application/x-protobuf"
 JSON = "application/json"
@@ -209,7 +210,8 @@ class OtlpIngest:
         outcome = Outcome()
         headers: dict[str, str] = {}
         try:
-            auth.check_header(head.authorization, runtime.config)
+            outcome.token = auth.identify(head.authorization, runtime.config)
+            auth.require(outcome.token, runtime.config, WRITE, head.stream)
             body = await self.handle(signal, head, receive, outcome)
             outcome.status = 200
         except HTTPError as exc:
@@ -229,7 +231,7 @@ class OtlpIngest:
             runtime.metrics.observe(outcome.status, seconds, outcome.events, head.length or 0)
         if self.ingest.access_log is not None:
             self.ingest.access_log.request(scope["path"], outcome.status, outcome.events, seconds,
-                                           runtime.slot)
+                                           runtime.slot, outcome.token)
 
     async def handle(self, signal: Signal, head: Head, receive: Receive, outcome: Outcome) -> bytes:
         ingest = self.ingest

@@ -5,8 +5,8 @@ every worker answers the same."""
 from __future__ import annotations
 
 import errno
-
 import os
+from typing import Callable
 
 import orjson
 from starlette.responses import Response
@@ -46,10 +46,13 @@ def readyz(runtime: Runtime) -> Response:
                  "process_count": runtime.config.worker_count})
 
 
-def list_streams(runtime: Runtime) -> Response:
+def list_streams(runtime: Runtime, readable: Callable[[str], bool]) -> Response:
+    """The streams ``readable`` lets the caller see, with their sizes."""
     assert runtime.log is not None
     out = []
     for name in runtime.log.streams():
+        if not readable(name):
+            continue
         try:
             s = runtime.log.stats(name)
         except StreamNotFound:  # deleted since it was listed

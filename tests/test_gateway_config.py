@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from pathlib import Path
 
 import pytest
@@ -118,3 +120,94 @@ def test_default_workers_follow_cpu_affinity() -> None:
 
     assert GatewayConfig().worker_count == len(os.sched_getaffinity(0))
     assert GatewayConfig(workers=3).worker_count == 3
+
+
+# ---- tokens -----------------------------------------------------------------------------
+
+SHA = hashlib.sha256(b"s3cret").hexdigest()
+
+
+def test_tokens_by_secret_by_hash_and_from_a_file(tmp_path: Path) -> None:
+    tokens = tmp_path / "tokens.toml"
+    tokens.write_text(f'[[tokens]]\nname = "edge"\nsha256 = "{SHA.upper()}"\nwrite = ["logs-*"]\n'
+                      '\n[[tokens]]\nname = "ops"\ntoken = "ops-secret"\nadmin = true\n')
+    toml = tmp_path / "comet.toml"
+    toml.write_text(f'auth = "on"\ntokens = ["alpha-secret", "b"]\ntokens_file = "{tokens}"\n')
+    access = load(toml, env={}).access
+    by_name = {t.name: t for t in access.tokens}
+    assert list(by_name) == ["token-1", "token-2", "edge", "ops"]
+    assert by_name["token-1"].write == by_name["token-1"].read == ("*",) and by_name["token-2"].admin
+    assert (by_name["edge"].write, by_name["edge"].read, by_name["edge"].admin) == (("logs-*",), (), False)
+    assert access.identify(b"s3cret") is by_name["edge"] and access.identify(b"ops-secret") is by_name["ops"]
+    assert access.identify(b"b") is by_name["token-2"] and access.identify(b"nope") is None
+    assert access.allows(by_name["edge"], "write", "logs-1")
+    assert not access.allows(by_name["edge"], "write", "metrics")
+    assert not access.allows(by_name["edge"], "read", "logs-1")
+    # the environment's plain list replaces the file's; the tokens_file's still count
+    names = [t.name for t in load(toml, env={"COMET_TOKENS": "x,y,z"}).access.tokens]
+    assert names == ["token-1", "token-2", "token-3", "edge", "ops"]
+    shown = repr(load(toml, env={}))
+    assert "alpha-secret" not in shown and "ops-secret" not in shown and "digest" not in shown
+
+
+def table(**keys: object) -> str:
+    return "[[tokens]]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in keys.items())
+
+
+@pytest.mark.parametrize("text, message", [
+    (table(name="a", token="x", colour="red"), "token 'a' in .*: unknown key 'colour'"),
+    (table(token="x"), "token 1 in .* needs a name"),
+    (table(name="", token="x"), "token 1 in .* needs a name"),
+    (table(name="x" * 65, token="x"), "token 1 in .* needs a name: 1 to 64 printable"),
+    (table(name="a", token="x") + table(name="a", token="y"), "token name 'a' is used twice"),
+    ('tokens = ["x"]\n[[more]]\n', "unknown setting 'more'"),
+    ('tokens = ["x", {name = "token-1", token = "y"}]\n', "token name 'token-1' is used twice"),
+    (table(name="a", token="x") + table(name="b", sha256=hashlib.sha256(b"x").hexdigest()),
+     "tokens 'a' and 'b' have the same secret"),
+    (table(name="a"), "token 'a' in .*: give exactly one of token .* and sha256"),
+    (table(name="a", token="x", sha256=SHA), "token 'a' in .*: give exactly one of token"),
+    (table(name="a", sha256=SHA[:-1]), "token 'a' in .*: sha256 must be 64 hexadecimal digits"),
+    (table(name="a", sha256=SHA[:-1] + "g"), "token 'a' in .*: sha256 must be 64 hexadecimal"),
+    (table(name="a", sha256=7), "token 'a' in .*: sha256 must be 64 hexadecimal"),
+    (table(name="a", token=""), "token 'a' in .*: token must be a non-empty string"),
+    (table(name="a", token="x", write=["logs-*", ""]), "token 'a' in .*: write must be a list of "
+                                                       "stream name patterns"),
+    (table(name="a", token="x", read="logs-*"), "token 'a' in .*: read must be a list"),
+    (table(name="a", token="x", read=[3]), "token 'a' in .*: read must be a list"),
+    (table(name="a", token="x", admin="yes"), "token 'a' in .*: admin must be true or false"),
+    ('tokens = [""]\n', "token 1 in .* is an empty string"),
+    ('tokens = [3]\n', "token 1 in .* must be a string or a table"),
+    ('tokens = "s3cret"\n', "tokens in .* must be a list"),
+])
+@pytest.mark.parametrize("where", ["config", "tokens_file"])
+def test_bad_tokens_are_named(tmp_path: Path, text: str, message: str, where: str) -> None:
+    toml, tokens = tmp_path / "comet.toml", tmp_path / "tokens.toml"
+    if where == "config":
+        toml.write_text(text)
+    else:
+        toml.write_text(f'tokens_file = "{tokens}"\n')
+        tokens.write_text(text)
+        if "unknown setting" in message:
+            message += " in tokens_file"
+    with pytest.raises(ConfigError, match=message):
+        load(toml, env={})
+
+
+def test_a_tokens_file_that_is_missing_or_broken_is_named(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="tokens_file /nonexistent.toml does not exist"):
+        load(None, env={"COMET_TOKENS_FILE": "/nonexistent.toml"})
+    (tmp_path / "t.toml").write_text("[[tokens]\n")
+    with pytest.raises(ConfigError, match=f"tokens_file {tmp_path}/t.toml: "):
+        load(None, env={"COMET_TOKENS_FILE": str(tmp_path / "t.toml")})
+    (tmp_path / "t.toml").write_text("data_dir = '/tmp'\n")
+    with pytest.raises(ConfigError, match="unknown setting 'data_dir' in tokens_file"):
+        load(None, env={"COMET_TOKENS_FILE": str(tmp_path / "t.toml")})
+
+
+def test_a_tokens_file_alone_satisfies_auth_on(tmp_path: Path) -> None:
+    (tmp_path / "t.toml").write_text(table(name="a", token="x", read=["*"]))
+    cfg = load(None, env={"COMET_AUTH": "on", "COMET_TOKENS_FILE": str(tmp_path / "t.toml")})
+    assert [t.name for t in cfg.access.tokens] == ["a"]
+    (tmp_path / "t.toml").write_text("")
+    with pytest.raises(ConfigError, match="auth is on but no tokens are configured"):
+        load(None, env={"COMET_AUTH": "on", "COMET_TOKENS_FILE": str(tmp_path / "t.toml")})

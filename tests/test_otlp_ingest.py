@@ -34,6 +34,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status as SpanStatus
 from starlette.testclient import TestClient
 
 from gateway.app import create_app
+from gateway.tokens import Token, digest_of
 from storage_c import Config
 
 from .support import otlp
@@ -230,6 +231,32 @@ def test_tokens(data_dir: Path, media: str) -> None:
         r = c.post("/v1/logs", content=body, headers={"content-type": media,
                                                       "authorization": "Bearer s3cret"})
         assert r.status_code == 200
+    assert len(stored(data_dir, "otel-logs")) == (3 if media == PROTOBUF["content-type"] else 0)
+
+
+@pytest.mark.parametrize("media", ["application/x-protobuf", "application/json"])
+def test_scoped_tokens_need_write_on_the_configured_stream(data_dir: Path, media: str) -> None:
+    """An OTLP path needs write on the stream its signal is configured to go to."""
+    tokens = (Token("logs", digest_of(b"l"), write=("otel-logs",)),
+              Token("edge", digest_of(b"e"), write=("edge-*",)),
+              Token("reader", digest_of(b"r"), read=("*",)))
+    cfg = config(data_dir, auth="on", tokens=tokens, otlp_traces_stream="edge-traces")
+    body = GOOD if media == PROTOBUF["content-type"] else b"{}"
+
+    def post(signal: str, secret: str, content: bytes = body) -> Any:
+        return c.post(f"/v1/{signal}", content=content,
+                      headers={"content-type": media, "authorization": f"Bearer {secret}"})
+
+    with TestClient(create_app(cfg)) as c:
+        assert post("logs", "l").status_code == 200
+        for signal, secret, stream in [("traces", "l", "edge-traces"), ("metrics", "l", "otel-metrics"),
+                                       ("logs", "e", "otel-logs"), ("logs", "r", "otel-logs")]:
+            r = post(signal, secret)
+            name = {"l": "logs", "e": "edge", "r": "reader"}[secret]
+            assert r.status_code == 403
+            assert status_of(r, media) == (7, f"token {name!r} lacks write on stream {stream!r}")
+        r = post("traces", "e", b"" if media == PROTOBUF["content-type"] else b"{}")  # empty
+        assert r.status_code == 200, r.content
     assert len(stored(data_dir, "otel-logs")) == (3 if media == PROTOBUF["content-type"] else 0)
 
 

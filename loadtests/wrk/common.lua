@@ -127,3 +127,16 @@ function done(summary, latency, requests)
     latency:percentile(50), latency:percentile(90), latency:percentile(99),
     latency.min, latency.max, latency.mean))
 end
+
+-- WRK_IDEMPOTENCY=1 in the environment: every request carries an Idempotency-Key of
+-- its own (the keyed cases), so that every one is stored.  Only then is request()
+-- defined: wrk builds each request anew only when a script defines it.
+if os.getenv("WRK_IDEMPOTENCY") == "1" then
+  local sent = 0
+  local prefix = string.format("%s-%d-", tostring({}):gsub("table: ", ""), os.time())
+  function request()
+    sent = sent + 1
+    wrk.headers["Idempotency-Key"] = prefix .. sent
+    return wrk.format()
+  end
+end
