@@ -435,8 +435,8 @@ int64_t shard_append(shard *sh, const entry_ref *refs, uint32_t count, uint64_t 
     if (idem) {
         key_hit hit;
         rc = keys_find(sh, idem, nowait, t0, &hit);
-        if (rc == 0)
-            rc = keys_record(sh, idem, first, count, ts);
+        if (rc == 0 && (rc = keys_record(sh, idem, first, count, ts)) == 0)
+            cut_point(CUT_APPEND_KEYED);
         if (rc == 1)
             return replay(sh, sync_mode, hit, replayed);
         if (rc) {

@@ -29,6 +29,9 @@
     /* append.c shard_append: a batch's first group of entries written through the mapping,     \
      * the rest not, the commit point (next_entry) not moved: a torn batch */                   \
     X(APPEND_MID_BATCH, "append.mid_batch")                                                        \
+    /* append.c shard_append: a keyed batch's key recorded (keys.c), none of its entries        \
+     * written: the lock holder dies with a record naming entries not there */                 \
+    X(APPEND_KEYED, "append.keyed")                                                                \
     /* append.c shard_append: every entry of the batch written, next_entry not moved yet */      \
     X(APPEND_WRITTEN, "append.written")                                                            \
     /* segment.c segment_grow: the file preallocated to the next chunk, the header still        \

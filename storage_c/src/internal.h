@@ -241,6 +241,9 @@ int keys_find(shard *sh, const comet_idempotency *idem, int nowait, int64_t now,
 int keys_record(shard *sh, const comet_idempotency *idem, uint64_t first, uint32_t count,
                 int64_t ts);
 int keys_sync(shard *sh);          /* before a sync of the segments */
+/* reader.c: the len_flags and timestamp of a committed entry: 1, 0 when it is
+ * not there to read (deleted, damaged), or a COMET_E_* code. */
+int shard_entry_header(shard *sh, uint64_t entry, uint32_t *lf, int64_t *ts);
 int keys_recorded(shard *sh, uint64_t first, uint64_t end); /* 1: a live record of that batch */
 int keys_forget_after(shard *sh, uint64_t next); /* recovery: records of batches past next */
 void keys_close(shard *sh);

@@ -157,15 +157,22 @@ static int attach_file(shard *sh, int create, keys_table **out)
     return 0;
 }
 
-/* The shard's table, attached once per process (NULL when the file does not
- * exist and create is 0). */
-static int attach(shard *sh, int create, keys_table **out)
+/* How attach finds the file: created when missing (an append), opened when
+ * it exists (recovery: the state's keys_in_use may not have reached the disk
+ * when the file did), or opened only when keys_in_use says it exists (a sync:
+ * no lookup of the directory each time). */
+enum { KEYS_CREATE = 1, KEYS_PROBE = 2, KEYS_IF_IN_USE = 3 };
+
+/* The shard's table, attached once per process (NULL when there is no file). */
+static int attach(shard *sh, int how, keys_table **out)
 {
     keys_table *k = atomic_load_explicit(&sh->keys, memory_order_acquire);
-    if (k || (!create && !atomic_load_explicit(&sh->st->keys_in_use, memory_order_acquire))) {
+    if (k || (how == KEYS_IF_IN_USE &&
+              !atomic_load_explicit(&sh->st->keys_in_use, memory_order_acquire))) {
         *out = k;
         return 0;
     }
+    int create = how == KEYS_CREATE;
     pthread_mutex_lock(&sh->cache_lock);
     k = atomic_load_explicit(&sh->keys, memory_order_relaxed);
     int rc = k ? 0 : attach_file(sh, create, &k);
@@ -176,7 +183,7 @@ static int attach(shard *sh, int create, keys_table **out)
     if (!rc && k)
         atomic_store_explicit(&sh->keys, k, memory_order_release);
     pthread_mutex_unlock(&sh->cache_lock);
-    if (!rc && k && create)
+    if (!rc && k)
         atomic_store_explicit(&sh->st->keys_in_use, 1, memory_order_release);
     *out = k;
     return rc;
@@ -272,7 +279,7 @@ int keys_find(shard *sh, const comet_idempotency *idem, int nowait, int64_t now,
     keys_table *k = atomic_load_explicit(&sh->keys, memory_order_acquire);
     if (nowait && (!k || !k->built))
         return COMET_E_WOULD_BLOCK; /* opening the file or reading the ring: on a thread */
-    int rc = attach(sh, 1, &k);
+    int rc = attach(sh, KEYS_CREATE, &k);
     if (!rc)
         rc = catch_up(k);
     if (rc)
@@ -284,6 +291,23 @@ int keys_find(shard *sh, const comet_idempotency *idem, int nowait, int64_t now,
     uint64_t committed = atomic_load_explicit(&sh->st->next_entry, memory_order_relaxed);
     if (r->ts < now - window_ns || r->first + r->count > committed)
         return 0; /* expired, or its batch is not in the log (recovery forgets those) */
+    /* The batch the record names must be the one it recorded: its last entry
+     * a keyed batch end with the record's timestamp.  Recovery forgets the
+     * records of batches that did not survive, so this holds unless that
+     * failed; then the key is not a duplicate - never an answer naming
+     * another batch's entries.  (Only a hit pays for it.)  Entries deleted
+     * by retention cannot be read: the record stands for them. */
+    uint32_t lf = 0;
+    int64_t ts = 0;
+    uint64_t last = r->first + r->count - 1;
+    if (last >= atomic_load_explicit(&sh->st->first_entry, memory_order_acquire)) {
+        int got = shard_entry_header(sh, last, &lf, &ts);
+        if (got < 0)
+            return got;
+        uint32_t want = ENTRY_FLAG_BATCH_END | ENTRY_FLAG_KEYED;
+        if (got == 1 && ((lf & want) != want || ts != r->ts))
+            return 0;
+    }
     if (memcmp(r->digest, idem->digest, 16) != 0)
         return set_error(COMET_E_KEY_REUSED, "the idempotency key stored another request's "
                          "batch (entries %" PRIu64 "-%" PRIu64 " of shard %u) %" PRId64
@@ -320,7 +344,7 @@ int keys_record(shard *sh, const comet_idempotency *idem, uint64_t first, uint32
 int keys_sync(shard *sh)
 {
     keys_table *k;
-    int rc = attach(sh, 0, &k);
+    int rc = attach(sh, KEYS_IF_IN_USE, &k);
     if (rc || !k)
         return rc;
     uint64_t head = atomic_load_explicit(head_of(k), memory_order_acquire);
@@ -339,7 +363,7 @@ int keys_sync(shard *sh)
 int keys_recorded(shard *sh, uint64_t first, uint64_t end)
 {
     keys_table *k;
-    int rc = attach(sh, 0, &k);
+    int rc = attach(sh, KEYS_PROBE, &k);
     if (rc)
         return rc;
     if (!k)
@@ -357,7 +381,7 @@ int keys_recorded(shard *sh, uint64_t first, uint64_t end)
 int keys_forget_after(shard *sh, uint64_t next)
 {
     keys_table *k;
-    int rc = attach(sh, 0, &k);
+    int rc = attach(sh, KEYS_PROBE, &k);
     if (rc || !k)
         return rc;
     int changed = 0;

@@ -165,6 +165,25 @@ static int cursor_next(cursor *c, uint64_t from, uint32_t *lf)
     return 0;
 }
 
+int shard_entry_header(shard *sh, uint64_t entry, uint32_t *lf, int64_t *ts)
+{
+    cursor c = {.sh = sh, .limit = atomic_load_explicit(&sh->st->next_entry, memory_order_acquire)};
+    int found = 0;
+    if (entry < c.limit && cursor_seek(&c, entry)) {
+        while (cursor_next(&c, entry, lf) && c.entry <= entry) {
+            if (c.entry == entry) {
+                *ts = entry_timestamp(c.seg, c.off);
+                found = 1;
+                break;
+            }
+            cursor_step(&c, *lf);
+        }
+    }
+    int err = c.err;
+    cursor_drop(&c);
+    return err ? err : found;
+}
+
 static int check_request(const comet_read_request *req, const comet_read_result *res)
 {
     if (!req || !res)

@@ -748,8 +748,11 @@ int recovery_repair_below(shard *sh, int how, int due, uint64_t limit)
         return rc;
     publish(sh, how, due, r.changed);
     /* Records of batches that did not survive: their numbers are handed out
-     * again, and a record must never name a later batch. */
-    if ((how || r.changed) && (rc = keys_forget_after(sh, atomic_load(&sh->st->next_entry))))
+     * again, and a record must never name a later batch.  A holder that died
+     * (due) may have recorded a key and written none of its batch, which
+     * leaves nothing past the commit point to repair. */
+    if ((how || due || r.changed) &&
+        (rc = keys_forget_after(sh, atomic_load(&sh->st->next_entry))))
         return rc;
     return how || r.changed ? sync_state(sh) : 0;
 }

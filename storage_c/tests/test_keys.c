@@ -6,6 +6,8 @@
  *   - processes racing with the same keys store each batch once, and so do
  *     threads of one process while the flusher syncs the keys;
  *   - a shard remembers its last KEYS_CAPACITY keys;
+ *   - the lock's holder dying between a key's record and its batch: the
+ *     record is forgotten, the retry stores;
  *   - recovery: a keyed batch past the durable point whose record did not
  *     survive is cut, and a record whose batch did not survive is forgotten
  *     (its entry numbers go to the next batch, which its key must not name);
@@ -285,6 +287,39 @@ static void test_recovery_keeps_keys_and_batches_together(void)
     rm_tree(dir);
 }
 
+/* The append lock's holder dies after it recorded a key, before any entry of
+ * the batch (the cut point between them): the next process to take the lock
+ * repairs the shard and forgets the record, so that the numbers it named go
+ * to the next batch and the retry of the key stores its batch anew - never a
+ * replay answering with another batch's entries (found by the kill -9 test of
+ * the gateway's client). */
+static void test_holder_dies_between_key_and_batch(void)
+{
+    char *dir = scratch_dir();
+    comet_db *db = open_db(dir, 1 << 20);
+    comet_stream *s = open_stream(db, "k", 1);
+    comet_ingest_result res;
+    CHECK(keyed(s, 1, 1, 60000, &res) == 0);
+    fflush(NULL);
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) {
+        comet_cut_arm("append.keyed", 1);
+        keyed(s, 2, 1, 60000, &res); /* dies holding the lock: the parent's too (shared) */
+        _exit(0);
+    }
+    int status;
+    CHECK(waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 78);
+    CHECK(keyed(s, 3, 1, 60000, &res) == 2 && !res.replayed); /* takes the numbers key 2 named */
+    CHECK(keyed(s, 2, 1, 60000, &res) == 4 && !res.replayed); /* stored anew, not key 3's */
+    CHECK(keyed(s, 2, 1, 60000, &res) == 4 && res.replayed);
+    uint32_t counts[4];
+    count_keys(s, counts, 4);
+    CHECK(counts[1] == 1 && counts[2] == 1 && counts[3] == 1);
+    comet_close(db);
+    rm_tree(dir);
+}
+
 #define CRASH_KEYS 12
 
 static void test_crash_at_every_call(void)
@@ -350,6 +385,7 @@ int main(void)
     RUN(test_threads_race);
     RUN(test_ring_remembers_the_last_keys);
     RUN(test_recovery_keeps_keys_and_batches_together);
+    RUN(test_holder_dies_between_key_and_batch);
     RUN(test_crash_at_every_call);
     return 0;
 }

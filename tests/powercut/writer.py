@@ -316,7 +316,8 @@ def cutpoint_config(durability: Durability, retention: bool = True) -> Config:
 
 def run_cutpoint(data: Path, rnd: int, rng: random.Random, durability: Durability) -> None:
     """Batches of 1-40 entries of up to 6000 bytes to one shard with the default
-    chunk size (``cutpoint_config``), retention at about two segments (its unlinks:
+    chunk size (``cutpoint_config``), every other one with an idempotency key,
+    retention at about two segments (its unlinks:
     every rotation after the second), and group ``g`` acknowledged by this process
     after each batch, a random few entries short of its end: the append, growth,
     rotation, retention and offsets cut points all come by within ~10 MiB.
@@ -330,8 +331,13 @@ def run_cutpoint(data: Path, rnd: int, rng: random.Random, durability: Durabilit
     while True:
         tag = f"{rnd}.{seq}"
         count = rng.randrange(1, 41)
-        result = log.append_batch(STREAM, [body(f"{tag}.{i}", 6000) for i in range(count)],
-                                  shard=0)
+        payloads = [body(f"{tag}.{i}", 6000) for i in range(count)]
+        if seq % 2:  # a keyed batch every other time (its key recorded first: keys.c)
+            lines = b"\n".join(payloads)
+            result = log.ingest(STREAM, lines, "lines", shard=0,
+                                idempotency=IdempotencyKey.of(tag, 600, b"lines", lines))
+        else:
+            result = log.append_batch(STREAM, payloads, shard=0)
         say(f"B 0 {result.first} {count} {tag} {time.monotonic()}")
         if acks:
             offset = group.ack(result.first + count - 1 - rng.randrange(count))
