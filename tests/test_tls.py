@@ -63,7 +63,8 @@ def read_back(server: GatewayProcess, answer: dict[str, Any]) -> list[Any]:
     return [e["value"] for e in orjson.loads(body)["entries"]]
 
 
-def peer_serial(sock: ssl.SSLSocket) -> int:
+def peer_serial(sock: socket.socket | None) -> int:
+    assert isinstance(sock, ssl.SSLSocket), sock
     der = sock.getpeercert(binary_form=True)
     assert der is not None
     return x509.load_der_x509_certificate(der).serial_number
@@ -226,18 +227,18 @@ class TlsClient:
     stop: threading.Event = field(default_factory=threading.Event)
 
     def run(self) -> None:
-        conn: http.client.HTTPSConnection | None = None
+        conn: http.client.HTTPConnection | None = None
         i = 0
         while not self.stop.is_set():
             rid = f"{self.name}.{i}"
-            events = [{"c": self.name, "i": i * self.batch + k, "r": rid} for k in range(self.batch)]
+            events: list[dict[str, Any]] = [{"c": self.name, "i": i * self.batch + k, "r": rid}
+                                            for k in range(self.batch)]
             i += 1
             try:
                 if conn is None:
-                    conn = self.server.connection(timeout=30)  # type: ignore[assignment]
-                    assert conn is not None
+                    conn = self.server.connection(timeout=30)
                     conn.connect()
-                    self.serials.append(peer_serial(conn.sock))  # type: ignore[arg-type]
+                    self.serials.append(peer_serial(conn.sock))
                 conn.request("POST", "/streams/ev", body=b"\n".join(orjson.dumps(e) for e in events),
                              headers={"content-type": "application/x-ndjson"})
                 r = conn.getresponse()
