@@ -94,13 +94,14 @@ class ServerProcess:
             return http.client.HTTPSConnection(HOST, self.port, timeout=timeout, context=self.tls)
         return http.client.HTTPConnection(HOST, self.port, timeout=timeout)
 
-    def connect(self, timeout: float = 15) -> socket.socket:
-        """A connected socket (after the TLS handshake, with ``tls``)."""
+    def connect(self, timeout: float = 15, handshake: bool = True) -> socket.socket:
+        """A connected socket; with ``tls``, after the TLS handshake, or (not
+        ``handshake``) with the handshake done by the first send or receive."""
         sock = socket.create_connection((HOST, self.port), timeout=timeout)
         if self.tls is None:
             return sock
         try:
-            return self.tls.wrap_socket(sock, server_hostname=HOST)
+            return self.tls.wrap_socket(sock, server_hostname=HOST, do_handshake_on_connect=handshake)
         except BaseException:
             sock.close()
             raise
