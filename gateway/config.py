@@ -18,6 +18,10 @@
     otlp_traces_stream = "otel-traces"
     otlp_metrics_stream = "otel-metrics"
     idempotency_window_s = 600  # an Idempotency-Key's retry is a duplicate this long
+    tls_cert_file = "/etc/comet/tls/cert.pem"   # both or neither: TLS on the listener
+    tls_key_file = "/etc/comet/tls/key.pem"
+    tls_client_ca_file = ""     # set: mutual TLS, a client certificate signed by this CA required
+    forwarded_allow_ips = []    # reverse proxies whose X-Forwarded-* headers are believed
 
     [storage]                   # any field of storage_c.Config
     shards = 16
@@ -47,6 +51,7 @@ from storage_c import CometError, Config, check_stream_name
 
 from . import tokens as token_entries
 from .tokens import Token, TokenError, Tokens
+from .tls import TlsError, TlsMaterial, read_material
 
 MiB = 1 << 20
 LOOPBACK_NAMES = {"localhost", "ip6-localhost"}
@@ -102,8 +107,18 @@ class GatewayConfig:
     (per stream: [streams.NAME] idempotency_window_s)."""
     slot_wait_s: float = 10.0
     """How long a starting worker waits for a free process slot before serving (with 503s)."""
+    tls_cert_file: str = ""
+    """PEM certificate (chain) of the listener; with tls_key_file, the gateway speaks only TLS."""
+    tls_key_file: str = ""
+    tls_client_ca_file: str = ""
+    """PEM CA certificates: a client must present a certificate signed by one (mutual TLS)."""
+    forwarded_allow_ips: tuple[str, ...] = ()
+    """Addresses or networks of reverse proxies whose X-Forwarded-For/-Proto are believed
+    (none by default: a client cannot claim another address or scheme)."""
     storage: Config = field(default_factory=Config)
     streams: Mapping[str, StreamPolicy] = field(default_factory=dict)
+    tls: TlsMaterial | None = field(default=None, init=False, compare=False)
+    """The TLS files' contents, read when the configuration is made (None: plain HTTP)."""
 
     def __post_init__(self) -> None:
         if self.auth not in ("auto", "on", "off"):
@@ -139,6 +154,18 @@ class GatewayConfig:
                 raise ConfigError(f"{name} must be above 0 and at most a week (604800), not {seconds}")
         if isinstance(self.auto_create, tuple) and not all(self.auto_create):
             raise ConfigError("auto_create patterns must not be empty")
+        for address in self.forwarded_allow_ips:
+            try:
+                if address != "*":
+                    ipaddress.ip_network(address)
+            except ValueError:
+                raise ConfigError(f"forwarded_allow_ips: {address!r} is not an IP address or "
+                                  "network") from None
+        try:
+            tls = read_material(self.tls_cert_file, self.tls_key_file, self.tls_client_ca_file)
+        except TlsError as exc:
+            raise ConfigError(str(exc)) from None
+        object.__setattr__(self, "tls", tls)  # frozen: set once, here
 
     @property
     def worker_count(self) -> int:
@@ -196,7 +223,7 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-TOP_LEVEL = {f.name: f for f in dataclasses.fields(GatewayConfig) if f.name not in ("storage", "streams")}
+TOP_LEVEL = {f.name: f for f in dataclasses.fields(GatewayConfig) if f.name not in ("storage", "streams", "tls")}
 STORAGE = {f.name: f for f in dataclasses.fields(Config)}
 
 

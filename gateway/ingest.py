@@ -226,7 +226,7 @@ class Ingest:
             metrics.observe(outcome.status, seconds, outcome.events, head.length or 0)
         if self.access_log is not None:
             self.access_log.request(scope["path"], outcome.status, outcome.events, seconds,
-                                    self.runtime.slot, outcome.token)
+                                    self.runtime.slot, outcome.token, scope.get("client"))
 
     def open_stream(self, stream: str) -> None:
         """Opens (or creates, as auto_create allows) the stream before its

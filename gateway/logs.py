@@ -1,7 +1,8 @@
 """The access log: one JSON line per ingest request on stdout, in the shape
 of every other log line (storage_c.jsonlog): ts, level, logger, event, then
-the request's fields, and "token": the name of the request's token (absent
-when auth is off or no token was accepted).  It is formatted here, not by the logging module,
+the request's fields, "client": the address the request came from (a
+trusted proxy's X-Forwarded-For, see forwarded_allow_ips), and "token": the
+name of the request's token (absent when auth is off or no token was accepted).  It is formatted here, not by the logging module,
 because it is written once per request (see AccessLog)."""
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import asyncio
 import os
 import select
 import time
+from typing import Any
 
 import orjson
 
@@ -22,7 +24,7 @@ PIPE_BUF = select.PIPE_BUF
 LOGGER = "comet.gateway.access"
 REQUEST_LINE = (b'{"ts":%d.%06d,"level":"info","logger":"' + LOGGER.encode() + b'",'
                 b'"event":"request","method":"POST","path":%b,"status":%d,"events":%d,'
-                b'"ms":%.3f,"slot":%b%b}\n')
+                b'"ms":%.3f,"slot":%b,"client":%b%b}\n')
 
 # How many requests wait for their lines at most: ~180 bytes each, so that one
 # batch usually fits one PIPE_BUF write.
@@ -42,15 +44,17 @@ class AccessLog:
     def __init__(self, fd: int = 1, interval: float = 0.2) -> None:
         self.fd = fd
         self.interval = interval
-        self.pending: list[tuple[str, int, int, float, int | None, int, Token | None]] = []
+        self.pending: list[tuple[str, int, int, float, int | None, int, Token | None, Any]] = []
         self.paths: dict[str, bytes] = {}  # path -> its JSON string (a few streams, many requests)
+        self.clients: dict[str, bytes] = {}  # client address -> its JSON string
         self.tokens: dict[str, bytes] = {}  # token name -> its "token" field
         self._timer: asyncio.TimerHandle | None = None
 
     def request(self, path: str, status: int, events: int, seconds: float, slot: int | None,
-                token: Token | None = None) -> None:
-        """One ingest request; its line is written with the batch."""
-        self.pending.append((path, status, events, seconds, slot, time.time_ns(), token))
+                token: Token | None = None, client: Any = None) -> None:
+        """One ingest request; its line is written with the batch.  ``client`` is the
+        ASGI scope's: (address, port), or None."""
+        self.pending.append((path, status, events, seconds, slot, time.time_ns(), token, client))
         if len(self.pending) >= BATCH_LINES:
             self.flush()
         elif self._timer is None:
@@ -67,20 +71,18 @@ class AccessLog:
         self.flush()
 
     def _line(self, path: str, status: int, events: int, seconds: float, slot: int | None,
-              ts_ns: int, token: Token | None) -> bytes:
-        quoted = self.paths.get(path)
-        if quoted is None:
-            quoted = orjson.dumps(path)
-            if len(self.paths) < 1000:
-                self.paths[path] = quoted
+              ts_ns: int, token: Token | None, client: Any) -> bytes:
+        address = client[0] if client else None
         named = b""
         if token is not None:
             named = self.tokens.get(token.name, b"")
             if not named:
                 named = self.tokens[token.name] = b',"token":' + orjson.dumps(token.name)
         second, ns = divmod(ts_ns, 1_000_000_000)
-        return REQUEST_LINE % (second, ns // 1000, quoted, status, events, seconds * 1000,
-                               b"null" if slot is None else b"%d" % slot, named)
+        return REQUEST_LINE % (second, ns // 1000, _quoted(self.paths, path), status, events,
+                               seconds * 1000, b"null" if slot is None else b"%d" % slot,
+                               b"null" if address is None else _quoted(self.clients, str(address)),
+                               named)
 
     def flush(self) -> None:
         pending, self.pending = self.pending, []
@@ -102,3 +104,13 @@ class AccessLog:
                 continue
             except OSError:  # stdout gone: nothing to log to
                 return
+
+
+def _quoted(cache: dict[str, bytes], text: str) -> bytes:
+    """``text`` as a JSON string, remembered for the next line (the first 1000 texts)."""
+    quoted = cache.get(text)
+    if quoted is None:
+        quoted = orjson.dumps(text)
+        if len(cache) < 1000:
+            cache[text] = quoted
+    return quoted

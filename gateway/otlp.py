@@ -231,7 +231,7 @@ class OtlpIngest:
             runtime.metrics.observe(outcome.status, seconds, outcome.events, head.length or 0)
         if self.ingest.access_log is not None:
             self.ingest.access_log.request(scope["path"], outcome.status, outcome.events, seconds,
-                                           runtime.slot, outcome.token)
+                                           runtime.slot, outcome.token, scope.get("client"))
 
     async def handle(self, signal: Signal, head: Head, receive: Receive, outcome: Outcome) -> bytes:
         ingest = self.ingest

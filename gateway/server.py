@@ -16,7 +16,9 @@ work lives in the ASGI lifespan, because gunicorn's worker_exit does not run
 under the uvicorn worker.
 
 HUP reloads: the configuration is read again from the same file and
-environment and new workers start with it.  A file that no longer loads is
+environment and new workers start with it (TLS certificates included: each
+worker builds its SSLContext from the files' contents the master read, see
+gateway/tls.py).  A file that no longer loads is
 logged and the running configuration kept; stopping the gateway on a typo
 would lose the service for no gain.
 """
@@ -27,6 +29,7 @@ import ctypes
 import logging
 import os
 import signal
+import ssl
 from typing import Any, Callable
 
 from gunicorn.app.base import BaseApplication
@@ -34,7 +37,8 @@ from gunicorn.app.base import BaseApplication
 from storage_c.jsonlog import capture_stray_output, dict_config, event
 
 from .app import GatewayApp, create_app
-from .config import ConfigError, GatewayConfig
+from .config import ConfigError, GatewayConfig, is_loopback
+from .tls import TlsMaterial
 
 log = logging.getLogger("comet.gateway.server")
 
@@ -76,6 +80,9 @@ class GatewayServer(BaseApplication):
 def gunicorn_settings(config: GatewayConfig) -> dict[str, Any]:
     return {
         "bind": [f"{config.host}:{config.port}"],
+        **tls_settings(config.tls),
+        # gunicorn's default trusts 127.0.0.1: a client on the machine could claim any address.
+        "forwarded_allow_ips": ",".join(config.forwarded_allow_ips),
         "workers": config.worker_count,
         "worker_class": WORKER_CLASS,
         "control_socket_disable": True,  # parallel gunicorns must not share one control socket
@@ -86,7 +93,32 @@ def gunicorn_settings(config: GatewayConfig) -> dict[str, Any]:
         "logconfig_dict": LOGGING,
         "proc_name": "comet-gateway",
         "post_worker_init": post_worker_init,
+        "when_ready": lambda _arbiter: warn_if_plaintext(config),  # once, at start, logging set up
     }
+
+
+def warn_if_plaintext(config: GatewayConfig) -> None:
+    if config.tls is None and not is_loopback(config.host):
+        event(log, "plaintext_listener", logging.WARNING, host=config.host, port=config.port,
+              risk="tokens and events cross the network in clear text",
+              action="set tls_cert_file and tls_key_file, or bind to loopback behind a "
+                     "TLS-terminating proxy")
+
+
+def tls_settings(tls: TlsMaterial | None) -> dict[str, Any]:
+    """gunicorn's TLS settings.  The file names tell gunicorn (and the uvicorn
+    worker) that the listener speaks TLS; the context itself comes from the
+    ``ssl_context`` hook, from the bytes the master read (gateway.worker
+    hands the hook to uvicorn)."""
+    if tls is None:
+        return {"certfile": None, "keyfile": None, "ca_certs": None, "cert_reqs": ssl.CERT_NONE}
+
+    def ssl_context(_cfg: Any, _default: Callable[[], ssl.SSLContext]) -> ssl.SSLContext:
+        return tls.context()
+
+    return {"certfile": tls.cert_file, "keyfile": tls.key_file, "ca_certs": tls.client_ca_file or None,
+            "cert_reqs": ssl.CERT_REQUIRED if tls.client_ca is not None else ssl.CERT_NONE,
+            "ssl_context": ssl_context}
 
 
 def post_worker_init(worker: Any) -> None:

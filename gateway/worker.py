@@ -75,13 +75,20 @@ class CometServer(Server):
 class CometWorker(UvicornWorker):
     """gunicorn worker class of `comet serve` (gateway/server.py)."""
 
-    # proxy_headers off: nothing in the gateway uses the client's address, and
-    # rewriting it from X-Forwarded-* cost ~2.5 % of a single-event request.
+    # proxy_headers off unless a proxy is trusted (forwarded_allow_ips): with
+    # nobody to believe there is nothing to rewrite, and the rewriting cost
+    # ~2.5 % of a single-event request.
     CONFIG_KWARGS: dict[str, Any] = {"loop": "auto", "http": CometHttpProtocol, "ws": "none",
                                      "proxy_headers": False}
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.config.proxy_headers = bool(self.cfg.forwarded_allow_ips)
+        if self.cfg.is_ssl:
+            # uvicorn's worker passes gunicorn's TLS files but not its ssl_context
+            # hook, which is where the gateway's context (TLS floor, client CA) is made.
+            hook = self.cfg.ssl_context
+            self.config.ssl_context_factory = lambda config, default: hook(self.cfg, default)
         # Cancel what still runs a little before gunicorn's SIGKILL, so that the
         # lifespan shutdown (sync, release the slot) always runs.
         self.config.timeout_graceful_shutdown = max(1, int(self.cfg.graceful_timeout) - 5)

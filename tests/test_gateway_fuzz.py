@@ -1,6 +1,7 @@
 """Fuzzing the gateway against its own OpenAPI document (schemathesis):
 a bounded number of generated requests per operation, against a real
-`comet serve`; no 500, no crash, every status and body as documented."""
+`comet serve` on a plain and on a TLS listener; no 500, no crash, every
+status and body as documented."""
 
 from __future__ import annotations
 
@@ -13,15 +14,20 @@ from hypothesis import HealthCheck, given, settings
 from schemathesis.core.result import Err
 
 from .support.server import SMALL, GatewayProcess
+from .support.tls import Pki
 
 EXAMPLES = 40
 
 
 @pytest.mark.slow
-def test_api_conforms_to_its_openapi(data_dir: Path) -> None:
-    with GatewayProcess(data_dir, env=SMALL) as server:
+@pytest.mark.parametrize("listener", ["http", "tls"])
+def test_api_conforms_to_its_openapi(tmp_path: Path, listener: str) -> None:
+    pki = Pki.make(tmp_path / "pki") if listener == "tls" else None
+    with GatewayProcess(tmp_path / "data", env={**SMALL, **(pki.env() if pki else {})},
+                        tls=pki.client_context() if pki else None) as server:
         server.wait_ready()
-        schema = schemathesis.openapi.from_url(f"http://127.0.0.1:{server.port}/openapi.json")
+        verify = str(pki.ca.cert) if pki else True  # requests' CA bundle: the test CA
+        schema = schemathesis.openapi.from_url(f"{server.url}/openapi.json", verify=verify)
         operations = []
         for result in schema.get_all_operations():
             if isinstance(result, Err):
@@ -37,7 +43,8 @@ def test_api_conforms_to_its_openapi(data_dir: Path) -> None:
                 # An NDJSON or octet-stream body that JSON Schema calls valid (any
                 # string) may still be refused with a documented 400 - empty, or a
                 # line that is not JSON - so "valid data must be accepted" is off.
-                case.call_and_validate(excluded_checks=[schemathesis.checks.positive_data_acceptance])
+                case.call_and_validate(excluded_checks=[schemathesis.checks.positive_data_acceptance],
+                                       verify=verify)
 
             fuzz()
         assert server.proc.poll() is None, "the gateway died during fuzzing"

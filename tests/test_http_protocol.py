@@ -2,7 +2,9 @@
 `comet serve` (gateway.worker.CometHttpProtocol): a body longer than its
 Content-Length, pipelining, half-closed clients, and connections that meet a
 graceful stop.  The rule throughout: a client never gets an error (or a
-reset) for an event that was stored, and every request sent gets a status."""
+reset) for an event that was stored, and every request sent gets a status.
+Each test runs against a plain and a TLS listener (tests/support/tls.py),
+except the half-close, which TLS has no way to say."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import gzip
 import os
 import signal
 import socket
+import threading
 import time
 from pathlib import Path
 from typing import Iterator, Mapping
@@ -20,13 +23,27 @@ import pytest
 from storage_c import Config, Log
 
 from .support.server import SMALL, GatewayProcess
+from .support.tls import Pki
 
 INVALID = b"Invalid HTTP request received."
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
-    with GatewayProcess(tmp_path_factory.mktemp("proto") / "data", env=SMALL) as s:
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    return Pki.make(tmp_path_factory.mktemp("pki"))
+
+
+def launch(data_dir: Path, listener: str, pki: Pki, workers: int = 2) -> GatewayProcess:
+    """A gateway speaking ``listener`` ("http" or "tls")."""
+    if listener == "tls":
+        return GatewayProcess(data_dir, workers, env={**SMALL, **pki.env()}, tls=pki.client_context())
+    return GatewayProcess(data_dir, workers, env=SMALL)
+
+
+@pytest.fixture(scope="module", params=["http", "tls"])
+def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
+           pki: Pki) -> Iterator[GatewayProcess]:
+    with launch(tmp_path_factory.mktemp("proto") / "data", request.param, pki) as s:
         s.wait_ready()
         yield s
         assert s.stop() == 0
@@ -44,8 +61,8 @@ def post(event: dict[str, object], *, close: bool = False, length: int | None = 
     return head.encode() + b"\r\n" + body + extra
 
 
-def connect(server: GatewayProcess) -> socket.socket:
-    return socket.create_connection(("127.0.0.1", server.port), timeout=15)
+def connect(server: GatewayProcess, handshake: bool = True) -> socket.socket:
+    return server.connect(timeout=15, handshake=handshake)
 
 
 def read_until_eof(sock: socket.socket) -> bytes:
@@ -167,6 +184,7 @@ def test_bad_chunked_body_stores_nothing(server: GatewayProcess) -> None:
     assert count_stored(server.data_dir, event) == 0
 
 
+@pytest.mark.parametrize("server", ["http"], indirect=True)  # TLS's close_notify closes both ways
 @pytest.mark.parametrize("gzipped", [False, True], ids=["identity", "gzip"])
 def test_half_closed_client_gets_its_answer(server: GatewayProcess, gzipped: bool) -> None:
     event = {"case": "half-close", "gzip": gzipped}
@@ -181,12 +199,13 @@ def test_half_closed_client_gets_its_answer(server: GatewayProcess, gzipped: boo
 # ---- a graceful stop ---------------------------------------------------------------------
 
 @pytest.mark.slow
-def test_connections_meeting_a_graceful_stop_get_a_status(data_dir: Path) -> None:
+@pytest.mark.parametrize("listener", ["http", "tls"])
+def test_connections_meeting_a_graceful_stop_get_a_status(data_dir: Path, pki: Pki, listener: str) -> None:
     """One worker gets TERM (as on a HUP reload).  Connections that have sent
     nothing yet when it starts draining - opened before the stop, idle
     keep-alive, opened just after the TERM, opened once the drain began - send
     their request a few ms later: each gets a status, none a reset."""
-    with GatewayProcess(data_dir, workers=1, env=SMALL) as server:
+    with launch(data_dir, listener, pki, workers=1) as server:
         server.wait_ready()
         a = connect(server)                     # opened before the stop, nothing sent
         b = connect(server)                     # keep-alive, idle at the stop
@@ -195,19 +214,25 @@ def test_connections_meeting_a_graceful_stop_get_a_status(data_dir: Path) -> Non
         [worker] = server.worker_pids()
         shutting = server.log_path.read_bytes().count(b"Shutting down")
         os.kill(worker, signal.SIGTERM)
-        c = connect(server)                     # opened during the stop, before the drain
+        # c and d: over TLS, the handshake goes with the request (a client blocked in a
+        # handshake until the draining worker is replaced would never send it)
+        c = connect(server, handshake=False)    # opened during the stop, before the drain
         deadline = time.monotonic() + 10
         while server.log_path.read_bytes().count(b"Shutting down") == shutting:
             assert time.monotonic() < deadline, "the worker did not start draining"
             time.sleep(0.005)
-        d = connect(server)                     # opened once the drain began
+        d = connect(server, handshake=False)    # opened once the drain began
         time.sleep(0.02)                        # "a few ms later"
-        events = {}
-        for name, sock in (("a", a), ("b", b), ("c", c), ("d", d)):
-            events[name] = {"case": "drain", "conn": name, "n": 1}
-            sock.sendall(post(events[name]))
+        events = {name: {"case": "drain", "conn": name, "n": 1} for name in "abcd"}
+        # Sent from threads, as four clients would: over TLS d's send waits for its
+        # handshake with the next worker, which starts once a, b and c are closed.
+        senders = [threading.Thread(target=sock.sendall, args=(post(events[name]),), daemon=True)
+                   for name, sock in (("a", a), ("b", b), ("c", c), ("d", d))]
+        for t in senders:
+            t.start()
         answers = {}
-        for name, sock in (("a", a), ("b", b), ("c", c), ("d", d)):
+        for (name, sock), sender in zip((("a", a), ("b", b), ("c", c), ("d", d)), senders):
+            sender.join(timeout=30)  # one thread at a time on a TLS socket
             with sock:
                 answers[name] = parse(read_until_eof(sock))
         for name, responses in answers.items():

@@ -8,6 +8,9 @@ app (the benchmark's bare anchor).  Either way the server starts in a session
 connections land on any worker, so it polls until it has seen them all);
 ``stop`` sends TERM to the master, waits, then KILLs the whole group, each
 step bounded; ``scan_log`` counts tracebacks, warnings and errors in the log.
+With ``tls`` (a client context trusting the server's certificate; the server's
+own COMET_TLS_* settings are in ``env``) ``url``, ``request`` and ``connect``
+speak TLS.
 Stopping a gateway (``stop``, or leaving its ``with`` block) also checks that
 every answer of 500 in its access log has a line naming its cause
 (``unlogged_errors``): every test that runs a gateway fails if one was
@@ -25,6 +28,7 @@ import os
 import re
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -52,8 +56,10 @@ class ServerProcess:
     """A server command in its own session; ``argv`` must make it listen on ``port``."""
 
     def __init__(self, argv: Sequence[str], port: int, *, workers: int, log_path: Path,
-                 env: Mapping[str, str] | None = None, ready_key: str = "slot") -> None:
+                 env: Mapping[str, str] | None = None, ready_key: str = "slot",
+                 tls: ssl.SSLContext | None = None) -> None:
         self.port, self.workers, self.log_path, self.ready_key = port, workers, log_path, ready_key
+        self.tls = tls
         self.ready_s = 0.0
         self.seen: list[int] = []       # the ready_key values of the workers that answered
         self.killed = False             # stop() had to KILL
@@ -80,13 +86,31 @@ class ServerProcess:
 
     @property
     def url(self) -> str:
-        return f"http://{HOST}:{self.port}"
+        return f"{'https' if self.tls else 'http'}://{HOST}:{self.port}"
+
+    def connection(self, timeout: float = 10) -> http.client.HTTPConnection:
+        """An http.client connection to the server (HTTPS with ``tls``), not yet connected."""
+        if self.tls is not None:
+            return http.client.HTTPSConnection(HOST, self.port, timeout=timeout, context=self.tls)
+        return http.client.HTTPConnection(HOST, self.port, timeout=timeout)
+
+    def connect(self, timeout: float = 15, handshake: bool = True) -> socket.socket:
+        """A connected socket; with ``tls``, after the TLS handshake, or (not
+        ``handshake``) with the handshake done by the first send or receive."""
+        sock = socket.create_connection((HOST, self.port), timeout=timeout)
+        if self.tls is None:
+            return sock
+        try:
+            return self.tls.wrap_socket(sock, server_hostname=HOST, do_handshake_on_connect=handshake)
+        except BaseException:
+            sock.close()
+            raise
 
     def request(self, method: str, path: str, body: bytes | None = None,
                 headers: Mapping[str, str] | None = None,
                 timeout: float = 10) -> tuple[int, bytes, dict[str, str]]:
         """One request on a new connection: (status, body, headers)."""
-        conn = http.client.HTTPConnection(HOST, self.port, timeout=timeout)
+        conn = self.connection(timeout)
         try:
             conn.request(method, path, body=body, headers={"connection": "close", **(headers or {})})
             r = conn.getresponse()
@@ -190,17 +214,20 @@ class ServerProcess:
 
 class GatewayProcess(ServerProcess):
     """``comet serve`` on ``data_dir`` with ``workers`` workers; ``env`` holds its COMET_*
-    settings (``SMALL`` for the tests), ``config`` a TOML file for ``--config``."""
+    settings (``SMALL`` for the tests), ``config`` a TOML file for ``--config``; ``tls``
+    as ServerProcess's (tests/support/tls.py makes both halves); ``bind`` the address it
+    listens on (the tests reach it on 127.0.0.1 all the same: "0.0.0.0" includes it)."""
 
     def __init__(self, data_dir: Path, workers: int = 2, *, env: Mapping[str, str] | None = None,
-                 config: Path | None = None, log_path: Path | None = None) -> None:
+                 config: Path | None = None, log_path: Path | None = None,
+                 tls: ssl.SSLContext | None = None, bind: str = HOST) -> None:
         self.data_dir = data_dir
         port = free_port()
-        argv = [str(COMET), "serve", "--data-dir", str(data_dir), "--host", HOST,
+        argv = [str(COMET), "serve", "--data-dir", str(data_dir), "--host", bind,
                 "--port", str(port), "--workers", str(workers)]
         if config is not None:
             argv += ["--config", str(config)]
-        super().__init__(argv, port, workers=workers, env=env,
+        super().__init__(argv, port, workers=workers, env=env, tls=tls,
                          log_path=log_path or data_dir.parent / f"serve-{port}.log")
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 60) -> int:
