@@ -33,6 +33,8 @@ NDJSON = "application/x-ndjson"
 RETRY_STATUSES = frozenset({429, 502, 503, 504, 507})
 IN_FLIGHT = "idempotency_key_in_flight"  # 409: the first attempt of the key is still running
 BACKOFF_FIRST_S, BACKOFF_MAX_S = 0.1, 5.0
+# TLS errors of a connection cut short (a worker killed mid-handshake), not of a refusal.
+TLS_CUT_SHORT = (ssl.SSLEOFError, ssl.SSLZeroReturnError, ssl.SSLSyscallError)
 
 
 @dataclass(frozen=True)
@@ -161,11 +163,10 @@ class CometClient:
             conn.request("POST", path, body=body, headers=dict(headers))
             answer = conn.getresponse()
             data = answer.read()
-        except ssl.SSLCertVerificationError:
-            self.close()
-            raise  # a certificate the client does not trust: no retry will change it
         except (OSError, http.client.HTTPException) as exc:  # no answer: stored or not
             self.close()
+            if isinstance(exc, ssl.SSLError) and not isinstance(exc, TLS_CUT_SHORT):
+                raise  # a certificate refused by either side: no retry will change it
             raise _Retry(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
         if answer.will_close:
             self.close()

@@ -125,7 +125,8 @@ def test_the_docs_example_runs_as_written(data_dir: Path, capsys: pytest.Capture
     Step(503, {"Retry-After": "1"}, b'{"error":"draining","detail":"shutting down"}'),
     Step(429, {"Retry-After": "1"}, b'{"error":"busy","detail":"in-flight budget spent"}'),
     Step(409, {"Retry-After": "1"}, b'{"error":"idempotency_key_in_flight","detail":"wait"}'),
-], ids=["503", "429", "409-in-flight"])
+    Step(507, {"Retry-After": "1"}, b'{"error":"storage_full","detail":"retention may delete nothing"}'),
+], ids=["503", "429", "409-in-flight", "507"])
 def test_retry_after_is_honoured_with_the_same_key(first: Step) -> None:
     with ScriptedServer([first, OK]) as fake, CometClient(fake.url) as client:
         t0 = time.monotonic()
@@ -137,6 +138,16 @@ def test_retry_after_is_honoured_with_the_same_key(first: Step) -> None:
         assert fake.seen[0].body == fake.seen[1].body == b'{"a":1}\n{"a":2}'
         waited = fake.seen[1].at - fake.seen[0].at
         assert 1.0 <= waited and took < 3.0, (waited, took)
+
+
+def test_without_retry_after_the_backoff_applies() -> None:
+    """A proxy's 502 (no Retry-After, not JSON): retried after the first backoff, 0.05-0.1 s."""
+    with ScriptedServer([Step(502, {"Content-Type": "text/html"}, b"<h1>bad gateway</h1>"), OK]) as fake, \
+            CometClient(fake.url) as client:
+        res = client.post("s", [{"a": 1}])
+        waited = fake.seen[1].at - fake.seen[0].at
+        assert res.attempts == 2 and 0.05 <= waited < 0.5, waited
+        assert fake.keys()[0] == fake.keys()[1] == res.idempotency_key
 
 
 def test_a_reset_is_retried_with_the_same_key() -> None:
