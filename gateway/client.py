@@ -142,8 +142,8 @@ class CometClient:
         if key is not None:
             headers["X-Comet-Key"] = key.encode()
         path = f"{self.prefix}/streams/{quote(stream, safe='')}"
-        start = time.monotonic()
         with self._lock:
+            start = time.monotonic()  # after any wait for the lock: the budget is this call's
             for attempt in range(1, self.max_attempts + 1):
                 try:
                     return self._attempt(path, body, headers, attempt, ikey)
