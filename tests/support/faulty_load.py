@@ -1,14 +1,18 @@
 """Clients posting to a running gateway from threads while a test damages its files
-(tests/test_storage_gone.py, tests/test_storage_read_only.py): what each client was
-answered, which events were acknowledged, and the checks of those answers, the log
-lines and /readyz."""
+(tests/test_storage_gone.py, tests/test_storage_read_only.py) or its processes
+(``Havoc``: kill -9 of workers and HUPs of the master, tests/test_client.py): what each
+client was answered, which events were acknowledged, and the checks of those answers,
+the log lines and /readyz."""
 
 from __future__ import annotations
 
 import http.client
 import json
+import os
+import random
 import re
 import shutil
+import signal
 import threading
 import time
 from dataclasses import dataclass, field
@@ -109,6 +113,43 @@ class Load:
             t.join(timeout=60)
         assert not any(t.is_alive() for t in self.threads)
         return self.answers()
+
+
+class Havoc:
+    """A thread that SIGKILLs a worker of ``server`` (chosen at random) every ``every_s``
+    seconds and HUPs the master instead every ``hup_every``-th time, until ``stop``."""
+
+    def __init__(self, server: GatewayProcess, *, every_s: float = 1.0, hup_every: int = 4,
+                 seed: int = 0) -> None:
+        self.server, self.every_s, self.hup_every = server, every_s, hup_every
+        self.rng = random.Random(seed)
+        self.killed: list[int] = []
+        self.hups = 0
+        self._stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        tick = 0
+        while not self._stop.wait(self.every_s):
+            tick += 1
+            if tick % self.hup_every == 0:
+                self.server.proc.send_signal(signal.SIGHUP)
+                self.hups += 1
+                continue
+            workers = self.server.worker_pids()
+            if workers:  # none for a moment while the master replaces them
+                victim = self.rng.choice(workers)
+                try:
+                    os.kill(victim, signal.SIGKILL)
+                    self.killed.append(victim)
+                except ProcessLookupError:
+                    pass
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.thread.join(timeout=30)
+        assert not self.thread.is_alive()
 
 
 def statuses(answers: list[Answer]) -> dict[tuple[int, str], int]:

@@ -1,0 +1,167 @@
+"""Networks that fail a client on purpose (tests/test_client.py): ``ScriptedServer``, an HTTP
+server in a thread answering each request as its script says (a status with headers, a reset,
+no answer until released) and recording what it was sent; ``DroppingProxy``, a TCP proxy in
+front of a real gateway that forwards requests but drops the first answers (a lost answer:
+the batch is stored, the client hears nothing)."""
+
+from __future__ import annotations
+
+import http.server
+import socket
+import struct
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from .server import HOST
+
+
+def reset(sock: socket.socket) -> None:
+    """Closes ``sock`` with a TCP reset (RST), as a crashed peer does, not an orderly FIN."""
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    except OSError:
+        pass
+    sock.close()
+
+
+@dataclass
+class Step:
+    """One answer: ``status`` with ``headers`` and ``body``; or ``reset`` (close the connection
+    with RST, no answer); or ``hang`` (answer nothing until the server is closed)."""
+
+    status: int = 202
+    headers: dict[str, str] = field(default_factory=dict)
+    body: bytes = b'{"stream":"s","shard":3,"first":10,"last":11,"count":2}'
+    reset: bool = False
+    hang: bool = False
+
+
+OK = Step()
+
+
+@dataclass
+class Seen:
+    at: float                  # monotonic, when its body was read
+    path: str
+    headers: dict[str, str]    # names in lower case
+    body: bytes
+
+
+class ScriptedServer:
+    """Answers request n with ``script[n]`` (the last step once the script runs out)."""
+
+    def __init__(self, script: list[Step]) -> None:
+        self.script = script
+        self.seen: list[Seen] = []
+        self.released = threading.Event()    # ends every hanging answer
+        self._lock = threading.Lock()
+        owner = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"  # keep-alive, as the gateway
+
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("content-length", 0)))
+                with owner._lock:
+                    owner.seen.append(Seen(time.monotonic(), self.path,
+                                           {k.lower(): v for k, v in self.headers.items()}, body))
+                    step = owner.script[min(len(owner.seen), len(owner.script)) - 1]
+                if step.hang:
+                    owner.released.wait(30)
+                if step.reset or step.hang:
+                    self.close_connection = True
+                    reset(self.connection)
+                    return
+                self.send_response(step.status)
+                for name, value in {"Content-Type": "application/json", **step.headers}.items():
+                    self.send_header(name, value)
+                self.send_header("Content-Length", str(len(step.body)))
+                self.end_headers()
+                self.wfile.write(step.body)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer((HOST, 0), Handler)
+        self.httpd.daemon_threads = True
+        self.thread = threading.Thread(target=self.httpd.serve_forever, args=(0.05,), daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://{HOST}:{self.httpd.server_address[1]}"
+
+    def keys(self) -> list[str | None]:
+        return [s.headers.get("idempotency-key") for s in self.seen]
+
+    def close(self) -> None:
+        self.released.set()
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    def __enter__(self) -> ScriptedServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class DroppingProxy:
+    """Forwards connections to ``port`` of 127.0.0.1; the first ``drop`` answers of the
+    upstream are not passed on: once the upstream starts answering, both sides are reset."""
+
+    def __init__(self, port: int, drop: int = 1) -> None:
+        self.upstream, self.drop = port, drop
+        self.dropped = 0
+        self.listener = socket.create_server((HOST, 0))
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://{HOST}:{self.listener.getsockname()[1]}"
+
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection((HOST, self.upstream))
+            threading.Thread(target=self._pump, args=(client, upstream, False), daemon=True).start()
+            threading.Thread(target=self._pump, args=(upstream, client, True), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket, answers: bool) -> None:
+        try:
+            while data := src.recv(65536):
+                if answers:
+                    with self._lock:
+                        lose = self.dropped < self.drop
+                        self.dropped += lose
+                    if lose:  # the gateway answered: the client never hears it
+                        for sock in (dst, src):  # shutdown wakes the other pump's recv
+                            sock.shutdown(socket.SHUT_RDWR)
+                            reset(sock)
+                        return
+                dst.sendall(data)
+        except OSError:
+            pass
+        for sock in (src, dst):
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        src.close()  # each socket is the source of one pump
+
+    def close(self) -> None:
+        self._stop.set()
+        self.listener.close()
+
+    def __enter__(self) -> DroppingProxy:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
