@@ -13,20 +13,29 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import orjson
 import pytest
 
 from gateway.client import CometClient, CometHTTPError, CometRetriesExhausted, PostResult
+from spark_jobs.lake import read_table
+from spark_jobs.lakefs import Lake
+from spark_jobs.ship import ShipOptions, ship
 from storage_c import Log
 
 from .support.docs import code_blocks
 from .support.faulty_load import Havoc
+from .support.lake import check_exactly_once
 from .support.flaky_http import OK, DroppingProxy, ScriptedServer, Step
 from .support.noloss import READ_CONFIG, Acks, check, merged
 from .support.server import SMALL, GatewayProcess
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 # The full run: 100,000 events in 20,000 batches of 5 from 8 producers, 20-50 s on 2 cores
 # (a kill about every second: some 15 kills and 5 HUPs); COMET_CLIENT_EVENTS for fewer.
@@ -238,9 +247,11 @@ class Producer:
 
 
 @pytest.mark.slow
-def test_exactly_once_through_kill_9_and_hup(data_dir: Path) -> None:
+def test_exactly_once_through_kill_9_and_hup(data_dir: Path, spark: SparkSession,
+                                             tmp_path: Path) -> None:
     """Producers post CHAOS_EVENTS numbered events while workers are killed with SIGKILL
-    and the master gets HUPs: every event is stored, and stored once."""
+    and the master gets HUPs: every event is stored, and stored once; then spark-ship
+    writes the stream into a Delta table, where every event is once too."""
     batches = CHAOS_EVENTS // CHAOS_BATCH
     t0 = time.monotonic()
     producers = [Producer(f"p{k}") for k in range(CHAOS_PRODUCERS)]
@@ -270,4 +281,14 @@ def test_exactly_once_through_kill_9_and_hup(data_dir: Path) -> None:
                f"{sum(r.replayed for r in every)} replayed")
     assert report.ok and report.stored_events == CHAOS_EVENTS, \
         (summary, report.problems, report.examples[:5])
-    print(summary)
+    lake = Lake(str(tmp_path / "lake"))
+    shipped = ship(ShipOptions(str(data_dir), "ev", lake), lambda: spark)
+    check_exactly_once(lake, data_dir, "ev", READ_CONFIG)
+    rows = read_table(lake, "ev")
+    events = Counter(zip(rows.column("c").to_pylist(), rows.column("i").to_pylist()))
+    wanted = {(f"p{k}", b * CHAOS_BATCH + j) for k in range(CHAOS_PRODUCERS)
+              for b in range(k, batches, CHAOS_PRODUCERS) for j in range(CHAOS_BATCH)}
+    assert set(events) == wanted and set(events.values()) == {1}, (
+        f"{summary}: in the lake {len(events)} distinct events of {CHAOS_EVENTS}, "
+        f"{sum(n > 1 for n in events.values())} more than once")
+    print(f"{summary}; {shipped.rows} rows in the Delta table")
