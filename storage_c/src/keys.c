@@ -93,7 +93,7 @@ static size_t file_bytes(void)
 
 static int create_file(shard *sh)
 {
-    static uint8_t page[KEYS_RECORDS_OFFSET];
+    uint8_t page[KEYS_RECORDS_OFFSET] = {0}; /* per call: shards are created by many threads */
     keys_header h;
     memset(&h, 0, sizeof h);
     h.magic = MAGIC_KEYS;
@@ -132,7 +132,10 @@ static int attach_file(shard *sh, int create, keys_table **out)
     if (!rc) {
         const keys_header *h = map;
         if (h->magic != MAGIC_KEYS || h->header_crc != crc32c_header(h) || h->shard_id != sh->id)
-            rc = set_error(COMET_E_CORRUPT, "%s is not the keys file of shard %u", path, sh->id);
+            rc = set_error(COMET_E_CORRUPT, "%s is not the keys file of shard %u (magic %08x, "
+                           "shard %u, header checksum %s, %lld bytes)", path, sh->id, h->magic,
+                           h->shard_id, h->header_crc == crc32c_header(h) ? "good" : "bad",
+                           (long long)sb.st_size);
         else if (h->version != KEYS_FILE_VERSION)
             rc = set_error(COMET_E_FORMAT_VERSION, "%s has version %u; this build reads %u", path,
                            h->version, KEYS_FILE_VERSION);

@@ -200,6 +200,61 @@ static void test_threads_race(void)
     rm_tree(dir);
 }
 
+typedef struct creator {
+    comet_stream *s;
+    uint32_t shard;
+    pthread_barrier_t *start;
+    int64_t rc;
+} creator;
+
+static void *first_key_of_shard(void *arg)
+{
+    creator *c = arg;
+    comet_idempotency idem = key_of(c->shard, 1, 60000);
+    comet_ingest_request req = {.body = "{}", .len = 2, .format = COMET_BODY_JSON,
+                                .durability = COMET_DURABILITY_DEFAULT, .idempotency = &idem};
+    comet_ingest_result res;
+    pthread_barrier_wait(c->start);
+    c->rc = comet_ingest(c->s, c->shard, &req, &res);
+    return NULL;
+}
+
+/* Threads create the keys files of several shards at once: each file is its
+ * own shard's (a buffer shared by the creators once gave one shard another's
+ * header, found by the gateway's power-cut test). */
+static void test_shards_create_their_keys_at_once(void)
+{
+    enum { SHARDS = 8 };
+    char *dir = scratch_dir();
+    comet_db *db = open_db(dir, 1 << 20);
+    comet_stream *s = open_stream(db, "k", SHARDS);
+    pthread_barrier_t start;
+    CHECK(pthread_barrier_init(&start, NULL, SHARDS) == 0);
+    pthread_t t[SHARDS];
+    creator c[SHARDS];
+    for (uint32_t i = 0; i < SHARDS; i++) {
+        c[i] = (creator){s, i, &start, -1};
+        CHECK(pthread_create(&t[i], NULL, first_key_of_shard, &c[i]) == 0);
+    }
+    for (uint32_t i = 0; i < SHARDS; i++) {
+        CHECK(pthread_join(t[i], NULL) == 0);
+        CHECK(c[i].rc == 0);
+    }
+    pthread_barrier_destroy(&start);
+    comet_close(db);
+    db = open_db(dir, 1 << 20); /* a new process's view: each file's header is read */
+    s = open_stream(db, "k", SHARDS);
+    for (uint32_t i = 0; i < SHARDS; i++) {
+        comet_idempotency idem = key_of(i, 1, 60000);
+        comet_ingest_request req = {.body = "{}", .len = 2, .format = COMET_BODY_JSON,
+                                    .durability = COMET_DURABILITY_DEFAULT, .idempotency = &idem};
+        comet_ingest_result res;
+        CHECK(comet_ingest(s, i, &req, &res) == 0 && res.replayed);
+    }
+    comet_close(db);
+    rm_tree(dir);
+}
+
 static void test_ring_remembers_the_last_keys(void)
 {
     char *dir = scratch_dir();
@@ -383,6 +438,7 @@ int main(void)
     RUN(test_replay_reuse_window);
     RUN(test_processes_race);
     RUN(test_threads_race);
+    RUN(test_shards_create_their_keys_at_once);
     RUN(test_ring_remembers_the_last_keys);
     RUN(test_recovery_keeps_keys_and_batches_together);
     RUN(test_holder_dies_between_key_and_batch);
