@@ -3,6 +3,7 @@ Starlette app) with the same bodies, in the same run; stored entries must equal 
 
     .venv/bin/python loadtests/bench_gateway.py [--quick]   # 5 rounds of 10 s (--quick: 1 of 5 s)
     .venv/bin/python loadtests/bench_gateway.py --only gateway_single_tls,gateway_ndjson_tls
+    .venv/bin/python loadtests/bench_gateway.py --only gateway_single_keyed,gateway_ndjson_keyed
 
 ``--only`` runs the named cases and what they are compared with, without the paced case.
 The TLS cases use certificates made for the run (tests/support/tls.py); wrk speaks TLS
@@ -94,7 +95,14 @@ THROUGHPUT = (case("single"), case("single", "", "access log on", LOG_ON, 0.95),
               dataclasses.replace(case("single", "_tls", "TLS (keep-alive), access log on", LOG_ON),
                                   tls=True, anchor="gateway_single", bound=0.75),
               dataclasses.replace(case("ndjson", "_tls", "TLS (keep-alive), validation on", LOG_ON),
-                                  tls=True, anchor="gateway_ndjson", bound=0.75))
+                                  tls=True, anchor="gateway_ndjson", bound=0.75),
+              # a fresh Idempotency-Key per request against the same case without: at most 10 %
+              dataclasses.replace(case("single", "_keyed", "Idempotency-Key, access log on",
+                                       {**LOG_ON, "WRK_IDEMPOTENCY": "1"}),
+                                  anchor="gateway_single", bound=0.90),
+              dataclasses.replace(case("ndjson", "_keyed", "Idempotency-Key, validation on",
+                                       {**LOG_ON, "WRK_IDEMPOTENCY": "1"}),
+                                  anchor="gateway_ndjson", bound=0.90))
 A_SINGLE, G_SINGLE = THROUGHPUT[:2]
 BY_KEY = {c.key: c for c in THROUGHPUT}
 G_PACED = Case("gateway_single_paced", "Gateway: 1 JSON event, paced at 50 % of max", "gateway",
