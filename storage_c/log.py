@@ -128,6 +128,7 @@ class _IngestCall(threading.local):
         self.req.compress_above = compress_above
         self.req.compress_level = level
         self.res = ffi.new("comet_ingest_result *")
+        self.idempotency = ffi.new("comet_idempotency *")
 
 
 class _Codec(threading.local):
@@ -430,13 +431,12 @@ class Log(Appender):
             shard = s.pick(key if key is not None or idempotency is None else idempotency.key)
         call = self._ingest
         req, res = call.req, call.res
-        idem = ffi.NULL
         if idempotency is not None:
-            idem = ffi.new("comet_idempotency *")
-            idem.key = idempotency.key
-            idem.digest = idempotency.digest
+            idem = call.idempotency
+            ffi.memmove(idem.key, idempotency.key, 16)
+            ffi.memmove(idem.digest, idempotency.digest, 16)
             idem.window_ms = idempotency.window_ms
-        req.idempotency = idem
+            req.idempotency = idem
         keep = ffi.from_buffer(body)
         req.body = keep
         req.len = len(keep)

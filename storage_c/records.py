@@ -3,11 +3,11 @@ payload or body."""
 
 from __future__ import annotations
 
-import hashlib
-
 from array import array
 from dataclasses import dataclass, field
 from typing import Iterator, NamedTuple, TypeAlias
+
+import xxhash
 
 Buffer: TypeAlias = bytes | bytearray | memoryview
 """What the append and ingest methods of ``Log`` take as a payload or body."""
@@ -60,14 +60,15 @@ class IdempotencyKey(NamedTuple):
 
     @classmethod
     def of(cls, key: str | bytes, window_s: float, *content: Buffer) -> IdempotencyKey:
-        """BLAKE2b-128 of the key and of ``content`` (what the request asks to
-        store, as the caller defines it: the same request gives the same bytes)."""
+        """XXH3-128 of the key and of ``content`` (what the request asks to
+        store, as the caller defines it: the same request gives the same bytes).
+        Not a cryptographic hash: it tells a retry from another request under
+        the same key, and whoever may send a key may store anyway."""
         raw = key.encode() if isinstance(key, str) else key
-        digest = hashlib.blake2b(digest_size=16)
+        digest = xxhash.xxh3_128()
         for part in content:
             digest.update(part)
-        return cls(hashlib.blake2b(raw, digest_size=16).digest(), digest.digest(),
-                   max(1, int(window_s * 1000)))
+        return cls(xxhash.xxh3_128_digest(raw), digest.digest(), max(1, int(window_s * 1000)))
 
 
 class Entry(NamedTuple):
