@@ -128,15 +128,18 @@ function done(summary, latency, requests)
     latency.min, latency.max, latency.mean))
 end
 
--- WRK_IDEMPOTENCY=1 in the environment: every request carries an Idempotency-Key of
--- its own (the keyed cases), so that every one is stored.  Only then is request()
--- defined: wrk builds each request anew only when a script defines it.
-if os.getenv("WRK_IDEMPOTENCY") == "1" then
+-- WRK_UNIQUE_HEADER=NAME in the environment: every request carries the header NAME
+-- with a value of its own (Idempotency-Key: the keyed cases, each request stored;
+-- X-Request-Id, which the gateway ignores: their baseline, as wrk builds each
+-- request anew then).  Only then is request() defined: wrk builds each request
+-- anew only when a script defines it.
+local unique = os.getenv("WRK_UNIQUE_HEADER")
+if unique and unique ~= "" then
   local sent = 0
   local prefix = string.format("%s-%d-", tostring({}):gsub("table: ", ""), os.time())
   function request()
     sent = sent + 1
-    wrk.headers["Idempotency-Key"] = prefix .. sent
+    wrk.headers[unique] = prefix .. sent
     return wrk.format()
   end
 end

@@ -298,14 +298,6 @@ static void crash_after_keyed(const char *dir, uint32_t from, uint32_t to)
     CHECK(waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0);
 }
 
-static void rewrite(const char *path, long at, const void *bytes, size_t n)
-{
-    FILE *f = fopen(path, "r+b");
-    CHECK(f != NULL);
-    CHECK(fseek(f, at, SEEK_SET) == 0 && fwrite(bytes, 1, n, f) == n);
-    fclose(f);
-}
-
 static void test_recovery_keeps_keys_and_batches_together(void)
 {
     char *dir = scratch_dir();
@@ -322,7 +314,7 @@ static void test_recovery_keeps_keys_and_batches_together(void)
     char path[600];
     snprintf(path, sizeof path, "%s/k/shard-0000/keys", dir);
     uint8_t zeros[64] = {0};
-    rewrite(path, 4096 + 6 * 64, zeros, sizeof zeros);
+    rewrite_file(path, 4096 + 6 * 64, zeros, sizeof zeros);
     db = open_db(dir, 1 << 20);
     s = open_stream(db, "k", 1);
     CHECK(next_entry(s) == 12);

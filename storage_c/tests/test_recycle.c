@@ -238,14 +238,6 @@ static size_t segment_bases(const char *shard_dir, uint64_t *bases, size_t max)
     return n;
 }
 
-static void rewrite(const char *path, long at, const void *bytes, size_t n)
-{
-    FILE *f = fopen(path, "r+b");
-    CHECK(f != NULL);
-    CHECK(fseek(f, at, SEEK_SET) == 0 && fwrite(bytes, 1, n, f) == n);
-    fclose(f);
-}
-
 /* The power went right after a rotation took the spare: the new segment's
  * header (not synced then) reads as its earlier life's, and the state's
  * durable point is the new segment's base (everything before it synced).  The
@@ -277,12 +269,12 @@ static void test_stale_recycled_segment_at_the_durable_point(void)
     CHECK(f != NULL && fread(older, 1, sizeof older, f) == sizeof older);
     fclose(f);
     snprintf(path, sizeof path, "%s/%020llu.log", shard_dir, (unsigned long long)last);
-    rewrite(path, 0, older, sizeof older);
+    rewrite_file(path, 0, older, sizeof older);
     snprintf(path, sizeof path, "%s/state", shard_dir);
-    rewrite(path, 192, &last, 8);  /* next_entry */
-    rewrite(path, 256, &last, 8);  /* durable_entry */
+    rewrite_file(path, 192, &last, 8);  /* next_entry */
+    rewrite_file(path, 256, &last, 8);  /* durable_entry */
     uint32_t zero = 0;
-    rewrite(path, 640, &zero, 4);  /* no clean close: opened as after a restart */
+    rewrite_file(path, 640, &zero, 4);  /* no clean close: opened as after a restart */
 
     s = open_recycling(dir, &db);
     CHECK_OK(comet_shard_stats_get(s, 0, &st));

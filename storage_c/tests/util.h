@@ -55,6 +55,16 @@ static inline comet_stream *open_stream(comet_db *db, const char *name, uint32_t
     return s;
 }
 
+/* Overwrites n bytes of the file at offset `at` (a test planting damage or an
+ * older state). */
+static inline void rewrite_file(const char *path, long at, const void *bytes, size_t n)
+{
+    FILE *f = fopen(path, "r+b");
+    CHECK(f != NULL);
+    CHECK(fseek(f, at, SEEK_SET) == 0 && fwrite(bytes, 1, n, f) == n);
+    fclose(f);
+}
+
 /* Reads up to max entries from entry `from`; fills payload lengths. */
 typedef struct read_buf {
     uint8_t data[1 << 20];
