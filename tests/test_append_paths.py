@@ -222,7 +222,7 @@ def test_ingest_fast_and_general_ways_agree(data_dir: Path) -> None:
             log.ingest("s", b"[8]", shard=2)
         with pytest.raises(TypeError, match=r"^Log\.ingest\(\) got an unexpected keyword"):
             log.ingest("s", b"[9]", nope=1)  # type: ignore[call-arg]
-        with pytest.raises(ValueError, match="'xml' is not 'json' or 'ndjson'"):
+        with pytest.raises(ValueError, match="'xml' is not one of json, ndjson, lines, raw"):
             log.ingest("s", b"[9]", "xml")
         assert log.stats("s").entries == 13
 
