@@ -364,18 +364,23 @@ def one_event(body: Body) -> Body:
     return body
 
 
-def body_format(runtime: Runtime, stream: str, kind: str, body: Body) -> str:
-    """How Log.ingest stores a body of ``kind``: checked ("json", "ndjson") as
-    the stream's policy says, or unchecked ("lines", "raw")."""
+def body_format(runtime: Runtime, stream: str, kind: str, body: Body) -> tuple[str, Body]:
+    """How a body of ``kind`` is stored, and what is stored of it: checked and
+    split in C ("json", "ndjson") as the stream's policy says, or unchecked
+    ("lines": one event per line, CRLF as LF; "raw": the body one event),
+    when it is not blank (400)."""
     if kind == EVENTS:
-        return "lines"
+        return "lines", body
     if kind in BYTES_TYPES:
-        one_event(body)
-        return "raw"
+        return "raw", one_event(body)
     validate = runtime.config.validates(stream)
     if kind in NDJSON_TYPES:
-        return "ndjson" if validate else "lines"
-    return "json" if validate or ARRAY_START.match(body) else "raw"
+        if validate:
+            return "ndjson", body
+        return "lines", one_event(body.replace(b"\r\n", b"\n") if b"\r" in body else body)
+    if validate or ARRAY_START.match(body):  # an array is split (and checked) in C
+        return "json", body
+    return "raw", one_event(body)
 
 
 def store(runtime: Runtime, stream: str, kind: str, body: Body, key: str | bytes | None,
@@ -389,27 +394,17 @@ def store(runtime: Runtime, stream: str, kind: str, body: Body, key: str | bytes
     log = runtime.log
     assert log is not None
     try:
+        fmt, body = body_format(runtime, stream, kind, body)
         if idempotency_key is not None:
-            fmt = body_format(runtime, stream, kind, body)
             idem = IdempotencyKey.of(idempotency_key, runtime.config.idempotency_window(stream),
                                      fmt.encode(), body)
             return log.ingest(stream, body, fmt, key=key, shard=shard, wait=wait,
                               idempotency=idem)
-        if kind == EVENTS:
+        if fmt == "lines":  # no per-line work at all
             return log.append_delimited(stream, body, key=key, shard=shard, wait=wait)
-        if kind in BYTES_TYPES:
-            return log.append_batch(stream, [one_event(body)], key=key, shard=shard, wait=wait)
-        validate = runtime.config.validates(stream)
-        if kind in NDJSON_TYPES:
-            if validate:
-                return log.ingest(stream, body, "ndjson", key=key, shard=shard, wait=wait)
-            if b"\r" in body:
-                body = body.replace(b"\r\n", b"\n")
-            # no per-line work at all
-            return log.append_delimited(stream, one_event(body), key=key, shard=shard, wait=wait)
-        if validate or ARRAY_START.match(body):  # an array is split (and checked) in C
-            return log.ingest(stream, body, "json", key=key, shard=shard, wait=wait)
-        return log.append_batch(stream, [one_event(body)], key=key, shard=shard, wait=wait)
+        if fmt == "raw":
+            return log.append_batch(stream, [body], key=key, shard=shard, wait=wait)
+        return log.ingest(stream, body, fmt, key=key, shard=shard, wait=wait)
     except WouldBlock:
         raise  # nothing was stored: store_off_loop makes the call again on a thread
     except StreamNotFound:

@@ -215,3 +215,13 @@ def test_retries_on_both_workers_and_through_kill_9_store_once(data_dir: Path) -
     for key, answer in answers.items():
         a = orjson.loads(answer)
         assert [(a["shard"], a["first"])] == stored_at[key], key
+
+
+@pytest.mark.parametrize("headers", [NDJSON, JSON, {"content-type": "application/octet-stream"}])
+def test_a_blank_unchecked_body_is_400_with_a_key_as_without(data_dir: Path,
+                                                             headers: dict[str, str]) -> None:
+    with TestClient(create_app(cfg(data_dir, validate=False))) as client:
+        for key in (None, "blank"):
+            status, answer, _ = post(client, b" \r\n \n", key, headers)
+            assert (status, answer["error"]) == (400, "empty_body")
+    assert stored(data_dir, "s") == []
