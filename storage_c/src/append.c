@@ -384,13 +384,13 @@ static int lock_without_sleeping(shard *sh, uint64_t total, int *slow)
  * "always" it returns once that batch is durable, as the first attempt did. */
 static int64_t replay(shard *sh, int sync_mode, key_hit hit, uint32_t *replayed)
 {
+    wc_add(sh->st, WC_KEY_REPLAYS, 1); /* a writer counter: under the append lock */
     shard_unlock(sh);
     if (sync_mode == COMET_DURABILITY_ALWAYS) {
         int rc = shard_sync(sh, hit.first + hit.count);
         if (rc)
             return rc;
     }
-    wc_add(sh->st, WC_KEY_REPLAYS, 1);
     *replayed = hit.count;
     return (int64_t)hit.first;
 }
