@@ -70,8 +70,9 @@ enum {
     COMET_E_GONE = -31,              /* a file or directory of the data directory was removed while in use */
     COMET_E_READ_ONLY = -32,         /* the filesystem holding the data directory is read-only (EROFS) */
     COMET_E_KEY_REUSED = -33,        /* an idempotency key already stored another request's batch */
+    COMET_E_TOO_MANY_OPEN = -34,     /* every open shard handle is in use (max_open_shards, file limit) */
 };
-#define COMET_ERROR_COUNT 34
+#define COMET_ERROR_COUNT 35
 
 /* Durability, per data directory (config) and overridable per append. */
 enum {
@@ -127,7 +128,11 @@ typedef struct comet_config {
     /* Streams the data directory may hold; creating one more fails with
      * COMET_E_STREAM_LIMIT (0: no limit, the default). */
     uint32_t max_streams;
-    uint32_t reserved;
+    /* Shards this process keeps open at once (descriptors and mappings);
+     * the least recently used idle one is closed to open another, and when
+     * every open shard is in use the call fails with COMET_E_TOO_MANY_OPEN.
+     * 0 (the default): min(256, (RLIMIT_NOFILE soft limit - 128) / 4). */
+    uint32_t max_open_shards;
 } comet_config;
 
 typedef struct comet_db comet_db;

@@ -84,23 +84,10 @@ static int check_config(const comet_config *c)
 
 typedef void (*shard_fn)(shard *sh, void *ctx);
 
-/* Streams are only ever added at the head, so the list can be walked
- * without the lock once its head is read. */
+/* The shards open in this process (lru.c), each entered while fn runs. */
 static void for_each_open_shard(comet_db *db, shard_fn fn, void *ctx)
 {
-    pthread_mutex_lock(&db->lock);
-    comet_stream *s = db->streams;
-    pthread_mutex_unlock(&db->lock);
-    for (; s; s = s->next)
-        for (uint32_t i = 0; i < s->shard_count; i++) {
-            shard *sh = atomic_load_explicit(&s->shards[i], memory_order_acquire);
-            if (!sh || atomic_load(&s->deleted))
-                continue;
-            atomic_fetch_add(&sh->users, 1); /* a deletion's sweep waits for this */
-            if (!atomic_load(&s->deleted))
-                fn(sh, ctx);
-            atomic_fetch_sub(&sh->users, 1);
-        }
+    lru_for_each_open(db, fn, ctx);
 }
 
 /* Syncs what the shard committed.  A failed sync has marked the shard (no
@@ -227,6 +214,8 @@ int comet_open(const char *path, const comet_config *cfg, comet_db **out)
     pthread_mutex_init(&db->lock, NULL);
     pthread_mutex_init(&db->usage_lock, NULL);
     pthread_mutex_init(&db->flusher_lock, NULL);
+    pthread_mutex_init(&db->lru_lock, NULL);
+    db->open_budget = lru_budget(&db->cfg);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
@@ -279,8 +268,9 @@ int comet_sync(comet_stream *s, int shard_id)
     for (uint32_t i = 0; i < s->shard_count; i++) {
         if (shard_id >= 0 && (uint32_t)shard_id != i)
             continue;
-        if (shard_id < 0 && !atomic_load_explicit(&s->shards[i], memory_order_acquire))
-            continue; /* never opened here: nothing of ours to sync */
+        shard *known = atomic_load_explicit(&s->shards[i], memory_order_acquire);
+        if (shard_id < 0 && (!known || atomic_load(&known->open) != SHARD_OPEN))
+            continue; /* not open here: nothing of ours to sync (closing synced it) */
         shard *sh;
         rc = shard_acquire(s, i, &sh);
         if (rc)

@@ -46,6 +46,7 @@ static const char *const messages[COMET_ERROR_COUNT] = {
     [-COMET_E_GONE] = "removed while in use",
     [-COMET_E_READ_ONLY] = "read-only filesystem",
     [-COMET_E_KEY_REUSED] = "idempotency key reused for another request",
+    [-COMET_E_TOO_MANY_OPEN] = "too many shards in use to open another",
 };
 
 static _Thread_local char detail[512];

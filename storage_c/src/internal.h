@@ -29,6 +29,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 #include <string.h>
+#include <time.h>
 
 #include "comet.h"
 #include "cutpoint.h"
@@ -179,7 +180,12 @@ int entry_resync(const segment *seg, uint64_t off, uint64_t expect_entry, uint64
 struct shard {
     struct comet_stream *stream;
     uint32_t id;
-    char dir[COMET_PATH_MAX];
+    char *dir; /* allocated: a process may know a shard struct for every shard it ever used */
+    /* lru.c: SHARD_OPEN while its files are open here; the struct itself
+     * stays published in stream->shards once made, closed or open. */
+    atomic_int open;
+    _Atomic int64_t last_used; /* coarse monotonic ns of the last acquire */
+    struct shard *lru_prev, *lru_next; /* the db's open shards, under db->lru_lock */
     int state_fd;
     state_file *st;
     /* segments known to this process, sorted by base; guarded by cache_lock */
@@ -205,12 +211,13 @@ struct shard {
      * cache_lock, written once before the code is published) */
     uint64_t dir_dev, dir_ino, state_dev, state_ino;
     atomic_int gone;
-    char gone_detail[512];
+    char *gone_detail; /* allocated when the shard is first refused */
     /* keys.c: the idempotency keys, attached on first use (under cache_lock) */
     _Atomic(keys_table *) keys;
 };
 
-int shard_open(struct comet_stream *stream, uint32_t id, shard **out);
+int shard_new(struct comet_stream *stream, uint32_t id, shard **out); /* closed */
+int shard_open_files(shard *sh); /* the stream's open_lock held; on failure it stays closed */
 void shard_close(shard *sh);   /* frees it (only for a shard never published) */
 void shard_release(shard *sh); /* drops mappings and files; the struct stays */
 int shard_lock(shard *sh);   /* append lock; repairs the tail if its holder died */
@@ -383,7 +390,7 @@ static inline void sc_add(state_file *st, int c, uint64_t v)
 struct comet_stream {
     struct comet_db *db;
     char name[COMET_STREAM_NAME_MAX + 1];
-    char dir[COMET_PATH_MAX];
+    char *dir; /* allocated: thousands of streams must not cost PATH_MAX each */
     uint32_t shard_count;
     int64_t created_ns;     /* from stream.meta: tells a stream from one created again under its name */
     pthread_mutex_t open_lock;
@@ -404,12 +411,12 @@ int stream_mark_deleted(comet_stream *s);
 /* Releases the mappings of deleted streams no thread is using (db->lock held). */
 void streams_sweep_deleted(comet_db *db);
 
-int stream_shard(comet_stream *s, uint32_t id, shard **out);
 /* Removes a directory tree, ignoring errors. */
 void remove_tree(const char *path);
 #define DELETED_PREFIX ".deleted-" /* a deleted stream's directory until it is removed */
 int stream_check_shard(const comet_stream *s, int64_t id); /* COMET_E_SHARD_RANGE with detail */
-/* stream_shard plus a use count that comet_close waits on; COMET_E_CLOSED
+/* The shard, opened if needed (lru.c), entered: a use count that comet_close
+ * and closing it to make room wait on; COMET_E_CLOSED
  * once the data directory is closing.  Pair with shard_leave. */
 int shard_acquire(comet_stream *s, uint32_t id, shard **out);
 /* The same for a shard id the caller checked, without opening the shard:
@@ -445,7 +452,39 @@ struct comet_db {
     pthread_cond_t flusher_wake;
     int stopping;
     struct comet_db *next_retired; /* closed handles, kept (see comet_close) */
+    /* lru.c: the shards open in this process, most recently opened first */
+    pthread_mutex_t lru_lock;
+    shard *lru_head;
+    uint32_t open_shards;  /* under lru_lock */
+    uint32_t open_budget;  /* max_open_shards, or derived from the file limit */
 };
+
+/* ---- lru.c ----------------------------------------------------------------- */
+
+#define SHARD_CLOSED 0
+#define SHARD_OPEN 1
+#define SHARD_CLOSING 2 /* an evictor is checking that no thread entered */
+
+/* The open-shard budget for a configuration (max_open_shards or derived). */
+uint32_t lru_budget(const comet_config *cfg);
+/* Closes least recently used idle shards until one more fits the budget;
+ * COMET_E_TOO_MANY_OPEN when every open shard is in use.  No lock held. */
+int lru_make_room(comet_db *db);
+void lru_add(shard *sh);    /* just opened (the stream's open_lock held) */
+/* Closes an open shard's files and takes it off the list (open_lock held,
+ * no thread inside it). */
+void lru_close_shard(shard *sh);
+/* Calls fn on each open shard, entered, one at a time (the rest may be
+ * closed or opened meanwhile). */
+void lru_for_each_open(comet_db *db, void (*fn)(shard *sh, void *ctx), void *ctx);
+static inline void lru_touch(shard *sh)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &t);
+    int64_t now = (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+    if (atomic_load_explicit(&sh->last_used, memory_order_relaxed) != now)
+        atomic_store_explicit(&sh->last_used, now, memory_order_relaxed);
+}
 
 /* ---- usage.c --------------------------------------------------------------- */
 

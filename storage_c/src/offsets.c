@@ -323,7 +323,8 @@ static group_slot *group_enter(comet_group *g, int *rc)
         *rc = set_error(COMET_E_INVALID, "null group");
         return NULL;
     }
-    if ((*rc = shard_enter(g->sh)))
+    shard *sh; /* the handle's shard struct, reopened if it was closed (lru.c) */
+    if ((*rc = shard_acquire(g->sh->stream, g->sh->id, &sh)))
         return NULL;
     group_slot *s = group_slot_of(g, rc);
     if (!s)

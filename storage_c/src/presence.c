@@ -35,6 +35,7 @@
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
@@ -61,10 +62,13 @@ static int refuse(shard *sh, int code, const char *fmt, ...)
 {
     pthread_mutex_lock(&sh->cache_lock);
     if (!atomic_load_explicit(&sh->gone, memory_order_relaxed)) {
+        char detail[512];
         va_list ap;
         va_start(ap, fmt);
-        vsnprintf(sh->gone_detail, sizeof sh->gone_detail, fmt, ap);
+        vsnprintf(detail, sizeof detail, fmt, ap);
         va_end(ap);
+        free(sh->gone_detail);
+        sh->gone_detail = strdup(detail); /* NULL: the code alone tells the cause */
         atomic_store_explicit(&sh->gone, code, memory_order_release);
     }
     pthread_mutex_unlock(&sh->cache_lock);
@@ -74,7 +78,9 @@ static int refuse(shard *sh, int code, const char *fmt, ...)
 int presence_refusal(shard *sh)
 {
     int code = atomic_load_explicit(&sh->gone, memory_order_acquire);
-    return code ? set_error(code, "%s", sh->gone_detail) : 0;
+    if (!code)
+        return 0;
+    return set_error(code, "%s", sh->gone_detail ? sh->gone_detail : comet_strerror(code));
 }
 
 /* The outermost of data, stream and shard directory that no longer resolves

@@ -26,23 +26,47 @@
 
 /* ---- open and close ------------------------------------------------------- */
 
-int shard_open(comet_stream *stream, uint32_t id, shard **out)
+int shard_new(comet_stream *stream, uint32_t id, shard **out)
 {
+    char dir[COMET_PATH_MAX];
+    if (path_format(dir, "%s/shard-%04u", stream->dir, id))
+        return set_error(COMET_E_INVALID, "path of shard %u of %s is too long", id, stream->dir);
     shard *sh = sys_calloc(1, sizeof *sh);
-    if (!sh)
+    if (!sh || !(sh->dir = strdup(dir))) {
+        free(sh);
         return set_error(COMET_E_NOMEM, "out of memory opening a shard");
+    }
     sh->stream = stream;
     sh->id = id;
     sh->state_fd = -1;
     sh->offsets_fd = -1;
     pthread_mutex_init(&sh->cache_lock, NULL);
-    int rc = path_format(sh->dir, "%s/shard-%04u", stream->dir, id);
-    if (rc) {
-        rc = set_error(COMET_E_INVALID, "path of shard %u of %s is too long", id, stream->dir);
-        goto fail;
-    }
+    *out = sh;
+    return 0;
+}
+
+/* What an open leaves behind is released by shard_release; what the last
+ * open noted about the shard is forgotten here, so that a reopen starts as
+ * the first open did. */
+static void forget_last_open(shard *sh)
+{
+    sh->listed_active_gen = 0;
+    sh->active_gen = 0;
+    atomic_store(&sh->dirty, 0);
+    atomic_store(&sh->state_synced_ns, 0);
+    atomic_store(&sh->offsets_dirty, 0);
+    sh->dir_dev = sh->dir_ino = sh->state_dev = sh->state_ino = 0;
+    atomic_store(&sh->gone, 0);
+    free(sh->gone_detail);
+    sh->gone_detail = NULL;
+}
+
+int shard_open_files(shard *sh)
+{
+    forget_last_open(sh);
+    int rc;
     if (sys_mkdir(sh->dir, 0755) == 0) {
-        rc = fsync_dir(stream->dir); /* the new shard's name must survive a power cut */
+        rc = fsync_dir(sh->stream->dir); /* the new shard's name must survive a power cut */
         if (rc)
             goto fail;
     } else if (errno != EEXIST) {
@@ -96,10 +120,9 @@ int shard_open(comet_stream *stream, uint32_t id, shard **out)
     sys_flock(sh->state_fd, LOCK_UN); /* the descriptor stays: it holds the shared lock */
     if (rc)
         goto fail;
-    *out = sh;
     return 0;
 fail:
-    shard_close(sh);
+    shard_release(sh);
     return rc;
 }
 
@@ -122,6 +145,8 @@ void shard_close(shard *sh)
         return;
     shard_release(sh);
     pthread_mutex_destroy(&sh->cache_lock);
+    free(sh->gone_detail);
+    free(sh->dir);
     free(sh);
 }
 

@@ -254,13 +254,18 @@ static int stream_open_in(comet_db *db, const char *name, uint32_t shards, int c
     }
     s->db = db;
     strcpy(s->name, name);
-    rc = path_format(s->dir, "%s/%s", db->path, name);
+    char dir[COMET_PATH_MAX];
+    rc = path_format(dir, "%s/%s", db->path, name);
+    if (!rc && !(s->dir = strdup(dir)))
+        rc = set_error(COMET_E_NOMEM, "out of memory");
     if (!rc)
         rc = stream_meta_open(db, name, s->dir, shards, create, &s->shard_count, &s->created_ns);
     if (!rc && !(s->shards = sys_calloc(s->shard_count, sizeof *s->shards)))
         rc = set_error(COMET_E_NOMEM, "out of memory");
     if (rc) {
         pthread_mutex_unlock(&db->lock);
+        free(s->dir);
+        free(s->shards);
         free(s);
         return rc == COMET_E_INVALID ? set_error(rc, "data directory path too long") : rc;
     }
@@ -272,27 +277,48 @@ static int stream_open_in(comet_db *db, const char *name, uint32_t shards, int c
     return 0;
 }
 
-int stream_shard(comet_stream *s, uint32_t id, shard **out)
+/* Opens shard id (the struct made and published on first use), or finds it
+ * open; the caller enters it then. */
+static int shard_open_in(comet_stream *s, uint32_t id)
 {
-    shard *sh = atomic_load_explicit(&s->shards[id], memory_order_acquire);
-    if (sh) {
-        *out = sh;
-        return 0;
-    }
+    int rc = lru_make_room(s->db);
+    if (rc)
+        return rc;
     pthread_mutex_lock(&s->open_lock);
-    sh = atomic_load_explicit(&s->shards[id], memory_order_relaxed);
-    int rc = 0;
+    shard *sh = atomic_load_explicit(&s->shards[id], memory_order_relaxed);
+    int made = 0;
     if (atomic_load(&s->db->closed))
         rc = set_error(COMET_E_CLOSED, "data directory %s is closed", s->db->path);
-    else if (!sh) {
-        rc = shard_open(s, id, &sh);
-        if (!rc)
-            atomic_store_explicit(&s->shards[id], sh, memory_order_release);
+    else if (atomic_load(&s->deleted))
+        rc = set_error(COMET_E_NO_STREAM, "stream '%s' was deleted", s->name);
+    else if (!sh)
+        made = !(rc = shard_new(s, id, &sh));
+    if (!rc && atomic_load(&sh->open) != SHARD_OPEN) {
+        rc = shard_open_files(sh);
+        if (!rc) {
+            atomic_store(&sh->open, SHARD_OPEN);
+            lru_add(sh);
+        }
     }
+    if (made && rc)
+        shard_close(sh);
+    else if (made)
+        atomic_store_explicit(&s->shards[id], sh, memory_order_release);
     pthread_mutex_unlock(&s->open_lock);
-    if (!rc)
-        *out = sh;
     return rc;
+}
+
+/* 1: entered (open); 0: not entered, the shard is closed or closing;
+ * a COMET_E_* code when the data directory is closing or the stream gone. */
+static int shard_try_enter(shard *sh)
+{
+    int rc = shard_enter(sh);
+    if (rc)
+        return rc;
+    if (atomic_load(&sh->open) == SHARD_OPEN) /* after users: see lru.c */
+        return 1;
+    shard_leave(sh);
+    return 0;
 }
 
 int shard_enter(shard *sh)
@@ -430,20 +456,38 @@ int shard_acquire(comet_stream *s, uint32_t id, shard **out)
     int rc = stream_check_shard(s, id);
     if (rc)
         return rc;
-    if (atomic_load(&s->db->closed))
-        return set_error(COMET_E_CLOSED, "data directory %s is closed", s->db->path);
-    if (atomic_load(&s->deleted))
-        return set_error(COMET_E_NO_STREAM, "stream '%s' was deleted", s->name);
-    rc = stream_shard(s, id, out);
-    return rc ? rc : shard_enter(*out);
+    for (;;) {
+        if (atomic_load(&s->db->closed))
+            return set_error(COMET_E_CLOSED, "data directory %s is closed", s->db->path);
+        if (atomic_load(&s->deleted))
+            return set_error(COMET_E_NO_STREAM, "stream '%s' was deleted", s->name);
+        shard *sh = atomic_load_explicit(&s->shards[id], memory_order_acquire);
+        if (sh && (rc = shard_try_enter(sh)) != 0) {
+            if (rc < 0)
+                return rc;
+            lru_touch(sh);
+            *out = sh;
+            return 0;
+        }
+        /* Not open here (never, or closed to make room): open it, then
+         * enter as any thread would; closed again meanwhile, once more. */
+        if ((rc = shard_open_in(s, id)))
+            return rc;
+    }
 }
 
 int shard_acquire_if_open(comet_stream *s, uint32_t id, shard **out)
 {
     shard *sh = atomic_load_explicit(&s->shards[id], memory_order_acquire);
     if (sh) {
-        *out = sh;
-        return shard_enter(sh); /* closed or deleted: said there */
+        int rc = shard_try_enter(sh);
+        if (rc < 0)
+            return rc; /* closed or deleted: said there */
+        if (rc) {
+            lru_touch(sh);
+            *out = sh;
+            return 0;
+        }
     }
     if (atomic_load(&s->db->closed) || atomic_load(&s->deleted))
         return shard_acquire(s, id, out); /* which says so */
@@ -455,8 +499,11 @@ void stream_release(comet_stream *s)
 {
     for (uint32_t i = 0; i < s->shard_count; i++) {
         shard *sh = atomic_load(&s->shards[i]);
-        if (sh)
-            shard_release(sh);
+        if (sh) {
+            pthread_mutex_lock(&s->open_lock);
+            lru_close_shard(sh);
+            pthread_mutex_unlock(&s->open_lock);
+        }
     }
 }
 

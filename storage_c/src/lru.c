@@ -1,0 +1,207 @@
+/*
+ * lru.c - a bounded number of open shards per process.
+ *
+ * An open shard holds descriptors (its state file, offsets file, one per
+ * mapped segment, its keys file once keyed) and mappings.  A process that
+ * touches thousands of shards - thousands of streams of 16 shards each -
+ * would run out of descriptors and memory if every shard it ever used stayed
+ * open, so this process keeps at most a budget of shards open and closes the
+ * least recently used idle one to open another.  Closing is what comet_close
+ * does for one shard (state marked closed cleanly when this process was its
+ * last holder), so reopening later is an ordinary open; a closed shard costs
+ * only its small struct, which stays published in stream->shards.
+ *
+ * Entering a shard and closing it race without a lock on the entry path (a
+ * Dekker pair of sequentially consistent operations): a thread entering
+ * increments the shard's users, then checks that it is SHARD_OPEN; the
+ * evictor, holding the stream's open_lock, stores SHARD_CLOSING, then checks
+ * that users is zero.  At least one of the two sees the other: the entering
+ * thread backs off and reopens under open_lock (waiting for the evictor), or
+ * the evictor gives up on that shard.
+ *
+ * Trade-offs: the recency is a coarse clock stamp per shard rather than a
+ * list moved on every use (no shared cache line written per append), so the
+ * victim is found by a scan of the open shards - at most the budget, and only
+ * when a shard is opened over it.  Idle shards whose data is synced are
+ * closed first; a dirty one is synced before it is closed (a device flush in
+ * the opener's path, only when every idle shard is dirty).  Group handles
+ * name their shard's struct and enter it through shard_acquire, so a closed
+ * shard is reopened under them.  When
+ * every open shard is in use the open fails with COMET_E_TOO_MANY_OPEN
+ * (the gateway's 503): the budget bounds handles, it never waits.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <sys/resource.h>
+
+#include "errors.h"
+#include "internal.h"
+
+#define LRU_DEFAULT_MAX 256u
+#define LRU_FDS_PER_SHARD 4u  /* state, offsets, the active segment, keys */
+#define LRU_FDS_RESERVED 128u /* sockets, logs, the rest of the process */
+#define LRU_MIN 4u
+
+uint32_t lru_budget(const comet_config *cfg)
+{
+    if (cfg->max_open_shards)
+        return cfg->max_open_shards;
+    struct rlimit rl;
+    uint64_t budget = LRU_DEFAULT_MAX;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY) {
+        uint64_t room = rl.rlim_cur > LRU_FDS_RESERVED ? rl.rlim_cur - LRU_FDS_RESERVED : 0;
+        if (room / LRU_FDS_PER_SHARD < budget)
+            budget = room / LRU_FDS_PER_SHARD;
+    }
+    return budget < LRU_MIN ? LRU_MIN : (uint32_t)budget;
+}
+
+void lru_add(shard *sh)
+{
+    comet_db *db = sh->stream->db;
+    lru_touch(sh);
+    pthread_mutex_lock(&db->lru_lock);
+    sh->lru_prev = NULL;
+    sh->lru_next = db->lru_head;
+    if (db->lru_head)
+        db->lru_head->lru_prev = sh;
+    db->lru_head = sh;
+    db->open_shards++;
+    pthread_mutex_unlock(&db->lru_lock);
+}
+
+static void lru_unlink(shard *sh)
+{
+    comet_db *db = sh->stream->db;
+    pthread_mutex_lock(&db->lru_lock);
+    if (sh->lru_prev)
+        sh->lru_prev->lru_next = sh->lru_next;
+    else if (db->lru_head == sh)
+        db->lru_head = sh->lru_next;
+    if (sh->lru_next)
+        sh->lru_next->lru_prev = sh->lru_prev;
+    sh->lru_prev = sh->lru_next = NULL;
+    db->open_shards--;
+    pthread_mutex_unlock(&db->lru_lock);
+}
+
+void lru_close_shard(shard *sh)
+{
+    if (atomic_load(&sh->open) == SHARD_CLOSED)
+        return;
+    lru_unlink(sh);
+    shard_release(sh);
+    atomic_store(&sh->open, SHARD_CLOSED);
+}
+
+/* Closes sh if no thread is inside it: 1 when closed.  Takes the stream's
+ * open_lock only if free, so an opener never waits on another stream. */
+static int try_close(shard *sh)
+{
+    comet_stream *s = sh->stream;
+    if (pthread_mutex_trylock(&s->open_lock))
+        return 0;
+    int closed = 0;
+    int expect = SHARD_OPEN;
+    if (atomic_compare_exchange_strong(&sh->open, &expect, SHARD_CLOSING)) {
+        if (atomic_load(&sh->users) == 0) {
+            /* Nobody can enter now: what this process appended is synced
+             * before the files go (the flusher only syncs open shards). */
+            int synced = 1;
+            if (atomic_load(&sh->dirty) &&
+                shard_sync(sh, atomic_load_explicit(&sh->st->next_entry, memory_order_acquire)))
+                synced = 0;
+            if (synced && atomic_load(&sh->offsets_dirty) && offsets_sync(sh))
+                synced = 0;
+            if (synced) {
+                lru_unlink(sh);
+                shard_release(sh);
+                atomic_store(&sh->open, SHARD_CLOSED);
+                closed = 1;
+            } else {
+                clear_error(); /* the next flusher pass says it: the shard is marked */
+            }
+        }
+        if (!closed)
+            atomic_store(&sh->open, SHARD_OPEN);
+    }
+    pthread_mutex_unlock(&s->open_lock);
+    return closed;
+}
+
+/* The least recently used open shard nobody is inside, preferring clean
+ * ones; NULL when there is none.  Under lru_lock. */
+static shard *pick_victim(comet_db *db, shard *skip_until_older)
+{
+    shard *best = NULL;
+    int best_dirty = 1;
+    int64_t best_used = 0;
+    int64_t bound = skip_until_older ? atomic_load(&skip_until_older->last_used) : INT64_MAX;
+    for (shard *sh = db->lru_head; sh; sh = sh->lru_next) {
+        if (atomic_load(&sh->users) || atomic_load(&sh->open) != SHARD_OPEN)
+            continue;
+        int64_t used = atomic_load_explicit(&sh->last_used, memory_order_relaxed);
+        if (used > bound || sh == skip_until_older)
+            continue;
+        int dirty = atomic_load(&sh->dirty) || atomic_load(&sh->offsets_dirty);
+        if (!best || dirty < best_dirty || (dirty == best_dirty && used < best_used)) {
+            best = sh;
+            best_dirty = dirty;
+            best_used = used;
+        }
+    }
+    return best;
+}
+
+int lru_make_room(comet_db *db)
+{
+    shard *failed = NULL; /* victims that could not be closed are passed over */
+    for (int tries = 0; tries < 64; tries++) {
+        pthread_mutex_lock(&db->lru_lock);
+        if (db->open_shards < db->open_budget) {
+            pthread_mutex_unlock(&db->lru_lock);
+            return 0;
+        }
+        shard *victim = pick_victim(db, failed);
+        pthread_mutex_unlock(&db->lru_lock);
+        if (!victim)
+            break;
+        /* The struct outlives any close: reading it after the list lock is
+         * safe, and try_close checks again under the stream's lock. */
+        if (!try_close(victim))
+            failed = victim;
+    }
+    pthread_mutex_lock(&db->lru_lock);
+    uint32_t open = db->open_shards, budget = db->open_budget;
+    pthread_mutex_unlock(&db->lru_lock);
+    if (open < budget)
+        return 0;
+    return set_error(COMET_E_TOO_MANY_OPEN,
+                     "cannot open another shard: all %u open shards of this process are in use "
+                     "(max_open_shards %u; raise it, and the file limit, for more streams written "
+                     "at once)",
+                     open, budget);
+}
+
+void lru_for_each_open(comet_db *db, void (*fn)(shard *sh, void *ctx), void *ctx)
+{
+    pthread_mutex_lock(&db->lru_lock);
+    shard *sh = db->lru_head;
+    while (sh) {
+        atomic_fetch_add(&sh->users, 1); /* then the state: see the top comment */
+        if (atomic_load(&sh->open) != SHARD_OPEN || atomic_load(&sh->stream->deleted)) {
+            atomic_fetch_sub(&sh->users, 1);
+            sh = sh->lru_next; /* still under the list lock */
+            continue;
+        }
+        /* Entered and open, the shard cannot leave the list, so its
+         * successor is valid again once the lock is taken back. */
+        pthread_mutex_unlock(&db->lru_lock);
+        fn(sh, ctx);
+        pthread_mutex_lock(&db->lru_lock);
+        shard *next = sh->lru_next;
+        atomic_fetch_sub(&sh->users, 1);
+        sh = next;
+    }
+    pthread_mutex_unlock(&db->lru_lock);
+}
