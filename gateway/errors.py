@@ -73,6 +73,8 @@ STORAGE_ERRORS: dict[type[CometError], ErrorAnswer] = {
     storage_c.Closed: ErrorAnswer(503, "draining", retry=True),
     # (the ingest path makes the call again on a thread before it answers this)
     storage_c.WouldBlock: ErrorAnswer(503, "busy", retry=True),
+    # every open shard of the worker is in use (max_open_shards): one is free soon
+    storage_c.TooManyOpenShards: ErrorAnswer(503, "too_many_open_shards", retry=True),
     # the storage refuses writes until an operator acts (the detail names the cause)
     storage_c.SyncFailed: ErrorAnswer(503, "sync_failed", retry=True),
     storage_c.StorageGone: ErrorAnswer(503, "storage_gone", retry=True),

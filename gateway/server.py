@@ -28,6 +28,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import resource
 import signal
 import ssl
 from typing import Any, Callable
@@ -60,6 +61,7 @@ class GatewayServer(BaseApplication):
         self.config = load_config()  # a bad configuration fails here, before any process starts
         self._config_is_fresh = True
         capture_stray_output()  # inherited by the workers, which are forked from here
+        raise_file_limit()  # inherited too: each worker's open-shard budget derives from it
         super().__init__(prog="comet serve")
 
     def load_config(self) -> None:
@@ -75,6 +77,26 @@ class GatewayServer(BaseApplication):
 
     def load(self) -> GatewayApp:
         return create_app(self.config)
+
+
+NOFILE_WHEN_UNLIMITED = 1 << 20  # the kernel refuses an unlimited RLIMIT_NOFILE
+
+
+def raise_file_limit() -> int:
+    """Raises this process's soft RLIMIT_NOFILE to its hard limit and returns
+    it.  Each worker keeps at most max_open_shards shards open, derived from
+    this limit when not set (storage_c.Config.max_open_shards), and sockets
+    count against it too; a soft limit of 1,024 (a common default) would cap
+    a worker at 224 shards however much the system allows."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = NOFILE_WHEN_UNLIMITED if hard == resource.RLIM_INFINITY else hard
+    if soft != resource.RLIM_INFINITY and soft < want:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+        except (ValueError, OSError):
+            return soft
+        return want
+    return soft
 
 
 def gunicorn_settings(config: GatewayConfig) -> dict[str, Any]:

@@ -50,6 +50,10 @@ class Config:
     auto_create_streams: bool = True
     max_streams: int = 0
     """Streams the data directory may hold; creating one more raises StreamLimit (0: no limit)."""
+    max_open_shards: int = 0
+    """Shards this process keeps open at once (descriptors and mappings); the least recently
+    used idle one is closed to open another, and when all are in use the call raises
+    TooManyOpenShards.  0: min(256, (file limit - 128) / 4)."""
     background_flush: bool = True
     """Run the background thread: flushes, and retention passes (tools that only read turn it off)."""
     retention_max_age_ms: int = 0
@@ -119,6 +123,7 @@ class Config:
             "segment_bytes": self.segment_bytes,
             "segment_chunk_bytes": self.segment_chunk_bytes,
             "max_streams": self.max_streams,
+            "max_open_shards": self.max_open_shards,
             "max_entry_bytes": self.max_entry_bytes,
             "index_interval_bytes": self.index_interval_bytes,
             "default_shards": self.shards,

@@ -180,6 +180,14 @@ class InvalidOTLP(CometError, ValueError):
     reason: str = ""
 
 
+class TooManyOpenShards(CometError):
+    """Every shard this process has open is in use by a call, and its budget
+    (Config.max_open_shards, bounded by the file limit) allows no other: nothing
+    was done; the call may be made again once one is released."""
+
+    code = lib.COMET_E_TOO_MANY_OPEN
+
+
 class SyncFailed(StorageIOError):
     """A sync (fsync, fdatasync, msync) of the shard failed earlier, in this
     process or another: the kernel may have dropped the data it could not
@@ -234,6 +242,7 @@ _BY_CODE: dict[int, type[CometError]] = {
         WouldBlock,
         InvalidOTLP,
         IdempotencyKeyReused,
+        TooManyOpenShards,
     )
 }
 _BY_CODE[lib.COMET_E_NOMEM] = CometError

@@ -260,7 +260,7 @@ def try_append(path: str, stream: str) -> None:
     one entry to it; prints "appended N" or "refused: <error>"."""
     from storage_c import CometError
     with Log(path, Config(background_flush=False)) as log:
-        log.shard_stats(stream, 0)
+        log.read(stream, 0, 0, 1)  # opens the shard (statistics would not)
         print("open", flush=True)
         sys.stdin.readline()
         try:

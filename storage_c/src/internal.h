@@ -202,8 +202,8 @@ struct shard {
     /* calls inside the C core using this shard; comet_close waits for zero */
     atomic_int users;
     /* consumer offsets (offsets.c) */
-    uint8_t *offsets;
-    int offsets_fd;
+    uint8_t *_Atomic offsets; /* NULL until a group is registered (offsets.c) */
+    atomic_int offsets_fd;
     atomic_int offsets_dirty;
     struct comet_group *groups; /* handles, guarded by cache_lock, kept until exit */
     /* presence.c: what the shard directory and state file were at open, and
@@ -282,6 +282,8 @@ void shard_segments_clear(shard *sh);
 /* Snapshot of the segment bases; caller frees.  _list reads the directory
  * again first (repair and retention); _bases trusts the cache. */
 int shard_segment_bases(shard *sh, uint64_t **bases, size_t *count);
+/* The bases of the segment files in dir, sorted (no shard needed). */
+int segment_list_bases(const char *dir, uint64_t **bases, size_t *count);
 int shard_list_segments(shard *sh, uint64_t **bases, size_t *count);
 
 /* ---- presence.c: files taken away from under an open shard --------------- */

@@ -24,6 +24,7 @@
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -92,13 +93,18 @@ static int slot_sane(const group_slot *s)
            comet_validate_group_name(s->name, s->name_len) == 0;
 }
 
-/* Called at shard open, under flock on the state file. */
-int offsets_open(shard *sh)
+#define OFFSETS_NONE 1 /* offsets_map: no file, and not asked to create one */
+
+/* Maps the offsets file, creating it when asked (under flock on the state
+ * file, so that one process at a time checks or writes its header). */
+static int offsets_map(shard *sh, int create)
 {
     char path[COMET_PATH_MAX];
     if (path_format(path, "%s/%s", sh->dir, OFFSETS_NAME))
         return set_error(COMET_E_INVALID, "path too long in %s", sh->dir);
-    int fd = sys_open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    int fd = sys_open(path, O_RDWR | O_CLOEXEC | (create ? O_CREAT : 0), 0644);
+    if (fd < 0 && errno == ENOENT && !create)
+        return OFFSETS_NONE;
     if (fd < 0)
         return set_errno_error(errno, "cannot open %s", path);
     struct stat sb;
@@ -118,8 +124,8 @@ int offsets_open(shard *sh)
         sys_close(fd);
         return rc;
     }
-    sh->offsets = map;
     sh->offsets_fd = fd;
+    sh->offsets = map; /* published last: offsets_attach reads it without the lock */
     offsets_header *h = map;
     if (h->magic == MAGIC_OFFSETS && h->header_crc == crc32c_header(h)) {
         if (h->version != FORMAT_VERSION)
@@ -140,6 +146,34 @@ int offsets_open(shard *sh)
             memset(s, 0, sizeof *s);
     }
     return 0;
+}
+
+/* A shard's offsets file exists once a group was registered in it (an idle
+ * shard costs no file and no descriptor for it); a process attaches to it at
+ * open, or when it first needs it, possibly made meanwhile by another. */
+int offsets_open(shard *sh)
+{
+    int rc = offsets_map(sh, 0);
+    return rc == OFFSETS_NONE ? 0 : rc;
+}
+
+/* 0 when attached, OFFSETS_NONE when there is no file (and !create). */
+static int offsets_attach(shard *sh, int create)
+{
+    if (sh->offsets)
+        return 0;
+    pthread_mutex_lock(&sh->cache_lock);
+    int rc = 0;
+    if (!sh->offsets) {
+        if (sys_flock(sh->state_fd, LOCK_EX))
+            rc = set_errno_error(errno, "cannot lock the state of %s", sh->dir);
+        else {
+            rc = offsets_map(sh, create);
+            sys_flock(sh->state_fd, LOCK_UN);
+        }
+    }
+    pthread_mutex_unlock(&sh->cache_lock);
+    return rc;
 }
 
 void offsets_close(shard *sh)
@@ -165,6 +199,10 @@ uint64_t offsets_min(shard *sh, int *registered)
 {
     uint64_t min = UINT64_MAX;
     *registered = 0;
+    if (offsets_attach(sh, 0)) {
+        clear_error(); /* no file: no group; a file that cannot be read protects nothing */
+        return min;
+    }
     for (uint32_t i = 0; i < OFFSETS_GROUPS; i++) {
         group_slot *s = slot_at(sh, i);
         if (atomic_load_explicit(&s->state, memory_order_acquire) != 1)
@@ -180,6 +218,10 @@ uint64_t offsets_min(shard *sh, int *registered)
 uint64_t offsets_max(shard *sh)
 {
     uint64_t max = 0;
+    if (offsets_attach(sh, 0)) {
+        clear_error();
+        return max;
+    }
     for (uint32_t i = 0; i < OFFSETS_GROUPS; i++) {
         group_slot *s = slot_at(sh, i);
         if (atomic_load_explicit(&s->state, memory_order_acquire) != 1)
@@ -219,6 +261,12 @@ static int64_t find_slot(shard *sh, const char *name, size_t len)
 /* Finds the name's slot, registering it when asked (under groups_lock). */
 static int64_t lookup(shard *sh, const char *name, size_t len, int create)
 {
+    int attached = offsets_attach(sh, create);
+    if (attached < 0)
+        return attached;
+    if (attached == OFFSETS_NONE)
+        return set_error(COMET_E_NO_GROUP, "group '%.*s' is not registered in %s", (int)len, name,
+                         sh->dir);
     int64_t i = find_slot(sh, name, len);
     if (i >= 0 || !create)
         return i >= 0 ? i
@@ -452,6 +500,13 @@ int comet_group_delete(comet_stream *s, const char *name, size_t len)
         rc = shard_acquire(s, id, &sh);
         if (rc)
             return rc;
+        int attached = offsets_attach(sh, 0);
+        if (attached) {
+            shard_leave(sh);
+            if (attached < 0)
+                return attached;
+            continue; /* no group was ever registered in this shard */
+        }
         rc = lock_groups(sh);
         if (!rc) {
             int64_t i = find_slot(sh, name, len);
@@ -481,6 +536,10 @@ int comet_group_list(comet_stream *s, uint32_t shard_id, comet_group_info *out, 
         return rc;
     uint32_t n = 0;
     uint64_t committed = atomic_load_explicit(&sh->st->next_entry, memory_order_acquire);
+    if ((rc = offsets_attach(sh, 0)) != 0) {
+        shard_leave(sh);
+        return rc == OFFSETS_NONE ? 0 : rc;
+    }
     for (uint32_t i = 0; i < OFFSETS_GROUPS; i++) {
         group_slot *slot = slot_at(sh, i);
         if (atomic_load_explicit(&slot->state, memory_order_acquire) != 1)

@@ -210,6 +210,25 @@ static int owned(const comet_db *db, uint32_t shard_id)
     return db->slot < 0 || shard_id % db->cfg.process_count == (uint32_t)db->slot;
 }
 
+/* Whether a shard this process has not open holds more than retention may
+ * keep (more segments than retention_min_segments, or a spare): a directory
+ * listing instead of an open, so that a pass over thousands of idle shards
+ * costs no handles (lru.c). */
+static int worth_opening(comet_db *db, const char *dir)
+{
+    uint64_t *bases;
+    size_t n;
+    if (segment_list_bases(dir, &bases, &n)) {
+        clear_error();
+        return 1; /* let the open say what is wrong */
+    }
+    free(bases);
+    char spare[COMET_PATH_MAX];
+    struct stat sb;
+    uint32_t keep = db->cfg.retention_min_segments ? db->cfg.retention_min_segments : 1;
+    return n > keep || (!path_format(spare, "%s/%s", dir, SPARE_NAME) && sys_stat(spare, &sb) == 0);
+}
+
 /* One pass over a stream's existing shards that this process owns. */
 static int retention_stream(comet_db *db, comet_stream *s, uint64_t *excess, int64_t now,
                             comet_retention_report *rep)
@@ -220,7 +239,12 @@ static int retention_stream(comet_db *db, comet_stream *s, uint64_t *excess, int
         if (!owned(db, id) || path_format(dir, "%s/shard-%04u", s->dir, id) || sys_stat(dir, &sb))
             continue; /* never created: nothing to delete, and nothing to create */
         shard *sh;
-        int rc = shard_acquire(s, id, &sh);
+        int rc = shard_acquire_if_open(s, id, &sh);
+        if (rc == COMET_E_WOULD_BLOCK) {
+            if (!worth_opening(db, dir))
+                continue; /* closed here and nothing it could delete: not opened for it */
+            rc = shard_acquire(s, id, &sh);
+        }
         if (rc)
             return rc;
         rc = shard_lock(sh);
@@ -361,9 +385,15 @@ static size_t gather(comet_db *db, candidate **out)
             char dir[COMET_PATH_MAX];
             struct stat sb;
             shard *sh;
-            if (path_format(dir, "%s/shard-%04u", s->dir, id) || sys_stat(dir, &sb) ||
-                shard_acquire(s, id, &sh))
+            if (path_format(dir, "%s/shard-%04u", s->dir, id) || sys_stat(dir, &sb))
                 continue;
+            int rc = shard_acquire_if_open(s, id, &sh);
+            if (rc == COMET_E_WOULD_BLOCK && worth_opening(db, dir))
+                rc = shard_acquire(s, id, &sh);
+            if (rc) {
+                clear_error();
+                continue;
+            }
             uint64_t *bases;
             size_t nb;
             int64_t newest = -1;

@@ -40,7 +40,7 @@ static int cmp_u64(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-static int list_bases(const char *dir, uint64_t **out, size_t *count)
+int segment_list_bases(const char *dir, uint64_t **out, size_t *count)
 {
     DIR *d = sys_opendir(dir);
     if (!d)
@@ -96,7 +96,7 @@ static int refresh_locked(shard *sh)
     uint64_t gen = atomic_load_explicit(&sh->st->active_gen, memory_order_acquire);
     uint64_t *bases = NULL;
     size_t n = 0;
-    int rc = list_bases(sh->dir, &bases, &n);
+    int rc = segment_list_bases(sh->dir, &bases, &n);
     if (rc)
         return rc;
     segment **segs = sys_calloc(n ? n : 1, sizeof *segs);

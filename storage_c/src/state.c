@@ -237,7 +237,11 @@ void state_close_if_last(shard *sh)
         return;
     char path[COMET_PATH_MAX];
     path_format(path, "%s/%s", sh->dir, STATE_NAME);
-    if (ofd_lock(sh->state_fd, path, STATE_HOLDERS_LOCK_BYTE, 1, F_WRLCK, 0) == 0 &&
+    /* Only a shard whose open finished (its tail checked) is known clean: an
+     * open that failed after rebuilding the state leaves a commit point that
+     * recovery never confirmed. */
+    if (atomic_load(&sh->open) != SHARD_CLOSED &&
+        ofd_lock(sh->state_fd, path, STATE_HOLDERS_LOCK_BYTE, 1, F_WRLCK, 0) == 0 &&
         atomic_load(&st->durable_entry) >= atomic_load(&st->next_entry) &&
         !atomic_load(&st->recovery_pending) && !atomic_load(&st->sync_failed) &&
         atomic_load(&st->deleted) != STATE_DELETED) {

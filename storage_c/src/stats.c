@@ -6,8 +6,12 @@
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 
+#include "crc32c.h"
 #include "errors.h"
 #include "internal.h"
 
@@ -18,14 +22,28 @@ static uint64_t allocated_bytes(const char *dir, uint64_t base, const char *suff
     return file_disk_bytes(path);
 }
 
+#define STATS_UNSETTLED 1 /* stats_closed: the shard must be opened to know */
+
+static void counters_of(const state_file *st, comet_shard_stats *out);
+static int sizes_of(const char *dir, const uint64_t *bases, size_t n, comet_shard_stats *out);
 static int stats_of(shard *sh, comet_shard_stats *out);
+static int stats_closed(comet_stream *s, uint32_t shard_id, comet_shard_stats *out);
 
 int comet_shard_stats_get(comet_stream *s, uint32_t shard_id, comet_shard_stats *out)
 {
     if (!out)
         return set_error(COMET_E_INVALID, "comet_shard_stats_get: null argument");
+    int rc = stream_check_shard(s, shard_id);
+    if (rc)
+        return rc;
     shard *sh;
-    int rc = shard_acquire(s, shard_id, &sh);
+    rc = shard_acquire_if_open(s, shard_id, &sh);
+    if (rc == COMET_E_WOULD_BLOCK) { /* not open here: read it without opening it */
+        rc = stats_closed(s, shard_id, out);
+        if (rc != STATS_UNSETTLED)
+            return rc;
+        rc = shard_acquire(s, shard_id, &sh); /* an opener checks the tail first */
+    }
     if (rc)
         return rc;
     rc = stats_of(sh, out);
@@ -33,26 +51,114 @@ int comet_shard_stats_get(comet_stream *s, uint32_t shard_id, comet_shard_stats 
     return rc;
 }
 
+/* Whether the state's counters can be believed without opening the shard:
+ * a living process holds it open (the shared lock every holder keeps, see
+ * shard.c), or its last holder closed it cleanly.  Otherwise a crash left it
+ * and the tail is unchecked: only an opener's recovery knows what is there. */
+static int state_settled(int fd, const state_file *st)
+{
+    if (st->magic != MAGIC_STATE || st->header_crc != crc32c_header(st))
+        return 0;
+    if (atomic_load(&((state_file *)st)->closed_clean) == STATE_CLOSED_CLEAN)
+        return 1;
+    struct flock fl;
+    memset(&fl, 0, sizeof fl);
+    fl.l_type = F_WRLCK;
+    fl.l_whence = SEEK_SET;
+    fl.l_start = STATE_HOLDERS_LOCK_BYTE;
+    fl.l_len = 1;
+    return sys_fcntl_lock(fd, F_OFD_GETLK, &fl) == 0 && fl.l_type != F_UNLCK;
+}
+
+/* A shard this process has not open: its counters from a read-only mapping
+ * of the state file, its sizes from the directory - no descriptor or mapping
+ * is kept, no lock taken, nothing repaired, so that listing thousands of
+ * streams costs no handles.  A shard never written has no directory: all
+ * zeros.  STATS_UNSETTLED when the state cannot be believed without the
+ * tail check an open does (state_settled). */
+static int stats_closed(comet_stream *s, uint32_t shard_id, comet_shard_stats *out)
+{
+    memset(out, 0, sizeof *out);
+    char dir[COMET_PATH_MAX], path[COMET_PATH_MAX];
+    if (path_format(dir, "%s/shard-%04u", s->dir, shard_id) ||
+        path_format(path, "%s/%s", dir, STATE_NAME))
+        return set_error(COMET_E_INVALID, "path of shard %u of %s is too long", shard_id, s->dir);
+    int fd = sys_open(path, O_RDONLY | O_CLOEXEC, 0);
+    if (fd < 0) {
+        struct stat sb;
+        if (errno == ENOENT && sys_stat(dir, &sb) && errno == ENOENT)
+            return 0; /* never written */
+        if (errno == ENOENT)
+            return STATS_UNSETTLED; /* files without a state: an open rebuilds it */
+        return set_errno_error(errno, "cannot open %s", path);
+    }
+    struct stat sb;
+    const state_file *st = NULL;
+    int err = 0;
+    if (sys_fstat(fd, &sb))
+        err = errno;
+    else if (sb.st_size >= (off_t)STATE_FILE_BYTES) { /* shorter: being made, unsettled */
+        void *map = sys_mmap(NULL, STATE_FILE_BYTES, PROT_READ, MAP_SHARED, fd, 0);
+        if (map != MAP_FAILED)
+            st = map;
+        else
+            err = errno;
+    }
+    int settled = st && state_settled(fd, st);
+    sys_close(fd);
+    if (!st && err)
+        return set_errno_error(err, "cannot read %s", path);
+    if (settled)
+        counters_of(st, out);
+    if (st)
+        sys_munmap((void *)st, STATE_FILE_BYTES);
+    if (!settled)
+        return STATS_UNSETTLED;
+    uint64_t *bases;
+    size_t n;
+    int rc = segment_list_bases(dir, &bases, &n);
+    if (rc)
+        return rc;
+    rc = sizes_of(dir, bases, n, out);
+    if (!rc && n && out->next_entry > bases[0]) {
+        if (out->first_entry < bases[0])
+            out->first_entry = bases[0];
+        segment *seg = segment_new(bases[0]);
+        uint32_t lf;
+        if (seg && segment_load(seg, dir, shard_id) == 0 &&
+            entry_validate(seg, SEGMENT_DATA_OFFSET, seg->base, ENTRY_LEN_MASK, &lf) == ENTRY_OK)
+            out->oldest_timestamp = entry_timestamp(seg, SEGMENT_DATA_OFFSET);
+        clear_error();
+        if (seg)
+            segment_free(seg);
+    }
+    free(bases);
+    return rc;
+}
+
+static int sizes_of(const char *dir, const uint64_t *bases, size_t n, comet_shard_stats *out)
+{
+    out->segments = n;
+    for (size_t i = 0; i < n; i++)
+        out->disk_bytes += allocated_bytes(dir, bases[i], SEGMENT_SUFFIX) +
+                           allocated_bytes(dir, bases[i], INDEX_SUFFIX);
+    char spare[COMET_PATH_MAX]; /* the spare (recycle.c) is the shard's disk too */
+    if (!path_format(spare, "%s/%s", dir, SPARE_NAME))
+        out->disk_bytes += file_disk_bytes(spare);
+    return 0;
+}
+
 static int stats_of(shard *sh, comet_shard_stats *out)
 {
     int rc;
-    state_file *st = sh->st;
     memset(out, 0, sizeof *out);
-    out->next_entry = atomic_load_explicit(&st->next_entry, memory_order_acquire);
-    out->durable_entry = atomic_load(&st->durable_entry);
-    out->first_entry = atomic_load(&st->first_entry);
-    uint64_t active_end = atomic_load(&st->active_end);
-    out->active_bytes = active_end > SEGMENT_DATA_OFFSET ? active_end - SEGMENT_DATA_OFFSET : 0;
-
+    counters_of(sh->st, out);
     uint64_t *bases;
     size_t n;
     rc = shard_segment_bases(sh, &bases, &n);
     if (rc)
         return rc;
-    out->segments = n;
-    for (size_t i = 0; i < n; i++)
-        out->disk_bytes += allocated_bytes(sh->dir, bases[i], SEGMENT_SUFFIX) +
-                           allocated_bytes(sh->dir, bases[i], INDEX_SUFFIX);
+    sizes_of(sh->dir, bases, n, out);
     if (n && out->next_entry > bases[0]) {
         if (out->first_entry < bases[0])
             out->first_entry = bases[0];
@@ -62,13 +168,22 @@ static int stats_of(shard *sh, comet_shard_stats *out)
                        ENTRY_OK)
             out->oldest_timestamp = entry_timestamp(seg, SEGMENT_DATA_OFFSET);
         shard_segment_release(sh, seg);
-        out->newest_timestamp = atomic_load(&st->last_ts);
     }
     free(bases);
-    char spare[COMET_PATH_MAX]; /* the spare (recycle.c) is the shard's disk too */
-    if (!path_format(spare, "%s/%s", sh->dir, SPARE_NAME))
-        out->disk_bytes += file_disk_bytes(spare);
+    return 0;
+}
 
+/* What the shared state says; any process, open or not (a const mapping). */
+static void counters_of(const state_file *cst, comet_shard_stats *out)
+{
+    state_file *st = (state_file *)cst; /* the atomics are only loaded */
+    out->next_entry = atomic_load_explicit(&st->next_entry, memory_order_acquire);
+    out->durable_entry = atomic_load(&st->durable_entry);
+    out->first_entry = atomic_load(&st->first_entry);
+    uint64_t active_end = atomic_load(&st->active_end);
+    out->active_bytes = active_end > SEGMENT_DATA_OFFSET ? active_end - SEGMENT_DATA_OFFSET : 0;
+    if (out->next_entry > out->first_entry)
+        out->newest_timestamp = atomic_load(&st->last_ts);
     out->appends = wc_get(st, WC_APPENDS);
     out->appended_entries = wc_get(st, WC_APPENDED_ENTRIES);
     out->appended_raw_bytes = wc_get(st, WC_APPENDED_RAW_BYTES);
@@ -96,5 +211,4 @@ static int stats_of(shard *sh, comet_shard_stats *out)
     out->sync_failures = atomic_load(&st->shared[SC_SYNC_FAILURES]);
     out->sync_failed_errno = atomic_load(&st->sync_failed);
     out->key_replays = wc_get(st, WC_KEY_REPLAYS);
-    return 0;
 }

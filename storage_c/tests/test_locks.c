@@ -194,8 +194,7 @@ static void test_a_live_holders_lock_is_not_reset(void)
         close(go[1]);
         comet_db *db = open_db(dir, 1 << 20);
         comet_stream *s = open_stream(db, "l", 0);
-        comet_shard_stats st;
-        CHECK_OK(comet_shard_stats_get(s, 0, &st)); /* the shard is open: its lock is held */
+        open_shard(s, 0); /* its lock is held from here */
         uint8_t *map = map_file(file_of(dir, "l/shard-0000/state"));
         CHECK(pthread_mutex_lock((pthread_mutex_t *)(map + APPEND_LOCK)) == 0);
         atomic_store(held, 1);
@@ -266,8 +265,7 @@ static void test_concurrent_openers_reset_once(void)
                 ;
             comet_db *db = open_db(dir, 1 << 20);
             comet_stream *s = open_stream(db, "l", 0);
-            comet_shard_stats st;
-            CHECK_OK(comet_shard_stats_get(s, 0, &st));
+            open_shard(s, 0);
             pthread_mutex_t *m =
                 (pthread_mutex_t *)(map_file(file_of(dir, "l/shard-0000/state")) + APPEND_LOCK);
             for (int r = 0; r < ROUNDS; r++) {

@@ -3,6 +3,7 @@
  * appended; a budget of shards all in use refuses clearly; threads racing
  * opens, closes, appends, reads and group acks under TSan. */
 #include <dirent.h>
+#include <sys/stat.h>
 #include <pthread.h>
 
 #include "../src/internal.h"
@@ -146,6 +147,42 @@ static void test_all_in_use_is_refused(void)
     rm_tree(dir);
 }
 
+static void test_stats_read_closed_shards_without_opening_them(void)
+{
+    char *dir = scratch_dir();
+    comet_db *db = open_budget(dir, 2, 0);
+    comet_stream *s = open_stream(db, "st", 8);
+    comet_shard_stats open_stats[4];
+    for (int k = 0; k < 4; k++) {
+        for (int i = 0; i <= k; i++)
+            CHECK(comet_append(s, (uint32_t)k, "abc", 3, 0, -1, COMET_APPEND_WAIT) == i);
+        CHECK_OK(comet_shard_stats_get(s, (uint32_t)k, &open_stats[k]));
+    }
+    CHECK(atomic_load(&atomic_load(&s->shards[0])->open) == SHARD_CLOSED);
+    int fds = open_fds();
+    for (int k = 0; k < 8; k++) {
+        comet_shard_stats st;
+        CHECK_OK(comet_shard_stats_get(s, (uint32_t)k, &st));
+        shard *sh = atomic_load(&s->shards[k]);
+        CHECK(k >= 4 ? sh == NULL : sh != NULL);
+        if (k >= 4) { /* never written: zeros, and nothing created for it */
+            char path[512];
+            struct stat sb;
+            snprintf(path, sizeof path, "%s/st/shard-%04d", dir, k);
+            CHECK(st.next_entry == 0 && st.segments == 0 && stat(path, &sb) != 0);
+            continue;
+        }
+        CHECK(st.next_entry == (uint64_t)k + 1 && st.segments == 1);
+        CHECK(st.disk_bytes == open_stats[k].disk_bytes && st.disk_bytes > 0);
+        CHECK(st.oldest_timestamp == open_stats[k].oldest_timestamp && st.oldest_timestamp > 0);
+        CHECK(st.newest_timestamp == open_stats[k].newest_timestamp);
+        CHECK(st.appended_entries == (uint64_t)k + 1);
+    }
+    CHECK(open_count(db) == 2 && open_fds() == fds);
+    CHECK_OK(comet_close(db));
+    rm_tree(dir);
+}
+
 /* ---- threads ---------------------------------------------------------------- */
 
 #define STREAMS 4
@@ -252,6 +289,7 @@ int main(void)
     RUN(test_budget_bounds_open_shards);
     RUN(test_closing_syncs_what_was_appended);
     RUN(test_all_in_use_is_refused);
+    RUN(test_stats_read_closed_shards_without_opening_them);
     RUN(test_threads_race_opens_and_closes);
     return 0;
 }

@@ -55,6 +55,17 @@ static inline comet_stream *open_stream(comet_db *db, const char *name, uint32_t
     return s;
 }
 
+/* Opens shard id in this process (a read does; statistics would not). */
+static inline void open_shard(comet_stream *s, uint32_t id)
+{
+    uint8_t data[256];
+    int32_t offsets[2];
+    int64_t entries[1], ts[1];
+    comet_read_request rq = {0, 1, 0, sizeof data, data, sizeof data, offsets, entries, ts};
+    comet_read_result rr;
+    CHECK_OK(comet_read(s, id, &rq, &rr));
+}
+
 /* Overwrites n bytes of the file at offset `at` (a test planting damage or an
  * older state). */
 static inline void rewrite_file(const char *path, long at, const void *bytes, size_t n)
