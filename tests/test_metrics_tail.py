@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import logging
 import os
 import signal
 import socket
@@ -15,11 +16,14 @@ from typing import Any, Iterator
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from starlette.testclient import TestClient
 
 from gateway import metrics
+from gateway.app import create_app
 from storage_c import Config, Log
 from gateway.metrics import BUCKETS, STALL_WINDOW_S, WorkerMetrics, worst_stalls
 
+from .support.gateway_app import config
 from .support.server import HOST, SMALL, GatewayProcess
 
 HIST = "comet_http_request_duration_seconds"
@@ -248,3 +252,31 @@ def test_classes_buckets_and_the_stall_window(data_dir: Path) -> None:
     assert worst_stalls(words, now=1000 + STALL_WINDOW_S - 0.5) == (200_000_000, 11_000_000_000)
     assert worst_stalls(words, now=1000 + STALL_WINDOW_S + 0.5) == (50_000_000, 0)
     assert worst_stalls(words, now=1001 + STALL_WINDOW_S + 0.5) == (0, 0)
+
+
+def test_a_bug_is_answered_500_and_counted_as_5xx(data_dir: Path, monkeypatch: pytest.MonkeyPatch,
+                                                  caplog: pytest.LogCaptureFixture) -> None:
+    """An unexpected exception on an ingest path or another route: a JSON 500 with
+    a log line naming it, counted in the histogram like any answer."""
+    from gateway import ingest, otlp, reads
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("a bug")
+
+    for module, name in [(ingest, "decode_and_store"), (otlp, "decode"), (reads, "list_streams")]:
+        monkeypatch.setattr(module, name, broken)
+    with TestClient(create_app(config(data_dir))) as c, caplog.at_level(logging.ERROR):
+        answers = [c.post("/streams/s", content=b"{}", headers=JSON),
+                   c.post("/v1/logs", content=b"{}", headers=JSON), c.get("/streams")]
+        assert [(r.status_code, r.headers["content-type"]) for r in answers] == \
+            [(500, "application/json")] * 3
+        assert answers[0].json()["error"] == answers[2].json()["error"] == "internal"
+        assert answers[1].json()["message"] == "unexpected error; see the gateway's log"
+        text = c.get("/metrics").text
+    got = counts(text)
+    assert {k: v for k, v in got.items() if k[2] == "5xx"} == {
+        ("POST", "/streams/{name}", "5xx"): 1, ("POST", "/v1/logs", "5xx"): 1,
+        ("GET", "/streams", "5xx"): 1}
+    logged = [(r.name, r.exc_info is not None) for r in caplog.records]
+    assert logged == [("comet.gateway.ingest", True), ("comet.gateway.otlp", True),
+                      ("comet.gateway.app", True)], logged
