@@ -169,18 +169,18 @@ def test_a_stopped_worker_shows_as_a_stall(server: GatewayProcess) -> None:
     victim = server.worker_pids()[0]
     os.kill(victim, signal.SIGSTOP)
     try:
-        time.sleep(0.5)  # the stall being measured
+        time.sleep(1.0)  # the stall being measured (far above what a busy machine causes)
     finally:
         os.kill(victim, signal.SIGCONT)
     deadline = time.monotonic() + 30
     while True:  # until the woken worker's monitor has noted it
         seen = stalls(scrape(server), "comet_event_loop_stall_max_seconds")
-        if max(seen.values()) >= 0.45:
+        if max(seen.values()) >= 0.95:
             break
-        assert time.monotonic() < deadline, f"no stall of 0.5 s seen: {seen}"
+        assert time.monotonic() < deadline, f"no stall of 1 s seen: {seen}"
         time.sleep(0.02)
     assert sorted(seen) == [0, 1]
-    assert sorted(v >= 0.45 for v in seen.values()) == [False, True], seen  # that worker only
+    assert sorted(v >= 0.95 for v in seen.values()) == [False, True], seen  # that worker only
 
 
 def test_a_slow_request_shows_as_the_longest_and_in_its_bucket(server: GatewayProcess) -> None:
@@ -203,8 +203,13 @@ def test_a_slow_request_shows_as_the_longest_and_in_its_bucket(server: GatewayPr
         assert time.monotonic() < deadline, f"no request of 0.3 s in slot {slot}: {longest}"
         time.sleep(0.02)
     posts = histogram(text)[("POST", "/streams/{name}", "2xx")]
-    assert posts["count"] == 1 and posts["le 0.25"] == 0 and posts["le 0.5"] == 1, posts
-    assert posts["sum"] >= 0.3
+    assert posts["count"] == 1 and posts["sum"] >= 0.3, posts
+    # in the first bucket whose bound is at least its duration, and in none below
+    bounds = [float(k[3:]) for k in posts if k.startswith("le ") and k != "le +Inf"]
+    inside = [b for b in bounds if posts[f"le {b}"] == 1]
+    assert all(b < posts["sum"] for b in bounds if b not in inside), posts
+    assert not inside or inside[0] >= posts["sum"], posts
+    assert posts["le 0.25"] == 0, posts
 
 
 def read_response(sock: socket.socket) -> tuple[int, bytes]:
