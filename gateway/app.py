@@ -7,6 +7,11 @@ ASGI ``Ingest`` application; everything else (reads, health, metrics,
 OpenAPI, the lifespan) is a small Starlette app whose router also lists that
 POST, so that the routes, their 405s and the OpenAPI document all come from
 one table.  The worker's state lives in one ``Runtime`` on ``app.state``.
+
+Every request is counted in the duration histogram of /metrics once: the
+ingest paths count their own (they know their status without a wrapper), and
+``GatewayApp.timed`` counts every other request, 404s and 405s included, by
+the route template Starlette matched.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from typing import AsyncIterator, Awaitable, Callable
 
 from starlette.applications import Starlette
@@ -23,11 +28,11 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route, request_response
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from storage_c.jsonlog import event
 
-from . import admin, auth, entries, logs, metrics, openapi, reads
+from . import admin, auth, entries, logs, metrics, openapi, reads, stalls
 from .config import GatewayConfig
 from .errors import HTTPError, check_name, errors_answered
 from .ingest import PREFIX, Ingest
@@ -48,8 +53,11 @@ class GatewayApp:
         self.app = app
         self.ingest = ingest
         self.otlp = otlp
+        self.runtime = ingest.runtime
         self.state = app.state
         self.router = app.router
+        self.unmatched = {method: metrics.series_of(metrics.UNMATCHED, method)
+                          for method in metrics.METHODS}
 
     def claim_slot(self) -> None:
         """Claims this worker's process slot (gunicorn's post_worker_init)."""
@@ -61,8 +69,32 @@ class GatewayApp:
             await self.ingest(scope, receive, send)
         elif scope["type"] == "http" and scope["method"] == "POST" and scope["path"] in OTLP_PATHS:
             await self.otlp(scope, receive, send)
+        elif scope["type"] == "http":
+            await self.timed(scope, receive, send)
         else:
             await self.app(scope, receive, send)
+
+    async def timed(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """The Starlette app, its answer counted by the route it matched."""
+        t0 = time.perf_counter()
+        status = 500  # what uvicorn answers if the app raises before it answers
+
+        async def send_and_note(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_and_note)
+        finally:
+            counts = self.runtime.metrics
+            if counts is not None:
+                route = scope.get("route")  # set by Starlette's router, a 405's too
+                method = scope["method"]
+                series = (metrics.series_of(route.path, method) if isinstance(route, Route)
+                          else self.unmatched.get(method, self.unmatched["other"]))
+                counts.request(series, status, time.perf_counter() - t0)
 
 
 class ByMethod:
@@ -89,7 +121,11 @@ def create_app(config: GatewayConfig) -> GatewayApp:
         deadline = time.monotonic() + config.slot_wait_s
         while runtime.metrics is None and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
+        watch = asyncio.create_task(stalls.watch_loop(runtime))
         yield
+        watch.cancel()  # before the metrics file is unmapped
+        with suppress(asyncio.CancelledError):
+            await watch
         await run_in_threadpool(runtime.drain_and_close)
         if access is not None:
             access.flush()
@@ -185,6 +221,9 @@ def create_app(config: GatewayConfig) -> GatewayApp:
             return handler  # the ingest paths check their rule themselves, on their fast path
         return guarded(handler, rule)
 
+    unknown = [path for path in table if path not in metrics.ROUTE_INDEX]
+    if unknown:  # the histogram of /metrics has a fixed set of routes
+        raise LookupError(f"{', '.join(unknown)} routed but not in gateway.metrics.ROUTES")
     routes = [Route(path, ByMethod({method: endpoint(path, method, handler)
                                     for method, handler in handlers.items()}),
                     methods=list(handlers))

@@ -24,6 +24,7 @@ full: 507 with Retry-After, an event above the limit: 413...).
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 from dataclasses import dataclass
@@ -48,14 +49,20 @@ from storage_c import (
     SyncFailed,
     WouldBlock,
 )
+from storage_c.jsonlog import event
 
 from . import auth, logs
 from .bodies import decompress, encoding_of
 from .errors import HTTPError, check_name, errors_answered, storage_error
+from .metrics import series_of
 from .runtime import Runtime
 from .tokens import WRITE, Token
 
+log = logging.getLogger("comet.gateway.ingest")
+
 PREFIX = "/streams/"
+SERIES = series_of("/streams/{name}", "POST")
+"""Where the duration histogram of this route's requests starts."""
 
 JSON_TYPES = ("application/json",)
 NDJSON_TYPES = ("application/x-ndjson", "application/jsonl", "application/json-lines",
@@ -215,6 +222,11 @@ class Ingest:
                                      self.runtime.slot)
         except ClientGone:
             return
+        except Exception:  # a bug, not the client's fault: say so, answer (and count) a 500
+            event(log, "internal_error", logging.ERROR, exc_info=True, method="POST",
+                  path=scope["path"])
+            error = HTTPError(500, "internal", "unexpected error; see the gateway's log")
+            outcome.status, body, headers = 500, error.body(), error.headers
         raw_headers = [(b"content-type", b"application/json"),
                        (b"content-length", str(len(body)).encode())]
         raw_headers += [(k.lower().encode(), v.encode()) for k, v in headers.items()]
@@ -223,7 +235,7 @@ class Ingest:
         seconds = time.perf_counter() - t0
         metrics = self.runtime.metrics
         if metrics is not None:
-            metrics.observe(outcome.status, seconds, outcome.events, head.length or 0)
+            metrics.observe(SERIES, outcome.status, seconds, outcome.events, head.length or 0)
         if self.access_log is not None:
             self.access_log.request(scope["path"], outcome.status, outcome.events, seconds,
                                     self.runtime.slot, outcome.token, scope.get("client"))

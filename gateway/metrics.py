@@ -1,36 +1,78 @@
 """Prometheus metrics, the same whichever worker serves the scrape.
 
 Storage totals (entries, bytes, syncs, lag...) come from the shards' shared
-state, which every process maps.  Request counters and latency histograms are
-per worker: each worker counts into its own small mapped file,
-``<data>/.gateway/metrics-<slot>.bin`` (one writer per file, so no locks), and
-a scrape reads every worker's file.  A file outlives its worker: a
-replacement in the same slot goes on counting from where it stopped, so the
+state, which every process maps.  Request counters, the request duration
+histogram and the stall gauges are per worker: each worker counts into its
+own small mapped file, ``<data>/.gateway/metrics-<slot>.bin`` (one writer per
+file, so no locks: a request costs a few additions to mapped words), and a
+scrape reads every worker's file and sums them.  A file outlives its worker:
+a replacement in the same slot goes on counting from where it stopped, so the
 counters stay monotonic.
+
+The duration histogram has one series per route template, method and status
+class - a fixed set, whatever the streams are called - so its size never
+grows with the streams.  The stall gauges are kept per second in a ring of
+STALL_WINDOW_S slots (each tagged with its monotonic second, so that a slot
+left from a minute ago, or by a dead worker, is ignored): a scrape reports
+the worst of the last STALL_WINDOW_S seconds, which a scrape interval up to
+that long never misses.
 """
 
 from __future__ import annotations
 
-from bisect import bisect_left
-
 import mmap
 import os
+import time
+import zlib
+from bisect import bisect_left
 from pathlib import Path
 
 from storage_c import Log
 
 STATUSES = (200, 202, 400, 401, 403, 404, 409, 413, 415, 429, 500, 503, 507)
-BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
-MAGIC = 0x434D4D49  # "IMMC": a new value whenever the layout below changes
-# layout (u64 words): magic, per-status counts (+1 other), buckets (+Inf last),
-# latency sum ns, events accepted, bytes received
+BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+UNMATCHED = "unmatched"
+"""The route of a request no route template matches (a 404)."""
+ROUTES = ("/streams/{name}", "/streams/{name}/entries", "/streams/{name}/groups",
+          "/streams/{name}/groups/{group}", "/streams", "/v1/logs", "/v1/traces", "/v1/metrics",
+          "/healthz", "/readyz", "/metrics", "/openapi.json", UNMATCHED)
+METHODS = ("GET", "HEAD", "POST", "PUT", "DELETE", "other")
+CLASSES = ("1xx", "2xx", "3xx", "4xx", "5xx")
+STALL_WINDOW_S = 60
+"""The stall gauges report the worst of the last this many seconds."""
+
+# layout (u64 words): magic, per-status counts (+1 other), events accepted,
+# bytes received, the stall ring (per second: its monotonic second, the
+# longest loop stall and the longest request, in ns), then the histogram: per
+# route, method and class, the buckets (+Inf last, not cumulative) and the sum in ns.
 STATUS_AT = 1
-BUCKET_AT = STATUS_AT + len(STATUSES) + 1
-SUM_AT = BUCKET_AT + len(BUCKETS) + 1
-EVENTS_AT = SUM_AT + 1
+EVENTS_AT = STATUS_AT + len(STATUSES) + 1
 BYTES_AT = EVENTS_AT + 1
-WORDS = BYTES_AT + 1
+RING_AT = BYTES_AT + 1
+HIST_AT = RING_AT + 3 * STALL_WINDOW_S
+SERIES_WORDS = len(BUCKETS) + 2
+SUM_OFFSET = len(BUCKETS) + 1
+CLASS_WORDS = SERIES_WORDS
+METHOD_WORDS = len(CLASSES) * CLASS_WORDS
+ROUTE_WORDS = len(METHODS) * METHOD_WORDS
+WORDS = HIST_AT + len(ROUTES) * ROUTE_WORDS
+# Derived from the layout: a file of another layout (an older gateway) starts from zero.
+MAGIC = zlib.crc32(repr((STATUSES, BUCKETS, ROUTES, METHODS, CLASSES, STALL_WINDOW_S,
+                         WORDS)).encode())
 STATUS_INDEX = {code: i for i, code in enumerate(STATUSES)}
+ROUTE_INDEX = {route: i for i, route in enumerate(ROUTES)}
+METHOD_INDEX = {method: i for i, method in enumerate(METHODS)}
+
+
+def series_of(route: str, method: str) -> int:
+    """Where the histogram of ``method route`` starts (its 1xx series); KeyError
+    for a route that is not in ROUTES (the app checks its table at start)."""
+    return (HIST_AT + ROUTE_INDEX[route] * ROUTE_WORDS
+            + METHOD_INDEX.get(method, len(METHODS) - 1) * METHOD_WORDS)
+
+
+CLASS_OFFSET = tuple((min(max(hundreds, 1), 5) - 1) * CLASS_WORDS for hundreds in range(10))
+"""By status // 100 (a status has three digits): the offset of its class from a series_of."""
 
 
 def metrics_dir(data_dir: str | os.PathLike[str]) -> Path:
@@ -38,12 +80,15 @@ def metrics_dir(data_dir: str | os.PathLike[str]) -> Path:
 
 
 class WorkerMetrics:
-    """This worker's counters, in its mapped file."""
+    """This worker's counters, in its mapped file.  Written from the event
+    loop's thread only."""
 
     def __init__(self, mm: mmap.mmap, slot: int) -> None:
         self._mm = mm
         self.words = memoryview(mm).cast("Q")
         self.slot = slot
+        self.longest_ns = 0
+        """The longest request since the last tick (see tick)."""
 
     @classmethod
     def open(cls, data_dir: str | os.PathLike[str], slot: int) -> WorkerMetrics:
@@ -63,14 +108,48 @@ class WorkerMetrics:
             metrics.words[0] = MAGIC
         return metrics
 
-    def observe(self, status: int, seconds: float, events: int, nbytes: int) -> None:
+    def observe(self, series: int, status: int, seconds: float, events: int, nbytes: int) -> None:
+        """An ingest request (POST /streams/{name}, the OTLP paths): its status
+        counter, events and bytes, and its duration (as ``request``)."""
         w = self.words
         w[STATUS_AT + STATUS_INDEX.get(status, len(STATUSES))] += 1
-        w[BUCKET_AT + bisect_left(BUCKETS, seconds)] += 1  # first bucket >= seconds
-        w[SUM_AT] += int(seconds * 1e9)
         if events:
             w[EVENTS_AT] += events
         w[BYTES_AT] += nbytes
+        # request(), inlined: this runs once per ingest request
+        at = series + CLASS_OFFSET[status // 100]
+        w[at + bisect_left(BUCKETS, seconds)] += 1
+        ns = int(seconds * 1e9)
+        w[at + SUM_OFFSET] += ns
+        if ns > self.longest_ns:
+            self.longest_ns = ns
+
+    def request(self, series: int, status: int, seconds: float) -> None:
+        """A request of any route answered ``status`` after ``seconds``;
+        ``series``: its route and method's, from series_of."""
+        w = self.words
+        at = series + CLASS_OFFSET[status // 100]
+        w[at + bisect_left(BUCKETS, seconds)] += 1  # first bucket >= seconds
+        ns = int(seconds * 1e9)
+        w[at + SUM_OFFSET] += ns
+        if ns > self.longest_ns:
+            self.longest_ns = ns
+
+    def tick(self, stall_s: float, now: float | None = None) -> None:
+        """The loop monitor woke ``stall_s`` late: into this second's slot of
+        the ring, with the longest request since the last tick."""
+        second = int(time.monotonic() if now is None else now)
+        at = RING_AT + 3 * (second % STALL_WINDOW_S)
+        w = self.words
+        if w[at] != second:  # a slot of STALL_WINDOW_S ago: this second's now
+            w[at + 1] = w[at + 2] = 0  # cleared before it is tagged: a reader never
+            w[at] = second              # sees an old value under the new second
+        stall_ns = int(stall_s * 1e9)
+        if stall_ns > w[at + 1]:
+            w[at + 1] = stall_ns
+        if self.longest_ns > w[at + 2]:
+            w[at + 2] = self.longest_ns
+        self.longest_ns = 0
 
     def close(self) -> None:
         self.words.release()
@@ -93,9 +172,46 @@ def read_all_workers(data_dir: str | os.PathLike[str]) -> dict[int, list[int]]:
     return out
 
 
+def worst_stalls(words: list[int], now: float | None = None) -> tuple[int, int]:
+    """(longest loop stall, longest request) in ns over the last STALL_WINDOW_S seconds."""
+    second = int(time.monotonic() if now is None else now)
+    stall = longest = 0
+    for i in range(STALL_WINDOW_S):
+        at = RING_AT + 3 * i
+        if second - STALL_WINDOW_S < words[at] <= second:
+            stall = max(stall, words[at + 1])
+            longest = max(longest, words[at + 2])
+    return stall, longest
+
+
 def _line(name: str, labels: dict[str, object], value: float | int) -> str:
     text = ",".join(f'{k}="{v}"' for k, v in labels.items())
     return f"{name}{{{text}}} {value}" if text else f"{name} {value}"
+
+
+def histogram_lines(workers: dict[int, list[int]]) -> list[str]:
+    """comet_http_request_duration_seconds, summed over the workers: the
+    series that counted something (cumulative buckets, as Prometheus wants)."""
+    name = "comet_http_request_duration_seconds"
+    totals = [sum(column) for column in zip(*(w[HIST_AT:] for w in workers.values()))]
+    lines: list[str] = []
+    if not totals:
+        return lines
+    for r, route in enumerate(ROUTES):
+        for m, method in enumerate(METHODS):
+            for c, cls in enumerate(CLASSES):
+                at = r * ROUTE_WORDS + m * METHOD_WORDS + c * CLASS_WORDS
+                counts = totals[at:at + len(BUCKETS) + 1]
+                if not any(counts):
+                    continue
+                labels: dict[str, object] = {"method": method, "route": route, "class": cls}
+                running = 0
+                for bound, count in zip((*BUCKETS, "+Inf"), counts):
+                    running += count
+                    lines.append(_line(name + "_bucket", {**labels, "le": bound}, running))
+                lines.append(_line(name + "_sum", labels, totals[at + SUM_OFFSET] / 1e9))
+                lines.append(_line(name + "_count", labels, running))
+    return lines
 
 
 def render(log: Log, data_dir: str | os.PathLike[str]) -> str:
@@ -113,24 +229,24 @@ def render(log: Log, data_dir: str | os.PathLike[str]) -> str:
             lines.append(_line("comet_http_requests_total", {"slot": slot, "code": code}, w[STATUS_AT + i]))
         lines.append(_line("comet_http_requests_total", {"slot": slot, "code": "other"},
                            w[STATUS_AT + len(STATUSES)]))
-    family("comet_http_request_duration_seconds", "histogram", "Ingest request latency.")
-    for slot, w in workers.items():
-        running = 0
-        for i, bound in enumerate(BUCKETS):
-            running += w[BUCKET_AT + i]
-            lines.append(_line("comet_http_request_duration_seconds_bucket",
-                               {"slot": slot, "le": bound}, running))
-        running += w[BUCKET_AT + len(BUCKETS)]
-        lines.append(_line("comet_http_request_duration_seconds_bucket",
-                           {"slot": slot, "le": "+Inf"}, running))
-        lines.append(_line("comet_http_request_duration_seconds_sum", {"slot": slot}, w[SUM_AT] / 1e9))
-        lines.append(_line("comet_http_request_duration_seconds_count", {"slot": slot}, running))
+    family("comet_http_request_duration_seconds", "histogram",
+           "Request duration by route template, method and status class, all workers.")
+    lines += histogram_lines(workers)
     family("comet_http_events_accepted_total", "counter", "Events acknowledged (202; 200 on the OTLP paths).")
     for slot, w in workers.items():
         lines.append(_line("comet_http_events_accepted_total", {"slot": slot}, w[EVENTS_AT]))
     family("comet_http_received_bytes_total", "counter", "Request body bytes received.")
     for slot, w in workers.items():
         lines.append(_line("comet_http_received_bytes_total", {"slot": slot}, w[BYTES_AT]))
+    stalls = {slot: worst_stalls(w) for slot, w in workers.items()}
+    family("comet_event_loop_stall_max_seconds", "gauge",
+           f"Longest a worker's event loop was blocked in the last {STALL_WINDOW_S} s.")
+    for slot, (stall, _) in stalls.items():
+        lines.append(_line("comet_event_loop_stall_max_seconds", {"slot": slot}, stall / 1e9))
+    family("comet_http_request_max_seconds", "gauge",
+           f"Longest request a worker answered in the last {STALL_WINDOW_S} s.")
+    for slot, (_, longest) in stalls.items():
+        lines.append(_line("comet_http_request_max_seconds", {"slot": slot}, longest / 1e9))
 
     storage: list[tuple[str, str, str, str]] = [
         ("comet_stream_appended_entries_total", "counter", "appended_entries", "Entries appended."),
@@ -166,6 +282,11 @@ def render(log: Log, data_dir: str | os.PathLike[str]) -> str:
     for s in stats:
         lines.append(_line("comet_append_latency_seconds_count", {"stream": s.stream},
                            s.total("append_latency_count")))
+    family("comet_append_latency_max_seconds", "gauge",
+           "Longest append in the storage core since the stream's shards were created.")
+    for s in stats:
+        lines.append(_line("comet_append_latency_max_seconds", {"stream": s.stream},
+                           max((x.append_latency_max_ns for x in s.shards), default=0) / 1e9))
     family("comet_consumer_lag", "gauge", "Entries committed but not acknowledged, per group.")
     for s in stats:
         for group in s.group_lag().values():

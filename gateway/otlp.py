@@ -23,6 +23,7 @@ so a full disk is 503 with Retry-After here, not the 507 of /streams/.
 from __future__ import annotations
 
 import base64
+import logging
 import re
 import time
 from dataclasses import dataclass
@@ -40,13 +41,17 @@ from starlette.concurrency import run_in_threadpool
 from starlette.types import Receive, Scope, Send
 
 from storage_c import BatchTooLarge, CometError, Decoded, InvalidOTLP, decode_otlp
+from storage_c.jsonlog import event
 
 from . import auth
 from .bodies import decompress, encoding_of
 from .errors import HTTPError, errors_answered, storage_error
 from .ingest import (EVENTS, INLINE_BODY_BYTES, ClientGone, Head, Ingest, Outcome,
                      check_idempotency_key, read_body, store)
+from .metrics import series_of
 from .tokens import WRITE
+
+log = logging.getLogger("comet.gateway.otlp")
 
 PROTOBUF = "application/x-protobuf"
 JSON = "application/json"
@@ -200,6 +205,7 @@ class OtlpIngest:
     def __init__(self, ingest: Ingest) -> None:
         self.ingest = ingest
         self.runtime = ingest.runtime
+        self.series = {path: series_of(path, "POST") for path in SIGNALS}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         t0 = time.perf_counter()
@@ -221,6 +227,12 @@ class OtlpIngest:
             body, media_type = status_body(exc, media_type)
         except ClientGone:
             return
+        except Exception:  # a bug, not the client's fault: say so, answer (and count) a 500
+            event(log, "internal_error", logging.ERROR, exc_info=True, method="POST",
+                  path=scope["path"])
+            error = HTTPError(500, "internal", "unexpected error; see the gateway's log")
+            outcome.status, headers = 500, error.headers
+            body, media_type = status_body(error, media_type)
         raw_headers = [(b"content-type", media_type.encode()),
                        (b"content-length", str(len(body)).encode())]
         raw_headers += [(k.lower().encode(), v.encode()) for k, v in headers.items()]
@@ -228,7 +240,8 @@ class OtlpIngest:
         await send({"type": "http.response.body", "body": body})
         seconds = time.perf_counter() - t0
         if runtime.metrics is not None:
-            runtime.metrics.observe(outcome.status, seconds, outcome.events, head.length or 0)
+            runtime.metrics.observe(self.series[scope["path"]], outcome.status, seconds,
+                                    outcome.events, head.length or 0)
         if self.ingest.access_log is not None:
             self.ingest.access_log.request(scope["path"], outcome.status, outcome.events, seconds,
                                            runtime.slot, outcome.token, scope.get("client"))
