@@ -131,7 +131,8 @@ def paced(key: str) -> Case:
                                twin_bound=None, anchor=c.anchor and f"{c.anchor}_paced")
 
 
-PACED = tuple(paced(k) for k in ("anchor_single", "gateway_single", "anchor_ndjson", "gateway_ndjson"))
+PACED = tuple(paced(k) for k in ("anchor_single", "gateway_single",
+                                  "anchor_ndjson", "gateway_ndjson"))
 
 
 @dataclass(frozen=True)
@@ -341,7 +342,8 @@ def build_rows(series: dict[str, benchlib.Series], records: dict[str, list[dict[
     return rows
 
 
-def paced_rows(records: dict[str, list[dict[str, Any]]], targets: dict[str, float]) -> list[dict[str, Any]]:
+def paced_rows(records: dict[str, list[dict[str, Any]]],
+               targets: dict[str, float]) -> list[dict[str, Any]]:
     """Each paced case: its p99 (p99.9, rate achieved); the gateway's against the anchor's."""
     def p(key: str, q: str) -> float:
         return benchlib.median([r["wrk"]["latency_us"][q] for r in records[key]]) / 1000
@@ -446,7 +448,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{DRAIN_S} s for the last answers); {machine['wrk']} -t{WRK_THREADS} "
         f"-c{WRK_CONNECTIONS} on loopback for every case; {WORKERS} workers for anchor and "
         "gateway; a fresh server and data directory per run; one unmeasured warm-up run each "
-        "of the single-event anchor and gateway cases run, first. Rates count 202s only; events/s = 202s × 100 "
+        "of the single-event anchor and gateway cases run, first. Rates count 202s only; "
+        "events/s = 202s × 100 "
         "for the 100-event bodies; stored = acked: the stream's entries after the stop "
         "equal 202s × events per request. The access log goes to the server's stdout, a "
         "file on the data directory's disk. A ratio is the median of the per-round ratios "
@@ -470,7 +473,8 @@ def main(argv: list[str] | None = None) -> int:
     ]
     versions = {name: version(name) for name in ("gunicorn", "uvicorn", "uvicorn-worker",
                                                  "starlette", "uvloop", "httptools", "orjson")}
-    area = ("paced", "Paced latency benchmark") if args.paced_only else ("gateway", "Gateway benchmark")
+    area = (("paced", "Paced latency benchmark") if args.paced_only
+            else ("gateway", "Gateway benchmark"))
     ctx.write(args, *area, rows, notes, {
         "versions": versions, "scale": asdict(scale),
         "settings": {"workers": WORKERS, "wrk_threads": WRK_THREADS,

@@ -38,6 +38,7 @@ WORKERS, SHARDS, EACH = 2, 16, 20
 WRK_THREADS, WRK_CONNECTIONS = 4, 64       # four clients of 16 connections each
 FD_TARGET, RSS_TARGET_MIB = 1024, 200
 SAMPLE_S = 0.25
+MIN_FREE_BYTES = 2 << 30                    # the load stops when the disk has less left
 READ_TIMEOUT_S = 120.0                      # GET /streams and /metrics after the load
 ENV = {"COMET_ACCESS_LOG": "1", "COMET_MAX_STREAMS": "0", "COMET_STORAGE_SHARDS": str(SHARDS)}
 
@@ -55,10 +56,15 @@ class WorkerPeak:
 
 @dataclass
 class Sampler:
-    """A thread reading /proc of the server's workers every SAMPLE_S until stopped."""
+    """A thread reading /proc of the server's workers every SAMPLE_S until stopped; it
+    interrupts ``wrk`` (once set) if the data directory's disk gets below MIN_FREE_BYTES
+    free (today a shard of a few events takes ~200 KiB: 10,000 streams, ~31 GiB)."""
     server: GatewayProcess
     peaks: dict[int, WorkerPeak] = field(default_factory=dict)
     done: threading.Event = field(default_factory=threading.Event)
+    wrk: subprocess.Popen[str] | None = None
+    wrk_since: float = 0.0
+    disk_low: bool = False
 
     def __post_init__(self) -> None:
         self.thread = threading.Thread(target=self._run, daemon=True)
@@ -69,6 +75,12 @@ class Sampler:
         while True:
             for pid in pids:
                 self.sample(pid)
+            disk = os.statvfs(self.server.data_dir)
+            # wrk takes SIGINT as "stop and report" once it has started its threads
+            if (self.wrk and not self.disk_low and time.monotonic() - self.wrk_since > 1
+                    and disk.f_bavail * disk.f_frsize < MIN_FREE_BYTES):
+                self.disk_low = True
+                self.wrk.send_signal(signal.SIGINT)
             if self.done.wait(SAMPLE_S):
                 return
             if time.monotonic() - refreshed > 2:   # a worker may have been replaced
@@ -98,7 +110,7 @@ class Sampler:
 
 
 def run_wrk(wrk: str, port: int, streams: int, one: str | None, interleave: bool,
-            max_s: int) -> dict[str, Any]:
+            max_s: int, sampler: Sampler) -> dict[str, Any]:
     threads = min(WRK_THREADS, streams)
     argv = [wrk, f"-t{threads}", f"-c{max(WRK_CONNECTIONS, threads)}", f"-d{max_s}s",
             "-s", str(LOADTESTS / "wrk" / "streams.lua"), f"http://{HOST}:{port}/",
@@ -106,6 +118,7 @@ def run_wrk(wrk: str, port: int, streams: int, one: str | None, interleave: bool
             f"order={'round' if interleave else 'burst'}", *([f"one={one}"] if one else [])]
     with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
         assert proc.stdout is not None and proc.stderr is not None
+        sampler.wrk, sampler.wrk_since = proc, time.monotonic()
         lines, finished = [], 0
         for line in proc.stdout:    # ends with wrk, at -d at the latest
             lines.append(line)
@@ -147,7 +160,7 @@ def allocated(path: Path) -> int:
 def disk_use(data_dir: Path, example_stream: str) -> dict[str, Any]:
     shards = [p for p in data_dir.glob("*/shard-*") if p.is_dir()]
     total = allocated(data_dir)
-    example = sorted((data_dir / example_stream).glob("shard-*"))
+    example = [p for p in sorted((data_dir / example_stream).glob("shard-*")) if any(p.iterdir())]
     files = {} if not example else {
         f.name: {"bytes": f.stat().st_size, "allocated": f.stat().st_blocks * 512}
         for f in sorted(example[0].iterdir())}
@@ -169,7 +182,8 @@ def one_run(wrk: str, label: str, streams: int, one: str | None, interleave: boo
         rec["ready_s"] = round(server.wait_ready(30), 3)
         sampler = Sampler(server)
         try:
-            rec["wrk"] = run_wrk(wrk, server.port, streams, one, interleave, max_s)
+            rec["wrk"] = run_wrk(wrk, server.port, streams, one, interleave, max_s, sampler)
+            rec["stopped_for_disk"] = sampler.disk_low
             rec["streams_get"] = timed_get(server, "/streams")
             rec["metrics_get"] = timed_get(server, "/metrics")
         finally:
@@ -203,7 +217,9 @@ def statuses_text(rec: dict[str, Any]) -> str:
     return (f"{int(w['accepted_202']):,} × 202 of {rec['expected']:,} requests"
             + (f"; others: {others}" if others else "") + (
                 f"; {rec['socket_errors']:,} socket errors/timeouts" if rec["socket_errors"] else "")
-            + (f"; {missing:,} never answered" if missing else ""))
+            + (f"; {missing:,} never sent or answered" if missing else "")
+            + (f"; load STOPPED: under {MIN_FREE_BYTES >> 30} GiB of disk left"
+               if rec.get("stopped_for_disk") else ""))
 
 
 def get_text(got: dict[str, Any]) -> str:
@@ -291,7 +307,8 @@ def main(argv: list[str] | None = None) -> int:
         f"- Workers sampled every {SAMPLE_S} s: descriptors (/proc/PID/fd), mappings "
         "(/proc/PID/maps), VmRSS; VmHWM read at the last sample, after the reads. Disk: the "
         "data directory's allocated blocks (files and directories, as du counts) ÷ the shard "
-        "directories written; the example shard is the first of a stream in the middle.",
+        "directories written; the example shard is the first with files of a stream in the "
+        f"middle. The load stops if the disk gets below {MIN_FREE_BYTES >> 30} GiB free.",
         "- Anchor: the same requests, all to one stream, against a fresh gateway.",
         f"- Server logs in {(SCRATCH / 'logs').relative_to(LOADTESTS.parent)}/: "
         + (", ".join(f"{n}× {t!r}" for t, n in found.most_common(5)) or "no warnings or errors")
