@@ -1,5 +1,5 @@
 -- POST one ~200-byte JSON event per request over many streams (bench_streams.py):
--- every stream gets exactly `each` events, then wrk stops on its own.
+-- every stream gets exactly `each` events.
 -- Usage: wrk -tT -dD -s loadtests/wrk/streams.lua URL -- streams=N each=E threads=T
 --        [order=burst|round] [one=NAME] events=1   (N >= T; -d bounds the run)
 -- Thread t posts to the streams t, t+T, t+2T... (named svc-00000, svc-00001...):
