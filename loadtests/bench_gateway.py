@@ -4,8 +4,14 @@ Starlette app) with the same bodies, in the same run; stored entries must equal 
     .venv/bin/python loadtests/bench_gateway.py [--quick]   # 5 rounds of 10 s (--quick: 1 of 5 s)
     .venv/bin/python loadtests/bench_gateway.py --only gateway_single_tls,gateway_ndjson_tls
     .venv/bin/python loadtests/bench_gateway.py --only gateway_single_keyed,gateway_ndjson_keyed
+    .venv/bin/python loadtests/bench_gateway.py --paced-only [--paced-seconds 60] [--quick]
 
-``--only`` runs the named cases and what they are compared with, without the paced case.
+``--only`` runs the named cases and what they are compared with, without the paced cases.
+The paced cases send single events, then 100-event NDJSON bodies, at half the bare anchor's
+maximum rate of that body, to the anchor and to the gateway: the gateway's p99 against the
+anchor's at the same rate, its p99.9, and its worst stall (from its /metrics). With
+``--paced-only`` only the anchors' maxima are measured first, and each paced case runs once
+for ``--paced-seconds`` (default 60; otherwise as long as a throughput run).
 The TLS cases use certificates made for the run (tests/support/tls.py); wrk speaks TLS
 (OpenSSL) and keeps its connections open, so a handshake is paid once per connection.
 
@@ -32,6 +38,8 @@ from typing import Any, Mapping
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
 import benchlib  # noqa: E402
 
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+
 from tests.support.noloss import check_stored_count  # noqa: E402
 from tests.support.server import HOST, GatewayProcess, ServerProcess  # noqa: E402
 from tests.support.tls import Pki  # noqa: E402
@@ -41,6 +49,8 @@ SCRATCH = LOADTESTS / ".scratch" / "gateway"
 LOGS = SCRATCH / "logs"
 MEASURED_CODE = ["gateway", "storage_c", "pyproject.toml"]
 WORKERS, STREAM, PACED_FRACTION, PACED_TOLERANCE = 2, "bench", 0.5, 0.10
+PACED_P99_RATIO, PACED_P999_MS = 1.5, 50.0    # the gateway's p99 ÷ the anchor's; its p99.9
+PACED_ONLY_S = 60
 WRK_THREADS, WRK_CONNECTIONS = 1, 64  # measured here: -t1 -c64 ~17-19 k req/s on the anchor, -t2 ~13 k
 DRAIN_S = 1              # wrk runs this much longer than the load, to collect the last answers
 STOP_TIMEOUT_S = 45.0    # above the gateway's graceful_timeout (30 s)
@@ -111,8 +121,18 @@ THROUGHPUT = (case("single"), case("single", "", "access log on", LOG_ON, 0.95),
                                   anchor="gateway_ndjson_nonce", bound=0.90))
 A_SINGLE, G_SINGLE = THROUGHPUT[:2]
 BY_KEY = {c.key: c for c in THROUGHPUT}
-G_PACED = Case("gateway_single_paced", "Gateway: 1 JSON event, paced at 50 % of max", "gateway",
-               "single_event.lua", 1, LOG_ON)
+
+
+def paced(key: str) -> Case:
+    """``key``'s case sent at a fixed rate (the gateway's: compared with the paced anchor)."""
+    c = BY_KEY[key]
+    return dataclasses.replace(c, key=f"{key}_paced", title=f"{c.title}, paced at "
+                               f"{PACED_FRACTION:.0%} of the anchor's max", twin=None, bound=None,
+                               twin_bound=None, anchor=c.anchor and f"{c.anchor}_paced")
+
+
+PACED = tuple(paced(k) for k in ("anchor_single", "gateway_single",
+                                  "anchor_ndjson", "gateway_ndjson"))
 
 
 @dataclass(frozen=True)
@@ -169,6 +189,8 @@ def one_run(wrk: str, case: Case, label: str, load_s: float, rate: float | None 
         warm = max(benchlib.DEFAULT_WARM_MIB, int(case.stores_mib_per_s * (load_s + 2)))
         rec["warm_s"] = round(benchlib.warm_page_allocator(SCRATCH, warm), 3)
         summary = run_wrk(wrk, server.port, case, load_s, rate)
+        if rate and isinstance(server, GatewayProcess):
+            rec["stall"] = worst_stall(server)
     finally:
         rec["stop"] = {"exit_code": server.stop(timeout=STOP_TIMEOUT_S), "killed": server.killed}
     rec["cpu"] = probe.stop()
@@ -190,6 +212,48 @@ def one_run(wrk: str, case: Case, label: str, load_s: float, rate: float | None 
           f"{rec['socket_errors']}+{rec['timeouts']}t  stored=acked {rec.get('stored_equals_acknowledged', 'n/a')}"
           f"  tracebacks {found['tracebacks']}", file=sys.stderr, flush=True)
     return rec
+
+
+NOT_INGEST = {"/metrics", "/readyz", "/healthz"}   # the benchmark's own requests
+STALL_GAUGES = {"comet_event_loop_stall_max_seconds": "event loop stall",
+                "comet_http_request_max_seconds": "longest request",
+                "comet_append_latency_max_seconds": "longest append in the core"}
+
+
+def worst_stall(server: GatewayProcess) -> dict[str, Any]:
+    """The gateway's own view of its tail, from /metrics read after the load: the largest
+    value of each STALL_GAUGES gauge over workers and streams, and the upper bound of the
+    slowest non-empty bucket of the ingest routes' request durations (absent: not there)."""
+    status, body, _ = server.request("GET", "/metrics", timeout=30)
+    if status != 200:
+        return {"error": f"/metrics answered {status}"}
+    gauges: dict[str, float] = {}
+    buckets: dict[float, float] = {}
+    for family in text_string_to_metric_families(body.decode()):
+        for sample in family.samples:
+            if sample.name in STALL_GAUGES:
+                gauges[sample.name] = max(gauges.get(sample.name, 0.0), sample.value)
+            elif (sample.name == "comet_http_request_duration_seconds_bucket"
+                  and sample.labels.get("route") not in NOT_INGEST):
+                le = float(sample.labels["le"])
+                buckets[le] = buckets.get(le, 0.0) + sample.value
+    total = buckets.get(float("inf"))
+    out: dict[str, Any] = {"gauges_s": gauges, "requests_in_histogram": total}
+    if total:
+        out["slowest_bucket_le_s"] = min(le for le, n in buckets.items() if n >= total)
+    return out
+
+
+def stall_text(recs: list[dict[str, Any]]) -> str:
+    """The worst of each stall gauge and the slowest histogram bucket over ``recs``."""
+    found = [r["stall"] for r in recs if "stall" in r]
+    parts = []
+    for name, what in STALL_GAUGES.items():
+        values = [s["gauges_s"][name] for s in found if name in s.get("gauges_s", {})]
+        parts.append(f"{what} " + (f"{max(values) * 1000:.1f} ms" if values else "n/a"))
+    les = [s["slowest_bucket_le_s"] for s in found if "slowest_bucket_le_s" in s]
+    parts.append("slowest request " + (f"≤ {max(les) * 1000:g} ms (histogram)" if les else "n/a"))
+    return "worst in /metrics: " + ", ".join(parts)
 
 
 def integrity(recs: list[dict[str, Any]]) -> tuple[str, list[str]]:
@@ -236,9 +300,13 @@ def selected(only: str | None) -> tuple[Case, ...]:
         keys |= more
 
 
+def req_s(recs: list[dict[str, Any]]) -> float:
+    return benchlib.median([r["rate_req_s"] for r in recs])
+
+
 def build_rows(series: dict[str, benchlib.Series], records: dict[str, list[dict[str, Any]]],
-               paced_target: float | None, cases: tuple[Case, ...]) -> list[dict[str, Any]]:
-    req = {k: benchlib.median([r["rate_req_s"] for r in recs]) for k, recs in records.items()}
+               cases: tuple[Case, ...]) -> list[dict[str, Any]]:
+    req = {k: req_s(recs) for k, recs in records.items()}
     rows = []
     for case in cases:
         s, recs = series[case.key], records[case.key]
@@ -271,21 +339,43 @@ def build_rows(series: dict[str, benchlib.Series], records: dict[str, list[dict[
             ratio_text=ratio_text, target=target, target_text=target_text, passed=passed,
             verdict=verdict(passed, reasons),
             runs_text=f"{benchlib.runs_text(s)}; p50/p99 {lat[0]:.2f}/{lat[1]:.2f} ms; {checks}"))
-    if paced_target is None:
-        return rows
-    recs = records[G_PACED.key]
-    checks, reasons = integrity(recs)
-    p50, p99 = (benchlib.median([r["wrk"]["latency_us"][p] for r in recs]) / 1000
-                for p in ("p50", "p99"))
-    passed = all(abs(r["rate_req_s"] / paced_target - 1) <= PACED_TOLERANCE for r in recs)
-    rows.append(benchlib.row(
-        f"{G_PACED.title} ({paced_target:,.0f} req/s)", G_PACED.key, series[G_PACED.key].median,
-        "µs", f"p99 {p99:.2f} ms (p50 {p50:.2f} ms) at "
-              f"{benchlib.fmt_rate(req[G_PACED.key], 'req/s')}",
-        target_text=f"rate within ±{PACED_TOLERANCE:.0%} of {paced_target:,.0f} req/s; p99 "
-                    "reported", passed=passed, verdict=verdict(passed, reasons),
-        runs_text=", ".join(f"p99 {r['wrk']['latency_us']['p99'] / 1000:.2f} ms at "
-                            f"{r['rate_req_s']:,.0f} req/s" for r in recs) + f"; {checks}"))
+    return rows
+
+
+def paced_rows(records: dict[str, list[dict[str, Any]]],
+               targets: dict[str, float]) -> list[dict[str, Any]]:
+    """Each paced case: its p99 (p99.9, rate achieved); the gateway's against the anchor's."""
+    def p(key: str, q: str) -> float:
+        return benchlib.median([r["wrk"]["latency_us"][q] for r in records[key]]) / 1000
+
+    rows = []
+    for case in PACED:
+        recs, target = records[case.key], targets[case.key]
+        checks, reasons = integrity(recs)
+        rate = benchlib.median([r["rate_req_s"] for r in recs])
+        runs = ", ".join(f"p99/p99.9 {r['wrk']['latency_us']['p99'] / 1000:.2f}/"
+                         f"{r['wrk']['latency_us']['p999'] / 1000:.2f} ms at {r['rate_req_s']:,.0f} "
+                         f"req/s" for r in recs) + f"; {checks}"
+        text = (f"p99 {p(case.key, 'p99'):.2f} ms, p99.9 {p(case.key, 'p999'):.2f} ms "
+                f"(p50 {p(case.key, 'p50'):.2f}) at {benchlib.fmt_rate(rate, 'req/s')}")
+        on_rate = all(abs(r["rate_req_s"] / target - 1) <= PACED_TOLERANCE for r in recs)
+        title = f"{case.title} ({target:,.0f} req/s)"
+        if case.anchor is None:
+            rows.append(benchlib.row(title, case.key, p(case.key, "p99"), "ms", text, role="anchor",
+                                     runs_text=runs))
+            continue
+        a = case.anchor
+        ratio = p(case.key, "p99") / p(a, "p99")
+        passed = on_rate and ratio <= PACED_P99_RATIO and p(case.key, "p999") <= PACED_P999_MS
+        rows.append(benchlib.row(
+            title, case.key, p(case.key, "p99"), "ms", text,
+            anchor=benchlib.anchor_ref(a, "Anchor: the same body, paced", p(a, "p99"), "ms",
+                                       f"p99 {p(a, 'p99'):.2f} ms, p99.9 {p(a, 'p999'):.2f} ms"),
+            ratio=1 / ratio, ratio_text=f"p99 {ratio:.2f}× the anchor's",
+            target_text=f"p99 ≤ {PACED_P99_RATIO}× the anchor's, p99.9 ≤ {PACED_P999_MS:g} ms, "
+                        f"rate within ±{PACED_TOLERANCE:.0%}",
+            passed=passed, verdict=verdict(passed, reasons),
+            runs_text=f"{runs}; {stall_text(recs)}"))
     return rows
 
 
@@ -306,8 +396,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = benchlib.parser(__doc__, "1 run per case with 5 s of load (default: 3 runs, 10 s)")
     parser.add_argument("--only", help="comma-separated case keys: these, what they are compared "
                                        "with, and no paced case")
+    parser.add_argument("--paced-only", action="store_true",
+                        help="the anchors' maxima, then the paced cases once each (results in "
+                             "paced.md/json)")
+    parser.add_argument("--paced-seconds", type=int, help="load of each paced run (default: "
+                        f"{PACED_ONLY_S} with --paced-only, else as a throughput run)")
     args = parser.parse_args(argv)
-    cases = selected(args.only)
+    if args.only and args.paced_only:
+        sys.exit("--only and --paced-only exclude each other")
+    cases = (A_SINGLE, BY_KEY["anchor_ndjson"]) if args.paced_only else selected(args.only)
     scale = QUICK if args.quick else FULL
     signal.signal(signal.SIGTERM, lambda n, f: sys.exit(128 + n))  # finally: servers stopped
     wrk = shutil.which("wrk") or sys.exit("wrk is missing: run `make bench-deps` (apt-get install wrk)")
@@ -326,46 +423,64 @@ def main(argv: list[str] | None = None) -> int:
               for c in cases}
     for warm in every:
         series[warm["case"]].warmup = warm["rate_req_s"]
-    paced_target = None if args.only else PACED_FRACTION * series[G_SINGLE.key].median
-    if paced_target is not None:
-        ctx.progress(f"paced at {paced_target:,.0f} req/s")
-        records[G_PACED.key] = [one_run(wrk, G_PACED, f"{G_PACED.key}-{i}", scale.load_s,
-                                        rate=paced_target) for i in range(scale.runs)]
-        series[G_PACED.key] = benchlib.Series(G_PACED.key + "_p99", "µs", [
-            r["wrk"]["latency_us"]["p99"] for r in records[G_PACED.key]])
+    # each body at half its anchor's maximum, to the anchor and the gateway alike
+    targets = {} if args.only else {
+        c.key: PACED_FRACTION * req_s(records[(c.anchor or c.key).removesuffix("_paced")])
+        for c in PACED}
+    rounds = 1 if args.paced_only else scale.runs
+    paced_s = args.paced_seconds or (PACED_ONLY_S if args.paced_only else scale.load_s)
+    for i in range(rounds if targets else 0):
+        ctx.progress(f"paced round {i + 1} of {rounds}, {paced_s} s each")
+        for case in PACED:
+            records.setdefault(case.key, []).append(one_run(
+                wrk, case, f"{case.key}-{i}", paced_s, rate=targets[case.key]))
+    for case in PACED if targets else ():
+        series[case.key] = benchlib.Series(case.key + "_p99", "µs", [
+            r["wrk"]["latency_us"]["p99"] for r in records[case.key]])
     every += [r for recs in records.values() for r in recs]
     machine = ctx.machine()
     machine["wrk"] = subprocess.run([wrk, "-v"], capture_output=True, text=True).stdout \
         .split(" Copyright")[0].strip() or "unknown"
-    rows = build_rows(series, records, paced_target, cases)
+    rows = ([] if args.paced_only else build_rows(series, records, cases)) + (
+        paced_rows(records, targets) if targets else [])
     notes = [
         f"- Median of {scale.runs} run(s) per case, {scale.load_s} s of load each (plus "
         f"{DRAIN_S} s for the last answers); {machine['wrk']} -t{WRK_THREADS} "
         f"-c{WRK_CONNECTIONS} on loopback for every case; {WORKERS} workers for anchor and "
         "gateway; a fresh server and data directory per run; one unmeasured warm-up run each "
-        "of the anchor and the gateway first. Rates count 202s only; events/s = 202s × 100 "
+        "of the single-event anchor and gateway cases run, first. Rates count 202s only; "
+        "events/s = 202s × 100 "
         "for the 100-event bodies; stored = acked: the stream's entries after the stop "
         "equal 202s × events per request. The access log goes to the server's stdout, a "
         "file on the data directory's disk. A ratio is the median of the per-round ratios "
         "(the case and its anchor, or its validation-off twin, from the same round).",
-        f"- TLS cases: the gateway with a certificate made for the run (ECDSA P-256), wrk "
-        "over TLS with its connections kept open; compared with the same case in plain HTTP "
-        "from the same round.",
-        f"- Paced case: sends scheduled at {PACED_FRACTION:.0%} of the median single-event "
-        f"maximum (access log on); the first request of each of the {WRK_CONNECTIONS} "
-        "connections goes at once, unpaced.",
+        *([] if args.paced_only else [
+            "- TLS cases: the gateway with a certificate made for the run (ECDSA P-256), wrk "
+            "over TLS with its connections kept open; compared with the same case in plain "
+            "HTTP from the same round."]),
+        f"- Paced cases: sends scheduled at {PACED_FRACTION:.0%} of the anchor's median "
+        f"maximum for that body, to the anchor and to the gateway (access log on), {rounds} "
+        f"run(s) of {paced_s} s each; the first request of each of the {WRK_CONNECTIONS} "
+        "connections goes at once, unpaced. Latency as wrk measures it (from the send, so a "
+        "slipped schedule is not counted as waiting). Worst stall: the largest value of "
+        + ", ".join(STALL_GAUGES) + " (each over the last minute, n/a: not in this "
+        "version) in the gateway's /metrics read right after the load, and the slowest "
+        "non-empty bucket of comet_http_request_duration_seconds (ingest routes, since the "
+        "start), over the gateway's runs of the case.",
         f"- Server logs in {LOGS.relative_to(LOADTESTS.parent)}/ (warm-up runs included): "
         + log_notes(every) + ".",
         benchlib.cpu_note({r["label"]: r["cpu"] for r in every}),
     ]
     versions = {name: version(name) for name in ("gunicorn", "uvicorn", "uvicorn-worker",
                                                  "starlette", "uvloop", "httptools", "orjson")}
-    ctx.write(args, "gateway", "Gateway benchmark", rows, notes, {
+    area = (("paced", "Paced latency benchmark") if args.paced_only
+            else ("gateway", "Gateway benchmark"))
+    ctx.write(args, *area, rows, notes, {
         "versions": versions, "scale": asdict(scale),
         "settings": {"workers": WORKERS, "wrk_threads": WRK_THREADS,
                      "wrk_connections": WRK_CONNECTIONS, "drain_s": DRAIN_S, "stream": STREAM,
-                     "paced_target_req_s": paced_target, "paced_tolerance": PACED_TOLERANCE,
-                     "only": args.only},
+                     "paced_targets_req_s": targets, "paced_tolerance": PACED_TOLERANCE,
+                     "paced_runs": rounds, "paced_s": paced_s, "only": args.only},
         "series": {k: v.to_json() for k, v in series.items()}, "runs": every}, machine)
     shutil.rmtree(SCRATCH / "data", ignore_errors=True)
     return 0

@@ -42,6 +42,10 @@ AREAS = (
          ("gateway_single", "gateway_ndjson", "gateway_ndjson_novalidate", "gateway_single_paced")),
     Area("spark", "Spark (issue 5)", "loadtests/bench_spark.py", ("comet_raw", "comet_ship")),
     Area("otlp", "OTLP/HTTP ingest (issue 24)", "loadtests/bench_otlp.py", ("otlp_logs", "otlp_traces")),
+    Area("streams", "Many streams (issue 27)", "loadtests/bench_streams.py",
+         ("streams_events", "streams_all_202", "streams_fds_0", "streams_rss_0", "streams_disk_per_shard")),
+    Area("paced", "Paced latency (issue 27)", "loadtests/bench_gateway.py --paced-only",
+         ("gateway_single_paced", "gateway_ndjson_paced")),
 )
 LOADTEST = Area("loadtest", "Load test with locust (issue 6)", "make loadtest")
 SOAK = Area("soak", "Soak test (issue 6)", "make soak")

@@ -15,7 +15,8 @@
 --   * done(): one line "WRKJSON {...}" with the totals, for the Python side:
 --     requests (wrk's count of responses), duration_us, accepted_202, non_202 (and
 --     by status), status_ge_400 (wrk's own status-error count: status > 399),
---     socket errors, window_s (first send to last response), latency in µs.
+--     socket errors, window_s (first send to last response), latency in µs (p50, p90,
+--     p99, p999 = p99.9, min, max, mean).
 --
 -- Arguments after "--" on the wrk command line: stop_after=SECONDS rate=REQ_PER_S
 -- events=N (events per request, echoed back in the JSON) accept=STATUS.
@@ -119,12 +120,12 @@ function done(summary, latency, requests)
     '"non_202_by_status":{%s},"status_ge_400":%d,' ..
     '"errors":{"connect":%d,"read":%d,"write":%d,"timeout":%d},' ..
     '"window_s":%.6f,"events_per_request":%d,"accepted_per_thread":[%s],' ..
-    '"latency_us":{"p50":%d,"p90":%d,"p99":%d,"min":%d,"max":%d,"mean":%.1f}}\n',
+    '"latency_us":{"p50":%d,"p90":%d,"p99":%d,"p999":%d,"min":%d,"max":%d,"mean":%.1f}}\n',
     summary.requests, summary.duration, summary.bytes, acc, non202,
     table.concat(other_parts, ","), e.status,
     e.connect, e.read, e.write, e.timeout,
     last > first and (last - first) or 0, ev, table.concat(per_thread, ","),
-    latency:percentile(50), latency:percentile(90), latency:percentile(99),
+    latency:percentile(50), latency:percentile(90), latency:percentile(99), latency:percentile(99.9),
     latency.min, latency.max, latency.mean))
 end
 
