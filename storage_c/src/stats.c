@@ -68,6 +68,8 @@ static int stats_of(shard *sh, comet_shard_stats *out)
     char spare[COMET_PATH_MAX]; /* the spare (recycle.c) is the shard's disk too */
     if (!path_format(spare, "%s/%s", sh->dir, SPARE_NAME))
         out->disk_bytes += file_disk_bytes(spare);
+    if (!path_format(spare, "%s/%s", sh->dir, SPARE_INDEX_NAME))
+        out->disk_bytes += file_disk_bytes(spare);
 
     out->appends = wc_get(st, WC_APPENDS);
     out->appended_entries = wc_get(st, WC_APPENDED_ENTRIES);
