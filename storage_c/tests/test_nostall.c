@@ -9,6 +9,8 @@
  *     calls itself: the rotation takes the spare the flusher prepared
  *     (src/recycle.c) and syncs nothing; every entry reads back, and
  *     reopened the shard has them all;
+ *   - the spare is prepared only when the shard's limit and the directory's
+ *     budget leave room for it, and counts in the shard's disk use;
  *   - the state is msynced when the durable point moved, at most once per
  *     interval, and a move inside the interval reaches the disk at a later
  *     pass; an idle shard's state is not msynced pass after pass;
@@ -69,7 +71,7 @@ static void wrap_sys(void)
     comet_sys.fallocate = count_fallocate;
 }
 
-static comet_db *open_interval(const char *dir)
+static comet_config interval_config(void)
 {
     comet_config cfg;
     comet_config_default(&cfg);
@@ -80,6 +82,12 @@ static comet_db *open_interval(const char *dir)
     /* The flusher's work is run by the test, in a thread of its own, at
      * chosen moments: comet_sync_all does what a flusher pass does. */
     cfg.flags |= COMET_OPEN_NO_FLUSHER;
+    return cfg;
+}
+
+static comet_db *open_interval(const char *dir)
+{
+    comet_config cfg = interval_config();
     comet_db *db = NULL;
     CHECK_OK(comet_open(dir, &cfg, &db));
     return db;
@@ -175,6 +183,46 @@ static void test_rotations_sync_nothing_in_the_appender(void)
     rm_tree(dir);
 }
 
+static int exists(const char *dir, const char *name)
+{
+    char path[512];
+    struct stat sb;
+    snprintf(path, sizeof path, "%s/r/shard-0000/%s", dir, name);
+    return stat(path, &sb) == 0;
+}
+
+/* A prepared spare is new disk: made only when the shard's limit and the
+ * directory's budget leave room for it, and counted in the shard's disk use. */
+static void test_prepared_spare_within_the_limits(void)
+{
+    for (int which = 0; which < 4; which++) {
+        int roomy = which & 1, budget = which & 2;
+        char *dir = scratch_dir();
+        comet_config cfg = interval_config();
+        if (budget)
+            cfg.retention_max_total_bytes = (roomy ? 4 : 2) * (uint64_t)SEGMENT;
+        else
+            cfg.retention_max_shard_bytes = (roomy ? 3 : 2) * (uint64_t)SEGMENT;
+        comet_db *db = NULL;
+        CHECK_OK(comet_open(dir, &cfg, &db));
+        comet_stream *s = open_stream(db, "r", 1);
+        for (uint64_t e = 0; e < SEGMENT * 3 / 4 / (PAYLOAD + 64); e++)
+            append_one(s, e);
+        run_flusher(db);
+        if (exists(dir, "spare.log.free") != roomy || exists(dir, "spare.idx.free") != roomy)
+            fprintf(stderr, "%s %s: a spare %s\n", budget ? "budget" : "shard limit",
+                    roomy ? "with room" : "without room", roomy ? "missing" : "made");
+        CHECK(exists(dir, "spare.log.free") == roomy && exists(dir, "spare.idx.free") == roomy);
+        comet_shard_stats st;
+        CHECK_OK(comet_shard_stats_get(s, 0, &st));
+        CHECK(st.disk_bytes >= (roomy ? 2 : 1) * (uint64_t)SEGMENT);
+        uint64_t limit = budget ? cfg.retention_max_total_bytes : cfg.retention_max_shard_bytes;
+        CHECK(st.disk_bytes <= limit);
+        CHECK_OK(comet_close(db));
+        rm_tree(dir);
+    }
+}
+
 static void test_state_msynced_only_when_changed(void)
 {
     char *dir = scratch_dir();
@@ -222,6 +270,7 @@ int main(void)
 {
     wrap_sys();
     RUN(test_rotations_sync_nothing_in_the_appender);
+    RUN(test_prepared_spare_within_the_limits);
     RUN(test_state_msynced_only_when_changed);
     RUN(test_interval_from_the_end_of_a_sync);
     return 0;
