@@ -256,8 +256,7 @@ class Ingest:
                     "auto_create allows only names matching " + ", ".join(
                         config.auto_create if isinstance(config.auto_create, tuple) else ()))
             raise storage_error(exc, config.retry_after_s, detail) from None
-        if len(self.opened) < 10_000:
-            self.opened.add(stream)
+        self.opened.add(stream)  # as many as the storage's own handles: one per stream
 
     async def handle(self, head: Head, receive: Receive, outcome: Outcome) -> tuple[bytes, dict[str, str]]:
         runtime = self.runtime
@@ -308,13 +307,13 @@ class Ingest:
         """work() into ``stream``, opening (or creating) the stream first and
         again if it was deleted since this worker opened it."""
         runtime = self.runtime
-        if stream not in self.opened:
-            self.open_stream(stream)
+        if stream not in self.opened:  # reads, maybe creates it (syncs): never on the loop
+            await run_in_threadpool(self.open_stream, stream)
         try:
             res = await store_off_loop(work, offload)
         except StreamGone:  # deleted since this worker opened it: open (or create) it anew
             self.opened.discard(stream)
-            self.open_stream(stream)
+            await run_in_threadpool(self.open_stream, stream)
             try:
                 res = await store_off_loop(work, offload)
             except StreamGone:
