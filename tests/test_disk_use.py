@@ -51,7 +51,7 @@ def test_segments_grow_in_chunks_up_to_their_size(data_dir: Path) -> None:
             log.append("g", entry, shard=0)
             if i % 500 == 0:
                 sizes.append(segment.stat().st_size)
-        assert sizes[0] == 64 * 1024
+        assert sizes[0] == 16 * 1024
         steps = {b - a for a, b in zip(sizes, sizes[1:]) if b != a}
         assert max(steps) <= 1 * MiB and segment.stat().st_size == 8 * MiB
         got = [p for _, _, p in read_all(log, "g", 0)]

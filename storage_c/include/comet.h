@@ -121,7 +121,7 @@ typedef struct comet_config {
     uint32_t retention_protect_unconsumed; /* keep segments a registered group has not acked; default 1 */
     uint32_t retention_interval_ms;     /* background pass period; 0: only when asked; default 60000 */
     /* A segment's file is allocated as it fills, not whole: it starts at
-     * 64 KiB and grows by doubling, in steps of at most this many bytes (a
+     * 16 KiB and grows by doubling, in steps of at most this many bytes (a
      * multiple of 4096, at least 64 KiB), up to segment_bytes; default 4 MiB.
      * At segment_bytes or more, segments are allocated whole at creation. */
     uint32_t segment_chunk_bytes;

@@ -74,7 +74,7 @@ static int check_config(const comet_config *c)
     if (c->process_count == 0 || c->process_count > COMET_MAX_PROCESSES)
         return set_error(COMET_E_INVALID, "process_count must be between 1 and %u",
                          COMET_MAX_PROCESSES);
-    if (c->segment_chunk_bytes < SEGMENT_FIRST_CHUNK || c->segment_chunk_bytes % 4096 ||
+    if (c->segment_chunk_bytes < SEGMENT_MIN_BYTES || c->segment_chunk_bytes % 4096 ||
         c->segment_chunk_bytes > (1u << 30))
         return set_error(COMET_E_INVALID, "segment_chunk_bytes must be a multiple of 4096 between "
                          "64 KiB and 1 GiB");

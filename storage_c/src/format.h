@@ -100,7 +100,7 @@ static_assert(offsetof(segment_header, header_crc) == FILE_HEADER_CRC_OFFSET,
 
 #define SEGMENT_DATA_OFFSET FILE_HEADER_BYTES
 #define SEGMENT_MIN_BYTES (64u * 1024u)
-#define SEGMENT_FIRST_CHUNK (64u * 1024u) /* a new segment's first allocation */
+#define SEGMENT_FIRST_CHUNK (16u * 1024u) /* a new segment's first allocation */
 #define SEGMENT_MAX_BYTES (((uint64_t)4 << 30) - 1) /* index offsets are u32 */
 
 /* ---- Sparse index: <shard>/<base:020>.idx -----------------------------------

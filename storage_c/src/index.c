@@ -55,7 +55,8 @@ static void header_fill(uint8_t head[INDEX_RECORDS_OFFSET], uint32_t shard_id, u
  * renames it to final (replacing any previous index); synced before the
  * rename unless sync is 0. */
 static int write_index_at(const char *final, uint32_t shard_id, uint64_t base, uint32_t capacity,
-                          uint32_t interval, const index_record *records, uint32_t count, int sync)
+                          uint32_t interval, const index_record *records, uint32_t count, int sync,
+                          uint64_t allocate)
 {
     char tmp[COMET_PATH_MAX];
     if (path_format(tmp, "%s.%ld%s", final, (long)getpid(), TEMP_SUFFIX))
@@ -63,7 +64,13 @@ static int write_index_at(const char *final, uint32_t shard_id, uint64_t base, u
     int fd = sys_open(tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0)
         return set_errno_error(errno, "cannot create index %s", tmp);
-    int rc = preallocate(fd, file_bytes(capacity), tmp);
+    /* The file has its full size; only its first `allocate` bytes have
+     * blocks (the rest as the segment grows: index_reserve), so that a
+     * shard of a few events does not hold the index of a full segment. */
+    uint64_t full = file_bytes(capacity);
+    int rc = preallocate(fd, allocate < full ? allocate : full, tmp);
+    if (!rc && allocate < full && sys_ftruncate(fd, (off_t)full))
+        rc = set_errno_error(errno, "cannot size index %s", tmp);
     if (rc) {
         sys_close(fd);
         sys_unlink(tmp);
@@ -98,15 +105,47 @@ static int write_index(const char *dir, uint32_t shard_id, uint64_t base, uint32
 {
     char final[COMET_PATH_MAX];
     segment_path(final, dir, base, INDEX_SUFFIX);
-    return write_index_at(final, shard_id, base, capacity, interval, records, count, 1);
+    return write_index_at(final, shard_id, base, capacity, interval, records, count, 1,
+                          file_bytes(capacity));
+}
+
+/* Bytes of an index file that must have blocks for records of entries in
+ * the first `capacity` bytes of its segment: index_note writes a record
+ * only below the segment's capacity, so never into a hole. */
+static uint64_t allocated_for(uint64_t capacity, uint32_t interval)
+{
+    return (file_bytes(records_for(capacity, interval)) + 4095) & ~(uint64_t)4095;
 }
 
 int index_create(const char *dir, uint32_t shard_id, uint64_t base, uint64_t capacity,
-                 uint32_t interval)
+                 uint32_t interval, uint64_t allocate)
 {
     if (interval < 64)
         interval = 64;
-    return write_index(dir, shard_id, base, records_for(capacity, interval), interval, NULL, 0);
+    char final[COMET_PATH_MAX];
+    segment_path(final, dir, base, INDEX_SUFFIX);
+    return write_index_at(final, shard_id, base, records_for(capacity, interval), interval, NULL, 0,
+                          1, allocated_for(allocate, interval));
+}
+
+int index_reserve(const char *dir, uint64_t base, uint64_t capacity, uint32_t interval)
+{
+    char path[COMET_PATH_MAX];
+    segment_path(path, dir, base, INDEX_SUFFIX);
+    int fd = sys_open(path, O_RDWR | O_CLOEXEC, 0);
+    if (fd < 0) /* missing: rebuilt when mapped, allocated whole then */
+        return errno == ENOENT ? 0 : set_errno_error(errno, "cannot open index %s", path);
+    struct stat sb;
+    int rc = 0;
+    uint64_t want = allocated_for(capacity, interval < 64 ? 64 : interval);
+    if (sys_fstat(fd, &sb))
+        rc = set_errno_error(errno, "cannot stat index %s", path);
+    else if (want > (uint64_t)sb.st_size)
+        want = (uint64_t)sb.st_size; /* an index covering less: replaced when mapped */
+    if (!rc)
+        rc = preallocate(fd, want, path);
+    sys_close(fd);
+    return rc;
 }
 
 uint64_t index_file_bytes(uint64_t capacity, uint32_t interval)
@@ -122,7 +161,8 @@ int index_prepare(const char *path, uint32_t shard_id, uint64_t capacity, uint32
         interval = 64;
     /* Not synced: a spare index whose size a power cut lost is not taken
      * (index_file_bytes differs), and a taken one is checked when mapped. */
-    return write_index_at(path, shard_id, 0, records_for(capacity, interval), interval, NULL, 0, 0);
+    return write_index_at(path, shard_id, 0, records_for(capacity, interval), interval, NULL, 0, 0,
+                          file_bytes(records_for(capacity, interval)));
 }
 
 int index_take(const char *from, const char *dir, uint32_t shard_id, uint64_t base,

@@ -123,7 +123,10 @@ static inline _Atomic uint32_t *index_count_ptr(const segment *seg)
 }
 
 int index_create(const char *dir, uint32_t shard_id, uint64_t base, uint64_t capacity,
-                 uint32_t interval);
+                 uint32_t interval, uint64_t allocate); /* blocks for the first `allocate` bytes' records */
+/* Gives the index of segment base blocks for records up to capacity (before
+ * the segment grows to it). */
+int index_reserve(const char *dir, uint64_t base, uint64_t capacity, uint32_t interval);
 /* Bytes of the index file of a segment of capacity bytes. */
 uint64_t index_file_bytes(uint64_t capacity, uint32_t interval);
 /* An empty index file at path (base 0, unsynced), for a spare (recycle.c). */

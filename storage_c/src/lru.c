@@ -94,13 +94,14 @@ void lru_close_shard(shard *sh)
     atomic_store(&sh->open, SHARD_CLOSED);
 }
 
-/* Closes sh if no thread is inside it: 1 when closed.  Takes the stream's
- * open_lock only if free, so an opener never waits on another stream. */
+/* Closes sh if no thread is inside it: 1 when closed.  The caller holds no
+ * lock: waiting for the stream's open_lock (another thread opening one of its
+ * shards) cannot close a cycle, as nothing holding an open_lock closes shards
+ * to make room. */
 static int try_close(shard *sh)
 {
     comet_stream *s = sh->stream;
-    if (pthread_mutex_trylock(&s->open_lock))
-        return 0;
+    pthread_mutex_lock(&s->open_lock);
     int closed = 0;
     int expect = SHARD_OPEN;
     if (atomic_compare_exchange_strong(&sh->open, &expect, SHARD_CLOSING)) {
@@ -129,20 +130,28 @@ static int try_close(shard *sh)
     return closed;
 }
 
-/* The least recently used open shard nobody is inside, preferring clean
- * ones; NULL when there is none.  Under lru_lock. */
-static shard *pick_victim(comet_db *db, shard *skip_until_older)
+#define LRU_TRIES 16
+
+static int tried(shard *const *failed, int n, const shard *sh)
+{
+    for (int i = 0; i < n; i++)
+        if (failed[i] == sh)
+            return 1;
+    return 0;
+}
+
+/* The least recently used open shard nobody is inside and not tried yet,
+ * preferring clean ones; NULL when there is none.  Under lru_lock. */
+static shard *pick_victim(comet_db *db, shard *const *failed, int nfailed)
 {
     shard *best = NULL;
     int best_dirty = 1;
     int64_t best_used = 0;
-    int64_t bound = skip_until_older ? atomic_load(&skip_until_older->last_used) : INT64_MAX;
     for (shard *sh = db->lru_head; sh; sh = sh->lru_next) {
-        if (atomic_load(&sh->users) || atomic_load(&sh->open) != SHARD_OPEN)
+        if (atomic_load(&sh->users) || atomic_load(&sh->open) != SHARD_OPEN ||
+            tried(failed, nfailed, sh))
             continue;
         int64_t used = atomic_load_explicit(&sh->last_used, memory_order_relaxed);
-        if (used > bound || sh == skip_until_older)
-            continue;
         int dirty = atomic_load(&sh->dirty) || atomic_load(&sh->offsets_dirty);
         if (!best || dirty < best_dirty || (dirty == best_dirty && used < best_used)) {
             best = sh;
@@ -155,21 +164,22 @@ static shard *pick_victim(comet_db *db, shard *skip_until_older)
 
 int lru_make_room(comet_db *db)
 {
-    shard *failed = NULL; /* victims that could not be closed are passed over */
-    for (int tries = 0; tries < 64; tries++) {
+    shard *failed[LRU_TRIES]; /* entered again meanwhile, or its sync failed: passed over */
+    int nfailed = 0;
+    while (nfailed < LRU_TRIES) {
         pthread_mutex_lock(&db->lru_lock);
         if (db->open_shards < db->open_budget) {
             pthread_mutex_unlock(&db->lru_lock);
             return 0;
         }
-        shard *victim = pick_victim(db, failed);
+        shard *victim = pick_victim(db, failed, nfailed);
         pthread_mutex_unlock(&db->lru_lock);
         if (!victim)
             break;
         /* The struct outlives any close: reading it after the list lock is
          * safe, and try_close checks again under the stream's lock. */
         if (!try_close(victim))
-            failed = victim;
+            failed[nfailed++] = victim;
     }
     pthread_mutex_lock(&db->lru_lock);
     uint32_t open = db->open_shards, budget = db->open_budget;

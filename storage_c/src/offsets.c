@@ -531,7 +531,20 @@ int comet_group_delete(comet_stream *s, const char *name, size_t len)
 int comet_group_list(comet_stream *s, uint32_t shard_id, comet_group_info *out, uint32_t cap)
 {
     shard *sh;
-    int rc = shard_acquire(s, shard_id, &sh);
+    int rc = stream_check_shard(s, shard_id);
+    if (rc)
+        return rc;
+    rc = shard_acquire_if_open(s, shard_id, &sh);
+    if (rc == COMET_E_WOULD_BLOCK) {
+        /* Not open here: a shard without an offsets file has no group, and
+         * listing thousands of idle shards must not open them (lru.c). */
+        char path[COMET_PATH_MAX];
+        struct stat sb;
+        if (!path_format(path, "%s/shard-%04u/%s", s->dir, shard_id, OFFSETS_NAME) &&
+            sys_stat(path, &sb) && errno == ENOENT)
+            return 0;
+        rc = shard_acquire(s, shard_id, &sh);
+    }
     if (rc)
         return rc;
     uint32_t n = 0;

@@ -329,7 +329,7 @@ int64_t recycle_take(shard *sh, uint64_t base, uint64_t need, uint64_t coverage,
     /* The prepared index when it is the size this segment needs. */
     int64_t rc = size_of(sidx) == index_file_bytes(coverage, index_interval)
                      ? index_take(sidx, sh->dir, sh->id, base, coverage, index_interval)
-                     : index_create(sh->dir, sh->id, base, coverage, index_interval);
+                     : index_create(sh->dir, sh->id, base, coverage, index_interval, size);
     if (rc)
         return rc;
     rc = rehead(sh, spare, base, coverage, fresh);

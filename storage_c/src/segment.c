@@ -67,7 +67,7 @@ int segment_create(const char *dir, uint32_t shard_id, uint64_t base, uint64_t c
     if (sys_stat(final, &sb) == 0)
         return set_error(COMET_E_CORRUPT, "segment %s already exists", final);
     int rc = index_create(dir, shard_id, base, index_coverage > capacity ? index_coverage : capacity,
-                          index_interval);
+                          index_interval, capacity);
     if (rc)
         return rc;
     int fd = sys_open(tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
@@ -254,6 +254,8 @@ int segment_grow(segment *seg, const char *dir, uint64_t capacity, int empty, in
     char path[COMET_PATH_MAX];
     segment_path(path, dir, seg->base, SEGMENT_SUFFIX);
     int rc = preallocate(fd, capacity, path);
+    if (!rc && seg->index_interval)
+        rc = index_reserve(dir, seg->base, capacity, seg->index_interval);
     if (rc)
         return rc;
     cut_point(CUT_GROW_SIZED);
@@ -273,7 +275,7 @@ int segment_grow(segment *seg, const char *dir, uint64_t capacity, int empty, in
     if (!empty || index_covers(seg, capacity))
         return 0;
     uint32_t interval = seg->index_interval ? seg->index_interval : 4096;
-    return index_create(dir, h.shard_id, seg->base, capacity, interval);
+    return index_create(dir, h.shard_id, seg->base, capacity, interval, capacity);
 }
 
 uint64_t segment_refresh_capacity(segment *seg, const char *dir)
