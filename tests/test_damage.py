@@ -32,7 +32,11 @@ def segment(data_dir: Path) -> Path:
 
 
 def reopen(data_dir: Path) -> Log:
-    return Log(data_dir, CFG)
+    """The directory opened again and shard 0 with it (its tail checked):
+    statistics alone read a closed shard's state as its last holder left it."""
+    log = Log(data_dir, CFG)
+    log.read("d", 0, 0, 1)
+    return log
 
 
 def test_truncated_last_entry_is_cut_exactly(data_dir: Path) -> None:

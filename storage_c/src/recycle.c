@@ -99,12 +99,28 @@ uint64_t recycle_spare_bytes(const shard *sh)
     return (uint64_t)sb.st_size;
 }
 
+/* Whether the file at path is a spare the flusher prepared (never written). */
+static int prepared(const char *path)
+{
+    int fd = sys_open(path, O_RDONLY | O_CLOEXEC, 0);
+    if (fd < 0)
+        return 0;
+    segment_header h;
+    int yes = sys_pread(fd, &h, sizeof h, 0) == (ssize_t)sizeof h && h.magic == MAGIC_SEGMENT &&
+              h.header_crc == crc32c_header(&h) && (h.flags & SEGMENT_FLAG_PREPARED);
+    sys_close(fd);
+    return yes;
+}
+
 int recycle_keep(shard *sh, uint64_t base)
 {
     const comet_config *cfg = &sh->stream->db->cfg;
     char from[COMET_PATH_MAX], to[COMET_PATH_MAX];
     struct stat sb;
-    if (!recycling_on(sh) || spare_path(sh, to) || sys_stat(to, &sb) == 0)
+    /* A deleted segment replaces a prepared spare (the rename unlinks it):
+     * its blocks are written and its pages likely cached, which is what
+     * makes a recycled segment cheaper to fill than a new one. */
+    if (!recycling_on(sh) || spare_path(sh, to) || (sys_stat(to, &sb) == 0 && !prepared(to)))
         return 0;
     segment_path(from, sh->dir, base, SEGMENT_SUFFIX);
     /* Only a full-size file is worth keeping: it is what a rotation needs. */

@@ -183,6 +183,39 @@ static void test_rotations_sync_nothing_in_the_appender(void)
     rm_tree(dir);
 }
 
+/* Retention's deleted segment takes the place of a prepared spare: steady
+ * appends keep reusing written files (recycle.c), prepared ones or not. */
+static void test_deleted_segments_replace_prepared_spares(void)
+{
+    char *dir = scratch_dir();
+    comet_config cfg = interval_config();
+    cfg.retention_max_age_ms = 1000;
+    comet_db *db = NULL;
+    CHECK_OK(comet_open(dir, &cfg, &db));
+    comet_stream *s = open_stream(db, "k", 1);
+    uint64_t e = 0, past_half = SEGMENT * 3 / 4 / (PAYLOAD + 64), since = 1;
+    for (uint64_t r = rotations(s); r < 8; since++) {
+        if (since == past_half) {
+            run_flusher(db); /* prepares a spare when the shard has none */
+            comet_clock_shift(10LL * 1000000000); /* every sealed segment is now too old */
+            CHECK_OK(comet_run_retention(db, NULL)); /* keeps one, the prepared spare there */
+        }
+        append_one(s, e++);
+        uint64_t now = rotations(s);
+        if (now != r) {
+            r = now;
+            since = 1;
+        }
+    }
+    comet_shard_stats st;
+    CHECK_OK(comet_shard_stats_get(s, 0, &st));
+    printf("    %llu rotations, %llu of them into a deleted segment's file\n",
+           (unsigned long long)st.rotations, (unsigned long long)st.recycled_segments);
+    CHECK(st.recycled_segments + 1 >= st.rotations); /* every rotation but the first */
+    CHECK_OK(comet_close(db));
+    rm_tree(dir);
+}
+
 static int exists(const char *dir, const char *name)
 {
     char path[512];
@@ -273,5 +306,6 @@ int main(void)
     RUN(test_prepared_spare_within_the_limits);
     RUN(test_state_msynced_only_when_changed);
     RUN(test_interval_from_the_end_of_a_sync);
+    RUN(test_deleted_segments_replace_prepared_spares);
     return 0;
 }
