@@ -214,17 +214,14 @@ static int make_room(shard *sh, uint64_t total, int may_sleep)
         if ((rc = enforce_shard_limit(sh, (spare >= need ? spare : capacity) + index_bytes)))
             return rc;
         /* The spare (perhaps just made by the limit above) is disk the budget
-         * counts already, and so is a prepared index that fits. */
+         * counts already: only the new index needs room then. */
         spare = recycle_spare_bytes(sh);
-        int reserved, fresh = 0;
-        int index_ready = spare >= need &&
-                          recycle_spare_index_fits(sh, spare > coverage ? spare : coverage,
-                                                   cfg->index_interval_bytes);
-        uint64_t new_bytes = (spare >= need ? 0 : capacity) + (index_ready ? 0 : index_bytes);
+        int reserved;
+        uint64_t new_bytes = (spare >= need ? 0 : capacity) + index_bytes;
         if ((rc = reserve_budget(sh, new_bytes, &reserved)))
             return rc;
         int64_t taken = spare >= need ? recycle_take(sh, next, need, coverage,
-                                                     cfg->index_interval_bytes, &fresh) : 0;
+                                                     cfg->index_interval_bytes) : 0;
         rc = taken < 0 ? (int)taken
                        : taken > 0 ? 0
                                    : segment_create(sh->dir, sh->id, next, capacity, coverage,
@@ -233,14 +230,13 @@ static int make_room(shard *sh, uint64_t total, int may_sleep)
             usage_allocated(sh->stream->db, new_bytes, rc == 0);
         if (rc)
             return rc;
-        if (taken > 0 && !fresh)
+        if (taken > 0)
             wc_add(st, WC_RECYCLED_SEGMENTS, 1);
         cut_point(CUT_ROTATE_CREATED);
         if (atomic_load_explicit(&st->active_end, memory_order_relaxed))
             wc_add(st, WC_ROTATIONS, 1);
-        /* A recycled file's blocks are written already: no zero fill.  A
-         * prepared one's are allocated only, as a new file's. */
-        start_segment(st, next, taken > 0 && !fresh ? (uint64_t)taken : SEGMENT_DATA_OFFSET);
+        /* A recycled file's blocks are written already: no zero fill. */
+        start_segment(st, next, taken > 0 ? (uint64_t)taken : SEGMENT_DATA_OFFSET);
         cut_point(CUT_ROTATE_STARTED);
     }
     rc = writer_segment(sh);

@@ -42,9 +42,6 @@
     X(ROTATE_CREATED, "rotate.created")                                                            \
     /* append.c make_room: the state names the new segment active, nothing written in it */     \
     X(ROTATE_STARTED, "rotate.started")                                                            \
-    /* recycle.c recycle_prepare: a prepared spare (file synced, index not) named            \
-     * spare.log.free / spare.idx.free, the directory not synced */                            \
-    X(SPARE_PREPARED, "spare.prepared")                                                            \
     /* recovery.c apply_cut: the bytes after the cut point zero-filled (when there were any),   \
      * the new commit point not written */                                                      \
     X(RECOVERY_ZEROED, "recovery.zeroed")                                                          \

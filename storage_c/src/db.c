@@ -7,11 +7,6 @@
  * so processes never sync one another's idle shards.  With durability
  * "always" appends sync themselves (group commit) and the flusher has little
  * to do; with "none" and "interval" it is what moves the durable point.
- * It also writes each shard's durable point to its state file when it moved
- * (durability.c) and prepares the next segment of a shard whose active
- * segment is half full (recycle.c), so that a rotation in the append path
- * syncs nothing.  Its wait is measured from the end of a
- * pass: a slow pass never makes the next one start at once.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -117,13 +112,8 @@ static void flush_if_dirty(shard *sh, void *ctx)
         return;
     if (atomic_exchange(&sh->dirty, 0))
         flush_entries(sh);
-    shard_sync_state(sh); /* a failure has marked the shard */
     if (atomic_exchange(&sh->offsets_dirty, 0) && offsets_sync(sh) && !shard_sync_refusal(sh))
         atomic_store(&sh->offsets_dirty, 1);
-    /* The next rotation's file, made here rather than by an appender; not
-     * by comet_close's last pass (a spare kept by a process that stops). */
-    if (!atomic_load(&sh->stream->db->closed))
-        recycle_prepare(sh);
 }
 
 static void flush_all(shard *sh, void *ctx)
@@ -131,11 +121,9 @@ static void flush_all(shard *sh, void *ctx)
     (void)ctx;
     atomic_store(&sh->dirty, 0);
     flush_entries(sh);
-    shard_sync_state(sh); /* a failure has marked the shard */
     atomic_store(&sh->offsets_dirty, 0);
     if (offsets_sync(sh) && !shard_sync_refusal(sh))
         atomic_store(&sh->offsets_dirty, 1);
-    recycle_prepare(sh);
 }
 
 /* The background thread: flushes (every fsync_interval_ms) and runs
@@ -289,8 +277,6 @@ int comet_sync(comet_stream *s, int shard_id)
             return rc;
         atomic_store(&sh->dirty, 0);
         rc = shard_sync(sh, atomic_load_explicit(&sh->st->next_entry, memory_order_acquire));
-        if (!rc)
-            rc = shard_sync_state(sh);
         shard_leave(sh);
         if (rc)
             return rc;

@@ -16,22 +16,8 @@
  * refuses appends with COMET_E_SYNC_FAILED until an opener repairs the tail:
  * it writes the tail back from the page cache, syncs it and keeps only the
  * entries that verify (recovery.c, recovery_after_failed_sync).
- *
- * A rotation names its segment without syncing the directory (recycle.c):
- * the sync that first covers a segment newer than the durable point's syncs
- * the directory before it moves the durable point, so no entry is durable
- * (and, under "always", acknowledged) in a segment whose name is not.
- *
- * last_sync_ns is when a sync ended: an `interval` appender syncs itself
- * when it is older than twice the interval, and a sync that took a second
- * must not make the next one due at once.
- *
- * The durable point reaches the disk in the state page (shard_sync_state),
- * once per interval at most and only when it moved since this process last
- * wrote it: an idle shard's state is not written pass after pass.
  */
 #include <errno.h>
-#include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -89,19 +75,6 @@ int shard_note_sync_failure(shard *sh, int err, const char *what)
     return sync_failed(sh, err, what, UINT64_MAX);
 }
 
-/* The shard's directory synced: a failed open leaves the durable point
- * where it was (the next sync tries again); a failed fsync is fatal, as a
- * segment's (a name the kernel failed to write may be reported once). */
-static int sync_dir(shard *sh)
-{
-    int fd = sys_open(sh->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0);
-    if (fd < 0)
-        return set_errno_error(errno, "cannot open directory %s", sh->dir);
-    int rc = sys_fsync(fd) ? sync_failed(sh, errno, "fsync of the directory", UINT64_MAX) : 0;
-    sys_close(fd);
-    return rc;
-}
-
 /* Group commit: whoever holds the sync lock syncs everything committed so far;
  * those who queued behind it usually find their entries already durable. */
 int shard_sync(shard *sh, uint64_t upto_entry)
@@ -109,6 +82,7 @@ int shard_sync(shard *sh, uint64_t upto_entry)
     state_file *st = sh->st;
     if (atomic_load_explicit(&st->durable_entry, memory_order_acquire) >= upto_entry)
         return 0;
+    int64_t started;
     int rc = lock_sync(st);
     if (rc)
         return set_errno_error(rc, "cannot take the sync lock of %s", sh->dir);
@@ -121,6 +95,9 @@ int shard_sync(shard *sh, uint64_t upto_entry)
         pthread_mutex_unlock(&st->sync_lock.mutex);
         return rc;
     }
+    /* The sync covers what is committed now: its time is now, not when it ends
+     * (the inline-sync rule of `interval` appends compares against it). */
+    started = now_ns();
     uint64_t committed = atomic_load_explicit(&st->next_entry, memory_order_acquire);
     uint64_t newest = atomic_load_explicit(&st->active_base, memory_order_acquire);
     uint64_t oldest = atomic_load_explicit(&st->durable_base, memory_order_relaxed);
@@ -154,40 +131,25 @@ int shard_sync(shard *sh, uint64_t upto_entry)
         shard_segment_release(sh, seg);
     }
     free(bases);
-    /* A segment newer than the durable point's: its name may not be durable
-     * yet (a rotation does not sync the directory). */
-    if (!rc && newest > oldest)
-        rc = sync_dir(sh);
     rc = rc ? presence_explain(sh, rc) : presence_check(sh);
     if (!rc) {
         atomic_store_explicit(&st->durable_base, newest, memory_order_relaxed);
         atomic_store_explicit(&st->durable_entry, committed, memory_order_release);
-        atomic_store_explicit(&st->last_sync_ns, now_ns(), memory_order_relaxed);
+        atomic_store_explicit(&st->last_sync_ns, started, memory_order_relaxed);
         sc_add(st, SC_SYNCS, 1);
     }
     pthread_mutex_unlock(&st->sync_lock.mutex);
-    return rc;
-}
-
-/* The durable point itself reaches the disk at most once per interval:
- * after a power cut, recovery starts from it, so that entries lost after it
- * are cut (the log stays a prefix) instead of left as holes.  Called with no
- * lock held, so that this copy of the state never says a lock is held (the
- * kernel's own writeback still may: openers reset lock words no living
- * process holds, state.c). */
-int shard_sync_state(shard *sh)
-{
-    state_file *st = sh->st;
-    uint64_t durable = atomic_load_explicit(&st->durable_entry, memory_order_acquire);
-    if (durable == atomic_load_explicit(&sh->state_synced_entry, memory_order_relaxed) ||
-        atomic_load_explicit(&st->sync_failed, memory_order_relaxed))
-        return 0;
+    /* The durable point itself reaches the disk about once per interval:
+     * after a power cut, recovery starts from it, so that entries lost after
+     * it are cut (the log stays a prefix) instead of left as holes.  Written
+     * after the sync lock is let go, so that this copy of the state never
+     * says the lock is held (the kernel's own writeback still may: openers
+     * reset lock words no living process holds, state.c). */
     int64_t every = (int64_t)sh->stream->db->cfg.fsync_interval_ms * 1000000;
-    if (now_ns() - atomic_load_explicit(&sh->state_synced_ns, memory_order_relaxed) < every)
-        return 0; /* the next pass writes it */
-    if (sys_msync(st, STATE_FILE_BYTES, MS_SYNC))
-        return sync_failed(sh, errno, "msync of the state", UINT64_MAX);
-    atomic_store_explicit(&sh->state_synced_entry, durable, memory_order_relaxed);
-    atomic_store_explicit(&sh->state_synced_ns, now_ns(), memory_order_relaxed);
-    return 0;
+    if (!rc && started - atomic_load_explicit(&sh->state_synced_ns, memory_order_relaxed) >= every) {
+        atomic_store_explicit(&sh->state_synced_ns, started, memory_order_relaxed);
+        if (sys_msync(st, STATE_FILE_BYTES, MS_SYNC))
+            rc = sync_failed(sh, errno, "msync of the state", UINT64_MAX);
+    }
+    return rc;
 }

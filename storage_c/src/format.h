@@ -92,11 +92,6 @@ static_assert(offsetof(segment_header, header_crc) == FILE_HEADER_CRC_OFFSET,
  * the segment it was before, not zeros.  They never check out as this
  * segment's entries (their numbers differ), so they end a scan like zeros do. */
 #define SEGMENT_FLAG_RECYCLED 0x1u
-/* The file was prepared ahead of a rotation by the flusher (recycle.c): base
- * 0, never written past its header, its blocks allocated and reading as
- * zeros.  Only a spare carries it; the rotation that takes the file writes
- * a header without it. */
-#define SEGMENT_FLAG_PREPARED 0x2u
 
 #define SEGMENT_DATA_OFFSET FILE_HEADER_BYTES
 #define SEGMENT_MIN_BYTES (64u * 1024u)
@@ -347,8 +342,6 @@ static_assert(offsetof(usage_file, lock) == FILE_HEADER_BYTES, "usage header is 
 #define ORPHAN_SUFFIX ".orphan"
 /* A deleted segment's file kept for the shard's next segment (recycle.c). */
 #define SPARE_NAME "spare.log.free"
-/* An index file kept for the spare's segment: allocated, synced, count 0. */
-#define SPARE_INDEX_NAME "spare.idx.free"
 
 /* ---- Idempotency keys: `keys` (keys.c) ---------------------------------------
  *

@@ -35,22 +35,6 @@ static size_t file_bytes(uint32_t records)
     return INDEX_RECORDS_OFFSET + (size_t)records * sizeof(index_record);
 }
 
-static void header_fill(uint8_t head[INDEX_RECORDS_OFFSET], uint32_t shard_id, uint64_t base,
-                        uint32_t capacity, uint32_t interval, uint32_t count)
-{
-    memset(head, 0, INDEX_RECORDS_OFFSET);
-    index_header *h = (index_header *)head;
-    h->magic = MAGIC_INDEX;
-    h->version = FORMAT_VERSION;
-    h->header_bytes = FILE_HEADER_BYTES;
-    h->shard_id = shard_id;
-    h->interval_bytes = interval;
-    h->base_entry = base;
-    h->capacity = capacity;
-    h->header_crc = crc32c_header(h);
-    memcpy(head + INDEX_COUNT_OFFSET, &count, 4);
-}
-
 /* Writes an index file holding records[0..count) under a temporary name and
  * renames it to final (replacing any previous index); synced before the
  * rename unless sync is 0. */
@@ -58,7 +42,8 @@ static int write_index_at(const char *final, uint32_t shard_id, uint64_t base, u
                           uint32_t interval, const index_record *records, uint32_t count, int sync,
                           uint64_t allocate)
 {
-    char tmp[COMET_PATH_MAX];
+    char tmp[COMET_PATH_MAX], final[COMET_PATH_MAX];
+    segment_path(final, dir, base, INDEX_SUFFIX);
     if (path_format(tmp, "%s.%ld%s", final, (long)getpid(), TEMP_SUFFIX))
         return set_error(COMET_E_INVALID, "path too long: %s", final);
     int fd = sys_open(tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
@@ -77,15 +62,24 @@ static int write_index_at(const char *final, uint32_t shard_id, uint64_t base, u
         return rc;
     }
     uint8_t head[INDEX_RECORDS_OFFSET];
-    header_fill(head, shard_id, base, capacity, interval, count);
+    memset(head, 0, sizeof head);
+    index_header *h = (index_header *)head;
+    h->magic = MAGIC_INDEX;
+    h->version = FORMAT_VERSION;
+    h->header_bytes = FILE_HEADER_BYTES;
+    h->shard_id = shard_id;
+    h->interval_bytes = interval;
+    h->base_entry = base;
+    h->capacity = capacity;
+    h->header_crc = crc32c_header(h);
+    memcpy(head + INDEX_COUNT_OFFSET, &count, 4);
     ssize_t w = sys_pwrite(fd, head, sizeof head, 0);
     if (w == (ssize_t)sizeof head && count)
         w = sys_pwrite(fd, records, (size_t)count * sizeof *records, INDEX_RECORDS_OFFSET) ==
                     (ssize_t)((size_t)count * sizeof *records)
                 ? w
                 : -1;
-    /* content durable before the name, unless the caller needs no sync */
-    if (w != (ssize_t)sizeof head || (sync && sys_fdatasync(fd))) {
+    if (w != (ssize_t)sizeof head || sys_fdatasync(fd)) { /* content durable before the name */
         int err = errno ? errno : EIO;
         sys_close(fd);
         sys_unlink(tmp);
@@ -145,46 +139,6 @@ int index_reserve(const char *dir, uint64_t base, uint64_t capacity, uint32_t in
     if (!rc)
         rc = preallocate(fd, want, path);
     sys_close(fd);
-    return rc;
-}
-
-uint64_t index_file_bytes(uint64_t capacity, uint32_t interval)
-{
-    if (interval < 64)
-        interval = 64;
-    return file_bytes(records_for(capacity, interval));
-}
-
-int index_prepare(const char *path, uint32_t shard_id, uint64_t capacity, uint32_t interval)
-{
-    if (interval < 64)
-        interval = 64;
-    /* Not synced: a spare index whose size a power cut lost is not taken
-     * (index_file_bytes differs), and a taken one is checked when mapped. */
-    return write_index_at(path, shard_id, 0, records_for(capacity, interval), interval, NULL, 0, 0,
-                          file_bytes(records_for(capacity, interval)));
-}
-
-int index_take(const char *from, const char *dir, uint32_t shard_id, uint64_t base,
-               uint64_t capacity, uint32_t interval)
-{
-    if (interval < 64)
-        interval = 64;
-    char final[COMET_PATH_MAX];
-    segment_path(final, dir, base, INDEX_SUFFIX);
-    int fd = sys_open(from, O_RDWR | O_CLOEXEC, 0);
-    if (fd < 0)
-        return set_errno_error(errno, "cannot open %s", from);
-    uint8_t head[INDEX_RECORDS_OFFSET];
-    header_fill(head, shard_id, base, records_for(capacity, interval), interval, 0);
-    /* Not synced: the index is a cache of the segment, and a header lost to
-     * a power cut names another base, so the index is rebuilt (index_map). */
-    int rc = sys_pwrite(fd, head, sizeof head, 0) == (ssize_t)sizeof head
-                 ? 0
-                 : set_errno_error(errno ? errno : EIO, "cannot write the header of %s", from);
-    sys_close(fd);
-    if (!rc && sys_rename(from, final))
-        rc = set_errno_error(errno, "cannot rename %s to %s", from, final);
     return rc;
 }
 

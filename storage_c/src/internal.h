@@ -76,18 +76,10 @@ segment *segment_new(uint64_t base);
  * (0: none), counted in the shard's disk use. */
 int recycle_keep(shard *sh, uint64_t base);
 int64_t recycle_take(shard *sh, uint64_t base, uint64_t need, uint64_t coverage,
-                     uint32_t index_interval, int *fresh); /* *fresh: a prepared file */
+                     uint32_t index_interval);
 uint64_t recycle_spare_bytes(const shard *sh);
-/* Whether the spare index is the size a segment covering coverage needs. */
-int recycle_spare_index_fits(const shard *sh, uint64_t coverage, uint32_t index_interval);
-/* The flusher: a spare (file and index) prepared for a shard whose active
- * segment is half full and that has none, under the budgets; nothing when
- * anything fails (the rotation then creates its file itself).  Looks once
- * per active segment (two atomic loads otherwise).  No lock held. */
-void recycle_prepare(shard *sh);
-/* Unlinks the spare and its index (append lock held), whether recycling is
- * on or not: the directory's budget needs the disk back.  Returns the bytes
- * freed. */
+/* Unlinks the spare (append lock held), whether recycling is on or not: the
+ * directory's budget needs the disk back.  Returns the bytes freed. */
 uint64_t recycle_drop(shard *sh);
 /* Recovery: when the file named as segment base is a recycled one whose new
  * header was lost (it says an older base), gives it back (spare, or unlinked)
@@ -127,14 +119,6 @@ int index_create(const char *dir, uint32_t shard_id, uint64_t base, uint64_t cap
 /* Gives the index of segment base blocks for records up to capacity (before
  * the segment grows to it). */
 int index_reserve(const char *dir, uint64_t base, uint64_t capacity, uint32_t interval);
-/* Bytes of the index file of a segment of capacity bytes. */
-uint64_t index_file_bytes(uint64_t capacity, uint32_t interval);
-/* An empty index file at path (base 0, unsynced), for a spare (recycle.c). */
-int index_prepare(const char *path, uint32_t shard_id, uint64_t capacity, uint32_t interval);
-/* Turns the prepared index file `from` into segment base's index: a new
- * header (count 0), unsynced, and a rename. */
-int index_take(const char *from, const char *dir, uint32_t shard_id, uint64_t base,
-               uint64_t capacity, uint32_t interval);
 /* Maps seg's index file: 1 with seg->index_ok set, or 0 when the index is
  * missing or inconsistent.  Not a failure: entries are then located by
  * scanning until the index is rebuilt (segcache.c, recovery.c).  An index
@@ -217,11 +201,7 @@ struct shard {
     uint64_t active_gen;
     /* set by appends of this process, cleared by the flusher */
     atomic_int dirty;
-    _Atomic int64_t state_synced_ns; /* when this process's last msync of the state ended */
-    _Atomic uint64_t state_synced_entry; /* the durable point that msync wrote */
-    /* recycle.c: 1 + the active segment's base when the flusher last made
-     * sure the shard had a spare (0: never) */
-    _Atomic uint64_t spare_checked;
+    _Atomic int64_t state_synced_ns; /* when this process last msynced the state */
     /* calls inside the C core using this shard; comet_close waits for zero */
     atomic_int users;
     /* consumer offsets (offsets.c) */
@@ -278,10 +258,6 @@ int keys_recorded(shard *sh, uint64_t first, uint64_t end); /* 1: a live record 
 int keys_forget_after(shard *sh, uint64_t next); /* recovery: records of batches past next */
 void keys_close(shard *sh);
 int shard_sync(shard *sh, uint64_t upto_entry);
-/* durability.c: msyncs the state when the durable point moved since this
- * process last did and the interval passed since; no lock may be held.  A
- * failure marks the shard failed (COMET_E_SYNC_FAILED). */
-int shard_sync_state(shard *sh);
 /* durability.c: COMET_E_SYNC_FAILED (with the detail) once a sync of the shard
  * failed in any process and no opener has repaired it since; else 0. */
 int shard_sync_refusal(shard *sh);

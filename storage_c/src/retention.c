@@ -66,7 +66,7 @@ static uint64_t dir_log_bytes(const char *dir)
     struct dirent *de;
     while ((de = sys_readdir(d)))
         if ((ends_with(de->d_name, SEGMENT_SUFFIX) || ends_with(de->d_name, INDEX_SUFFIX) ||
-             strcmp(de->d_name, SPARE_NAME) == 0 || strcmp(de->d_name, SPARE_INDEX_NAME) == 0) &&
+             strcmp(de->d_name, SPARE_NAME) == 0) &&
             !path_format(path, "%s/%s", dir, de->d_name))
             total += file_disk_bytes(path);
     sys_closedir(d);
@@ -364,8 +364,7 @@ static int has_spare(const shard *sh)
 {
     char path[COMET_PATH_MAX];
     struct stat sb;
-    return (!path_format(path, "%s/%s", sh->dir, SPARE_NAME) && sys_stat(path, &sb) == 0) ||
-           (!path_format(path, "%s/%s", sh->dir, SPARE_INDEX_NAME) && sys_stat(path, &sb) == 0);
+    return !path_format(path, "%s/%s", sh->dir, SPARE_NAME) && sys_stat(path, &sb) == 0;
 }
 
 /* The shards of every stream that have a sealed segment or a spare, entered

@@ -145,8 +145,6 @@ static int sizes_of(const char *dir, const uint64_t *bases, size_t n, comet_shar
     char spare[COMET_PATH_MAX]; /* the spare (recycle.c) is the shard's disk too */
     if (!path_format(spare, "%s/%s", dir, SPARE_NAME))
         out->disk_bytes += file_disk_bytes(spare);
-    if (!path_format(spare, "%s/%s", dir, SPARE_INDEX_NAME))
-        out->disk_bytes += file_disk_bytes(spare);
     return 0;
 }
 

@@ -36,9 +36,7 @@ RECOVERY_POINTS = [p for p in POINTS if p.startswith("recovery.")]
 WRITER_POINTS = [p for p in POINTS if p not in RECOVERY_POINTS]
 REACH_S = 60  # a point not reached by then fails the test: it names a step that never runs
 HITS = {"append.mid_batch": 40, "append.written": 40, "offsets.acked": 40, "grow.sized": 6,
-        "offsets.syncing": 6, "spare.prepared": 1}
-# nth drawn from 1..HITS (default 2): hits a writer gets soon.  The flusher prepares a spare
-# surely only for the first segment: later, the shard's limit may leave no room for one.
+        "offsets.syncing": 6}  # nth drawn from 1..HITS (default 2): hits a writer gets soon
 
 
 def died_at(proc: Writer, point: str, where: str) -> list[list[str]]:
