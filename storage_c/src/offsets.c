@@ -108,11 +108,12 @@ static int offsets_map(shard *sh, int create)
     if (fd < 0)
         return set_errno_error(errno, "cannot open %s", path);
     struct stat sb;
-    int rc = 0;
+    int rc = 0, made = 0;
     if (sys_fstat(fd, &sb))
         rc = set_errno_error(errno, "cannot stat %s", path);
     else if (sb.st_size < OFFSETS_FILE_BYTES) {
         rc = preallocate(fd, OFFSETS_FILE_BYTES, path);
+        made = 1;
     }
     if (rc) {
         sys_close(fd);
@@ -124,27 +125,35 @@ static int offsets_map(shard *sh, int create)
         sys_close(fd);
         return rc;
     }
+    offsets_header *h = map;
+    int valid = h->magic == MAGIC_OFFSETS && h->header_crc == crc32c_header(h);
+    if (valid && h->version != FORMAT_VERSION)
+        rc = set_error(COMET_E_FORMAT_VERSION, "%s has format version %u; this build reads version %u",
+                       path, h->version, FORMAT_VERSION);
+    else if (!valid || h->shard_id != sh->id || h->capacity != OFFSETS_GROUPS) {
+        /* New, or a damaged header: write it again and keep every slot that
+         * is still consistent - offsets are data, not a cache. */
+        offsets_header fresh;
+        header_fill(&fresh, sh->id);
+        memcpy(h, &fresh, sizeof fresh);
+        for (uint32_t i = 0; i < OFFSETS_GROUPS; i++) {
+            group_slot *s = (group_slot *)((uint8_t *)map + OFFSETS_SLOTS_OFFSET +
+                                           (size_t)i * sizeof(group_slot));
+            if (!slot_sane(s))
+                memset(s, 0, sizeof *s);
+        }
+    }
+    /* A file made now, after the shard's segments: its name and header must
+     * be durable before an offset in it is, or a power cut loses the acks. */
+    if (!rc && made && (sys_msync(map, OFFSETS_FILE_BYTES, MS_SYNC) || fsync_dir(sh->dir)))
+        rc = set_errno_error(errno ? errno : EIO, "cannot sync the new %s", path);
+    if (rc) {
+        sys_munmap(map, OFFSETS_FILE_BYTES);
+        sys_close(fd);
+        return rc;
+    }
     sh->offsets_fd = fd;
     sh->offsets = map; /* published last: offsets_attach reads it without the lock */
-    offsets_header *h = map;
-    if (h->magic == MAGIC_OFFSETS && h->header_crc == crc32c_header(h)) {
-        if (h->version != FORMAT_VERSION)
-            return set_error(COMET_E_FORMAT_VERSION,
-                             "%s has format version %u; this build reads version %u", path,
-                             h->version, FORMAT_VERSION);
-        if (h->shard_id == sh->id && h->capacity == OFFSETS_GROUPS)
-            return 0;
-    }
-    /* New, or a damaged header: write it again and keep every slot that is
-     * still consistent - offsets are data, not a cache. */
-    offsets_header fresh;
-    header_fill(&fresh, sh->id);
-    memcpy(h, &fresh, sizeof fresh);
-    for (uint32_t i = 0; i < OFFSETS_GROUPS; i++) {
-        group_slot *s = slot_at(sh, i);
-        if (!slot_sane(s))
-            memset(s, 0, sizeof *s);
-    }
     return 0;
 }
 
