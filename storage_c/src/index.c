@@ -36,11 +36,13 @@ static size_t file_bytes(uint32_t records)
 }
 
 /* Writes an index file holding records[0..count) under a temporary name and
- * renames it to final (replacing any previous index); synced before the
- * rename unless sync is 0. */
-static int write_index_at(const char *final, uint32_t shard_id, uint64_t base, uint32_t capacity,
-                          uint32_t interval, const index_record *records, uint32_t count, int sync,
-                          uint64_t allocate)
+ * renames it into place (replacing any previous index).  The file has its
+ * full size; only its first `allocate` bytes have blocks (the rest as the
+ * segment grows: index_reserve), so that a shard of a few events does not
+ * hold the index of a full segment. */
+static int write_index(const char *dir, uint32_t shard_id, uint64_t base, uint32_t capacity,
+                       uint32_t interval, const index_record *records, uint32_t count,
+                       uint64_t allocate)
 {
     char tmp[COMET_PATH_MAX], final[COMET_PATH_MAX];
     segment_path(final, dir, base, INDEX_SUFFIX);
@@ -49,9 +51,6 @@ static int write_index_at(const char *final, uint32_t shard_id, uint64_t base, u
     int fd = sys_open(tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0)
         return set_errno_error(errno, "cannot create index %s", tmp);
-    /* The file has its full size; only its first `allocate` bytes have
-     * blocks (the rest as the segment grows: index_reserve), so that a
-     * shard of a few events does not hold the index of a full segment. */
     uint64_t full = file_bytes(capacity);
     int rc = preallocate(fd, allocate < full ? allocate : full, tmp);
     if (!rc && allocate < full && sys_ftruncate(fd, (off_t)full))
@@ -94,15 +93,6 @@ static int write_index_at(const char *final, uint32_t shard_id, uint64_t base, u
     return 0;
 }
 
-static int write_index(const char *dir, uint32_t shard_id, uint64_t base, uint32_t capacity,
-                       uint32_t interval, const index_record *records, uint32_t count)
-{
-    char final[COMET_PATH_MAX];
-    segment_path(final, dir, base, INDEX_SUFFIX);
-    return write_index_at(final, shard_id, base, capacity, interval, records, count, 1,
-                          file_bytes(capacity));
-}
-
 /* Bytes of an index file that must have blocks for records of entries in
  * the first `capacity` bytes of its segment: index_note writes a record
  * only below the segment's capacity, so never into a hole. */
@@ -116,10 +106,8 @@ int index_create(const char *dir, uint32_t shard_id, uint64_t base, uint64_t cap
 {
     if (interval < 64)
         interval = 64;
-    char final[COMET_PATH_MAX];
-    segment_path(final, dir, base, INDEX_SUFFIX);
-    return write_index_at(final, shard_id, base, records_for(capacity, interval), interval, NULL, 0,
-                          1, allocated_for(allocate, interval));
+    return write_index(dir, shard_id, base, records_for(capacity, interval), interval, NULL, 0,
+                       allocated_for(allocate, interval));
 }
 
 int index_reserve(const char *dir, uint64_t base, uint64_t capacity, uint32_t interval)
@@ -330,7 +318,8 @@ int index_rebuild(segment *seg, const char *dir, uint32_t shard_id, uint64_t end
         entry++;
     }
     index_unmap(seg);
-    int rc = write_index(dir, shard_id, seg->base, capacity, interval, records, count);
+    int rc = write_index(dir, shard_id, seg->base, capacity, interval, records, count,
+                         file_bytes(capacity));
     free(records);
     if (rc)
         return rc;
