@@ -26,9 +26,9 @@
  * closed first; a dirty one is synced before it is closed (a device flush in
  * the opener's path, only when every idle shard is dirty).  Group handles
  * name their shard's struct and enter it through shard_acquire, so a closed
- * shard is reopened under them.  When
- * every open shard is in use the open fails with COMET_E_TOO_MANY_OPEN
- * (the gateway's 503): the budget bounds handles, it never waits.
+ * shard is reopened under them.  When every open shard is in use the open
+ * fails with COMET_E_TOO_MANY_OPEN (the gateway's 503): the budget bounds
+ * handles, it never waits for one to be released.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -115,9 +115,7 @@ static int try_close(shard *sh)
             if (synced && atomic_load(&sh->offsets_dirty) && offsets_sync(sh))
                 synced = 0;
             if (synced) {
-                lru_unlink(sh);
-                shard_release(sh);
-                atomic_store(&sh->open, SHARD_CLOSED);
+                lru_close_shard(sh);
                 closed = 1;
             } else {
                 clear_error(); /* the next flusher pass says it: the shard is marked */
