@@ -29,6 +29,12 @@
 
 static read_buf rb;
 
+/* Enough entries to rotate through ~12 segments: retention deletes, the
+ * spare is taken and refilled many times. */
+#define PER_SEGMENT (SEGMENT / (PAYLOAD + 20))
+#define PREFILL (6 * PER_SEGMENT)
+#define RUN_UPTO (PREFILL + 3 * PER_SEGMENT)
+
 static void payload_for(uint64_t e, char out[PAYLOAD])
 {
     memset(out, 'x', PAYLOAD);
@@ -55,7 +61,9 @@ static comet_stream *open_recycling(const char *dir, comet_db **db)
     return open_stream(*db, "r", 1);
 }
 
-/* Appends entries until next_entry reaches `upto`; returns the last result. */
+/* Appends entries until next_entry reaches `upto`; returns the last result.
+ * Syncs every quarter segment, as the flusher would: a deleted segment's
+ * file becomes the spare once a directory sync made the deletion durable. */
 static int64_t append_upto(comet_stream *s, uint64_t upto, volatile uint64_t *acked)
 {
     char p[PAYLOAD];
@@ -69,6 +77,8 @@ static int64_t append_upto(comet_stream *s, uint64_t upto, volatile uint64_t *ac
         CHECK((uint64_t)got == e);
         if (acked)
             *acked = e + 1;
+        if (e % (PER_SEGMENT / 4) == 0 && (rc = comet_sync(s, 0)))
+            return rc;
     }
     return rc;
 }
@@ -102,11 +112,6 @@ static uint64_t check_all(comet_stream *s, uint64_t acked)
     return st.next_entry;
 }
 
-/* Enough entries to rotate through ~12 segments: retention deletes, the
- * spare is taken and refilled many times. */
-#define PER_SEGMENT (SEGMENT / (PAYLOAD + 20))
-#define PREFILL (6 * PER_SEGMENT)
-#define RUN_UPTO (PREFILL + 3 * PER_SEGMENT)
 
 static void test_files_are_reused(void)
 {
