@@ -114,6 +114,7 @@ static void flush_if_dirty(shard *sh, void *ctx)
         flush_entries(sh);
     if (atomic_exchange(&sh->offsets_dirty, 0) && offsets_sync(sh) && !shard_sync_refusal(sh))
         atomic_store(&sh->offsets_dirty, 1);
+    recycle_settle(sh, 0); /* a file retention kept in the append path */
 }
 
 static void flush_all(shard *sh, void *ctx)

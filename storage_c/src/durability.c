@@ -16,8 +16,22 @@
  * refuses appends with COMET_E_SYNC_FAILED until an opener repairs the tail:
  * it writes the tail back from the page cache, syncs it and keeps only the
  * entries that verify (recovery.c, recovery_after_failed_sync).
+ *
+ * No device flush happens in the append path under "interval": a rotation
+ * creates (or takes) the next segment and its index without syncing them or
+ * the directory (segment.c, recycle.c).  The sync that first covers a
+ * segment whose name may not be durable yet - one newer than the durable
+ * point's, or the one the durable point starts - syncs the directory after
+ * the segments and before it moves the durable point, so no entry is
+ * durable (and, under "always", acknowledged) in a file whose name is not.
+ * A rotation only ever reuses a file whose old name is durably gone
+ * (recycle.c), so its new contents never reach the disk under that name.
+ * A name that reached the disk without its contents (the kernel journals
+ * directory changes in order: another file's sync may carry it) is a torn
+ * creation recovery removes, or a recycled file it gives back (recovery.c).
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -75,6 +89,19 @@ int shard_note_sync_failure(shard *sh, int err, const char *what)
     return sync_failed(sh, err, what, UINT64_MAX);
 }
 
+/* The shard's directory synced: a failed open leaves the durable point where
+ * it was (the next sync tries again); a failed fsync is fatal, as a
+ * segment's is (a name the kernel failed to write may be reported once). */
+static int sync_dir(shard *sh)
+{
+    int fd = sys_open(sh->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0);
+    if (fd < 0)
+        return set_errno_error(errno, "cannot open directory %s", sh->dir);
+    int rc = sys_fsync(fd) ? sync_failed(sh, errno, "fsync of the directory", UINT64_MAX) : 0;
+    sys_close(fd);
+    return rc;
+}
+
 /* Group commit: whoever holds the sync lock syncs everything committed so far;
  * those who queued behind it usually find their entries already durable. */
 int shard_sync(shard *sh, uint64_t upto_entry)
@@ -82,7 +109,6 @@ int shard_sync(shard *sh, uint64_t upto_entry)
     state_file *st = sh->st;
     if (atomic_load_explicit(&st->durable_entry, memory_order_acquire) >= upto_entry)
         return 0;
-    int64_t started;
     int rc = lock_sync(st);
     if (rc)
         return set_errno_error(rc, "cannot take the sync lock of %s", sh->dir);
@@ -97,7 +123,8 @@ int shard_sync(shard *sh, uint64_t upto_entry)
     }
     /* The sync covers what is committed now: its time is now, not when it ends
      * (the inline-sync rule of `interval` appends compares against it). */
-    started = now_ns();
+    int64_t started = now_ns();
+    uint64_t durable = atomic_load_explicit(&st->durable_entry, memory_order_relaxed);
     uint64_t committed = atomic_load_explicit(&st->next_entry, memory_order_acquire);
     uint64_t newest = atomic_load_explicit(&st->active_base, memory_order_acquire);
     uint64_t oldest = atomic_load_explicit(&st->durable_base, memory_order_relaxed);
@@ -131,6 +158,14 @@ int shard_sync(shard *sh, uint64_t upto_entry)
         shard_segment_release(sh, seg);
     }
     free(bases);
+    /* The active segment holds no durable entry yet, or is newer than the
+     * durable point's: its name may not be durable (a rotation syncs
+     * nothing).  A failed directory sync is fatal, as a segment's is. */
+    if (!rc && (newest > oldest || durable <= newest)) {
+        uint64_t kept = recycle_pending(sh);
+        if (!(rc = sync_dir(sh)) && kept)
+            recycle_settle(sh, kept); /* its old name is durably gone now */
+    }
     rc = rc ? presence_explain(sh, rc) : presence_check(sh);
     if (!rc) {
         atomic_store_explicit(&st->durable_base, newest, memory_order_relaxed);
@@ -146,10 +181,10 @@ int shard_sync(shard *sh, uint64_t upto_entry)
      * says the lock is held (the kernel's own writeback still may: openers
      * reset lock words no living process holds, state.c). */
     int64_t every = (int64_t)sh->stream->db->cfg.fsync_interval_ms * 1000000;
-    if (!rc && started - atomic_load_explicit(&sh->state_synced_ns, memory_order_relaxed) >= every) {
-        atomic_store_explicit(&sh->state_synced_ns, started, memory_order_relaxed);
+    if (!rc && now_ns() - atomic_load_explicit(&sh->state_synced_ns, memory_order_relaxed) >= every) {
         if (sys_msync(st, STATE_FILE_BYTES, MS_SYNC))
             rc = sync_failed(sh, errno, "msync of the state", UINT64_MAX);
+        atomic_store_explicit(&sh->state_synced_ns, now_ns(), memory_order_relaxed);
     }
     return rc;
 }

@@ -342,6 +342,9 @@ static_assert(offsetof(usage_file, lock) == FILE_HEADER_BYTES, "usage header is 
 #define ORPHAN_SUFFIX ".orphan"
 /* A deleted segment's file kept for the shard's next segment (recycle.c). */
 #define SPARE_NAME "spare.log.free"
+/* The same until the directory says durably that the segment is gone: a
+ * rotation never takes it (a temporary file: openers remove it). */
+#define SPARE_PENDING_NAME SPARE_NAME TEMP_SUFFIX
 
 /* ---- Idempotency keys: `keys` (keys.c) ---------------------------------------
  *

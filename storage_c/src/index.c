@@ -78,7 +78,11 @@ static int write_index(const char *dir, uint32_t shard_id, uint64_t base, uint32
                     (ssize_t)((size_t)count * sizeof *records)
                 ? w
                 : -1;
-    if (w != (ssize_t)sizeof head || sys_fdatasync(fd)) { /* content durable before the name */
+    /* Not synced: an index is a hint.  A name that survives a power cut
+     * without its header, or records that do not check out, make index_map
+     * report the index missing, and it is rebuilt from the segment; a sync
+     * here would put a device flush in every rotation. */
+    if (w != (ssize_t)sizeof head) {
         int err = errno ? errno : EIO;
         sys_close(fd);
         sys_unlink(tmp);

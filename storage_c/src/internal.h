@@ -78,6 +78,13 @@ int recycle_keep(shard *sh, uint64_t base);
 int64_t recycle_take(shard *sh, uint64_t base, uint64_t need, uint64_t coverage,
                      uint32_t index_interval);
 uint64_t recycle_spare_bytes(const shard *sh);
+/* The inode of a file kept by recycle_keep and not yet the spare (0: none). */
+uint64_t recycle_pending(const shard *sh);
+/* Gives that file the spare's name once the directory is synced, so that a
+ * rotation may take it: synced is recycle_pending's answer read before a
+ * directory sync that just ended, or 0 to sync here (no lock held: a device
+ * flush). */
+int recycle_settle(shard *sh, uint64_t synced);
 /* Unlinks the spare (append lock held), whether recycling is on or not: the
  * directory's budget needs the disk back.  Returns the bytes freed. */
 uint64_t recycle_drop(shard *sh);
@@ -201,7 +208,7 @@ struct shard {
     uint64_t active_gen;
     /* set by appends of this process, cleared by the flusher */
     atomic_int dirty;
-    _Atomic int64_t state_synced_ns; /* when this process last msynced the state */
+    _Atomic int64_t state_synced_ns; /* when this process's last msync of the state ended */
     /* calls inside the C core using this shard; comet_close waits for zero */
     atomic_int users;
     /* consumer offsets (offsets.c) */

@@ -466,6 +466,28 @@ static int past_durable(const repair *r)
     return after_restart(r->how) && r->e >= r->committed;
 }
 
+/* A segment created past the durable point whose header never reached the
+ * disk (a rotation syncs nothing: the directory may be synced before the
+ * file's first sync, durability.c): no entry of it was acknowledged as
+ * durable, and there is nothing to keep.  Its header is zeros, or the file
+ * is shorter than one.  A header damaged in place is not zeros. */
+static int torn_creation(const repair *r, uint64_t base)
+{
+    if (!after_restart(r->how) || base < r->committed)
+        return 0;
+    char path[COMET_PATH_MAX];
+    uint8_t head[FILE_HEADER_BYTES];
+    int missing = 0;
+    segment_path(path, r->sh->dir, base, SEGMENT_SUFFIX);
+    long got = read_file_prefix(path, head, sizeof head, &missing);
+    if (got < 0)
+        return 0;
+    for (long k = 0; k < got; k++)
+        if (head[k])
+            return 0;
+    return 1;
+}
+
 /* Moves the scan past a damaged entry to the next good one before the
  * written end of the segment: 1, or 0 when none follows (the segment ends). */
 static int skip_damage(repair *r)
@@ -568,7 +590,7 @@ static int next_segment(repair *r)
         return 0;
     }
     if (!r->seg) { /* its header cannot be read: nothing of it can be served */
-        set_aside(r->sh, &r->h.fatal, r->bases[r->i], 1);
+        set_aside(r->sh, &r->h.fatal, r->bases[r->i], !torn_creation(r, r->bases[r->i]));
         r->changed = 1;
     }
     size_t j = r->i + 1;

@@ -24,10 +24,22 @@
  * before the file is renamed, and a reader checks first_entry again after it
  * copied entries out (reader.c), dropping whatever retention took meanwhile.
  *
+ * Keeping a file, power-cut-safely: the segment's file is renamed to
+ * SPARE_PENDING_NAME under the append lock, and only after the directory is
+ * synced (recycle_settle: by the sync that covers the next segment, by
+ * retention, or by the flusher, with no lock held) does it get the spare's
+ * name, or is unlinked when a spare is there still.  A rotation that deletes
+ * for the shard's limit keeps the file it deletes and takes the spare kept
+ * before, so steady rotations keep reusing files.  A rotation takes nothing
+ * else, so a file is written in its new life only once its old name is
+ * durably gone: otherwise the page cache could write the new life's pages
+ * under the old name, whose entries the state on the disk may still count.
+ *
  * Taking the spare, crash-safely: the new header (base, capacity = the
  * file's size, RECYCLED) is written while the file still has its spare name,
- * then the file is renamed to the segment's name and the directory synced.
- * The header is not synced then (that would write back, in the append path,
+ * then the file is renamed to the segment's name.  Neither the directory
+ * (the first sync covering the segment does that, durability.c) nor the
+ * header is synced then (that would write back, in the append path,
  * whatever of the file's earlier life is still dirty): the first sync of an
  * entry of the new segment takes it along.  A crash before the rename leaves
  * a spare (the header is rewritten at the next take).  A power cut after it
@@ -68,12 +80,17 @@ uint64_t recycle_spare_bytes(const shard *sh)
     return (uint64_t)sb.st_size;
 }
 
+static int pending_path(const shard *sh, char *out)
+{
+    return path_format(out, "%s/%s", sh->dir, SPARE_PENDING_NAME);
+}
+
 int recycle_keep(shard *sh, uint64_t base)
 {
     const comet_config *cfg = &sh->stream->db->cfg;
     char from[COMET_PATH_MAX], to[COMET_PATH_MAX];
     struct stat sb;
-    if (!recycling_on(sh) || spare_path(sh, to) || sys_stat(to, &sb) == 0)
+    if (!recycling_on(sh) || pending_path(sh, to) || sys_stat(to, &sb) == 0)
         return 0;
     segment_path(from, sh->dir, base, SEGMENT_SUFFIX);
     /* Only a full-size file is worth keeping: it is what a rotation needs. */
@@ -151,16 +168,59 @@ int recycle_stale(shard *sh, uint64_t base)
     return sys_unlink(path) == 0;
 }
 
-uint64_t recycle_drop(shard *sh)
+static uint64_t drop(shard *sh, int (*name)(const shard *, char *))
 {
     char path[COMET_PATH_MAX];
     struct stat sb;
-    if (spare_path(sh, path) || sys_stat(path, &sb))
+    if (name(sh, path) || sys_stat(path, &sb))
         return 0;
     int locked = usage_begin_delete(sh->stream->db);
     uint64_t freed = sys_unlink(path) == 0 ? (uint64_t)sb.st_size : 0;
     usage_end_delete(sh->stream->db, locked, freed);
     return freed;
+}
+
+uint64_t recycle_drop(shard *sh)
+{
+    return drop(sh, spare_path) + drop(sh, pending_path);
+}
+
+uint64_t recycle_pending(const shard *sh)
+{
+    char pending[COMET_PATH_MAX];
+    struct stat sb;
+    if (pending_path(sh, pending) || sys_stat(pending, &sb))
+        return 0;
+    return (uint64_t)sb.st_ino;
+}
+
+int recycle_settle(shard *sh, uint64_t synced)
+{
+    char pending[COMET_PATH_MAX], spare[COMET_PATH_MAX];
+    struct stat sb;
+    if (pending_path(sh, pending) || spare_path(sh, spare))
+        return 0;
+    if (!synced) {
+        if (!(synced = recycle_pending(sh)))
+            return 0;
+        int rc = fsync_dir(sh->dir);
+        if (rc)
+            return rc; /* kept pending: the next pass tries again, an opener removes it */
+    }
+    /* Only the file that had its pending name before the directory sync
+     * began: a file kept since then may still have its old name on disk.
+     * Another process may have settled it meanwhile (nothing to rename).
+     * This rename need not be durable: a power cut that loses it leaves a
+     * temporary file, which openers remove. */
+    if (sys_stat(pending, &sb) || (uint64_t)sb.st_ino != synced)
+        return 0;
+    if (sys_stat(spare, &sb) == 0) { /* one spare is all a rotation takes */
+        drop(sh, pending_path);
+        return 0;
+    }
+    if (sys_rename(pending, spare) && errno != ENOENT)
+        return set_errno_error(errno, "cannot rename %s to %s", pending, spare);
+    return 0;
 }
 
 int64_t recycle_take(shard *sh, uint64_t base, uint64_t need, uint64_t coverage,
@@ -189,11 +249,10 @@ int64_t recycle_take(shard *sh, uint64_t base, uint64_t need, uint64_t coverage,
         rc = set_errno_error(errno, "cannot rename %s to %s", spare, final);
         goto fail;
     }
-    rc = fsync_dir(sh->dir);
-    if (rc) { /* the name might not survive a power cut: not a segment yet */
-        sys_rename(final, spare);
-        goto fail;
-    }
+    /* The name is synced by the first sync covering the segment, before
+     * the durable point moves into it (durability.c); until then a power cut
+     * may leave the old name, or the new one with the old header (recovery
+     * gives the file back: recycle_stale). */
     return (int64_t)size;
 fail:
     sys_unlink(idx);

@@ -66,7 +66,7 @@ static uint64_t dir_log_bytes(const char *dir)
     struct dirent *de;
     while ((de = sys_readdir(d)))
         if ((ends_with(de->d_name, SEGMENT_SUFFIX) || ends_with(de->d_name, INDEX_SUFFIX) ||
-             strcmp(de->d_name, SPARE_NAME) == 0) &&
+             strcmp(de->d_name, SPARE_NAME) == 0 || strcmp(de->d_name, SPARE_PENDING_NAME) == 0) &&
             !path_format(path, "%s/%s", dir, de->d_name))
             total += file_disk_bytes(path);
     sys_closedir(d);
@@ -252,6 +252,8 @@ static int retention_stream(comet_db *db, comet_stream *s, uint64_t *excess, int
             comet_retention_report here = {0};
             rc = retention_shard(sh, *excess, *excess == 0, now, &here);
             shard_unlock(sh);
+            if (!rc)
+                recycle_settle(sh, 0); /* a failure leaves no spare: nothing lost */
             *excess = here.deleted_bytes >= *excess ? 0 : *excess - here.deleted_bytes;
             if (rep) {
                 rep->deleted_segments += here.deleted_segments;

@@ -7,9 +7,13 @@
  * shows up here, as an error, and never later as SIGBUS on a mapped write),
  * headed, and linked into place.  Growth (segment_grow) preallocates the next
  * chunk and then records the new size in the header; readers that find the
- * header larger than their mapping map the file again.  The directory is fsynced so that the name survives
- * a power cut.  A crash at any point leaves either no segment or a complete,
- * empty one; temporary files are removed by recovery.
+ * header larger than their mapping map the file again.  Creation syncs
+ * nothing: a rotation happens in the append path, and a device flush there
+ * would stall every appender of the shard behind it.  The first sync that
+ * covers the segment syncs its file and then the directory, before the
+ * durable point moves into it (durability.c).  A crash at any point leaves
+ * either no segment or a complete, empty one; temporary files are removed by
+ * recovery.
  *
  * Every process maps the whole file, shared.  Appends write through that
  * mapping; readers read from it.  Pages of a fallocated file are "unwritten"
@@ -87,27 +91,18 @@ int segment_create(const char *dir, uint32_t shard_id, uint64_t base, uint64_t c
         sys_close(fd);
         goto fail;
     }
-    /* Header and size durable before the name is: a power cut must never
-     * leave an empty file under a segment's name. */
-    if (sys_fsync(fd)) {
-        rc = set_errno_error(errno, "cannot sync segment %s", tmp);
-        sys_close(fd);
-        goto fail;
-    }
     sys_close(fd);
+    /* Nothing synced here, in the append path: the sync that first covers an
+     * entry of this segment fdatasyncs it (header and size with it) and then
+     * the directory, before the durable point moves into it (durability.c).
+     * A power cut before that may leave the name with a header that never
+     * reached the disk; recovery sets such a file aside past the durable
+     * point, where nothing was acknowledged. */
     if (sys_link(tmp, final)) {
         rc = set_errno_error(errno, "cannot link segment %s", final);
         goto fail;
     }
     sys_unlink(tmp);
-    /* The name must be durable before anything is acknowledged in the
-     * segment: if the directory cannot be synced, the segment is undone and
-     * the append that needed it fails (a retry creates it again). */
-    rc = fsync_dir(dir);
-    if (rc) {
-        sys_unlink(final);
-        goto fail;
-    }
     return 0;
 fail:
     sys_unlink(tmp);

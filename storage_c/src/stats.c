@@ -8,6 +8,7 @@
 #include <string.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 
@@ -95,7 +96,12 @@ static int stats_closed(comet_stream *s, uint32_t shard_id, comet_shard_stats *o
     struct stat sb;
     const state_file *st = NULL;
     int err = 0;
-    if (sys_fstat(fd, &sb))
+    /* Openers hold the flock exclusively from the state's validation to the
+     * end of their tail check (shard.c), with the holders' lock taken on the
+     * way: waiting for it keeps a state mid-recovery from reading as settled. */
+    if (sys_flock(fd, LOCK_SH))
+        err = errno;
+    else if (sys_fstat(fd, &sb))
         err = errno;
     else if (sb.st_size >= (off_t)STATE_FILE_BYTES) { /* shorter: being made, unsettled */
         void *map = sys_mmap(NULL, STATE_FILE_BYTES, PROT_READ, MAP_SHARED, fd, 0);
@@ -105,11 +111,11 @@ static int stats_closed(comet_stream *s, uint32_t shard_id, comet_shard_stats *o
             err = errno;
     }
     int settled = st && state_settled(fd, st);
-    sys_close(fd);
-    if (!st && err)
-        return set_errno_error(err, "cannot read %s", path);
     if (settled)
         counters_of(st, out);
+    sys_close(fd); /* lets the flock go */
+    if (!st && err)
+        return set_errno_error(err, "cannot read %s", path);
     if (st)
         sys_munmap((void *)st, STATE_FILE_BYTES);
     if (!settled)

@@ -14,6 +14,8 @@
  *   - a recycled file whose new header never reached the disk, in the
  *     segment the durable point falls in, ends the log before it after a
  *     restart: the segments before it keep every entry;
+ *   - a new segment whose name reached the disk without its contents (a
+ *     torn creation) is removed after a restart, not set aside;
  *   - a segment file of the old format version (1) is still read. */
 #include <dirent.h>
 #include <errno.h>
@@ -28,6 +30,12 @@
 #define MAX_N 3000
 
 static read_buf rb;
+
+/* Enough entries to rotate through ~12 segments: retention deletes, the
+ * spare is taken and refilled many times. */
+#define PER_SEGMENT (SEGMENT / (PAYLOAD + 20))
+#define PREFILL (6 * PER_SEGMENT)
+#define RUN_UPTO (PREFILL + 3 * PER_SEGMENT)
 
 static void payload_for(uint64_t e, char out[PAYLOAD])
 {
@@ -55,7 +63,9 @@ static comet_stream *open_recycling(const char *dir, comet_db **db)
     return open_stream(*db, "r", 1);
 }
 
-/* Appends entries until next_entry reaches `upto`; returns the last result. */
+/* Appends entries until next_entry reaches `upto`; returns the last result.
+ * Syncs every quarter segment, as the flusher would: a deleted segment's
+ * file becomes the spare once a directory sync made the deletion durable. */
 static int64_t append_upto(comet_stream *s, uint64_t upto, volatile uint64_t *acked)
 {
     char p[PAYLOAD];
@@ -69,6 +79,8 @@ static int64_t append_upto(comet_stream *s, uint64_t upto, volatile uint64_t *ac
         CHECK((uint64_t)got == e);
         if (acked)
             *acked = e + 1;
+        if (e % (PER_SEGMENT / 4) == 0 && (rc = comet_sync(s, 0)))
+            return rc;
     }
     return rc;
 }
@@ -102,11 +114,6 @@ static uint64_t check_all(comet_stream *s, uint64_t acked)
     return st.next_entry;
 }
 
-/* Enough entries to rotate through ~12 segments: retention deletes, the
- * spare is taken and refilled many times. */
-#define PER_SEGMENT (SEGMENT / (PAYLOAD + 20))
-#define PREFILL (6 * PER_SEGMENT)
-#define RUN_UPTO (PREFILL + 3 * PER_SEGMENT)
 
 static void test_files_are_reused(void)
 {
@@ -287,10 +294,57 @@ static void test_stale_recycled_segment_at_the_durable_point(void)
     rm_tree(dir);
 }
 
+/* A rotation syncs nothing: the power may leave a new segment's name on the
+ * disk without its contents (zeros, or an empty file).  Past the durable
+ * point nothing of it was acknowledged: recovery removes it - never sets it
+ * aside as damage - and appends create the segment again under its name. */
+static void test_torn_creation_past_the_durable_point(void)
+{
+    static const uint64_t sizes[] = {0, 64u << 10};
+    for (size_t k = 0; k < sizeof sizes / sizeof *sizes; k++) {
+        char *dir = scratch_dir();
+        comet_db *db;
+        comet_stream *s = open_recycling(dir, &db);
+        CHECK_OK(append_upto(s, 2 * PER_SEGMENT, NULL));
+        comet_shard_stats st;
+        CHECK_OK(comet_shard_stats_get(s, 0, &st));
+        comet_close(db);
+
+        char shard_dir[512], path[600];
+        snprintf(shard_dir, sizeof shard_dir, "%s/r/shard-0000", dir);
+        snprintf(path, sizeof path, "%s/%020llu.log", shard_dir,
+                 (unsigned long long)st.next_entry);
+        FILE *f = fopen(path, "wb");
+        CHECK(f != NULL && ftruncate(fileno(f), (off_t)sizes[k]) == 0);
+        fclose(f);
+        snprintf(path, sizeof path, "%s/state", shard_dir);
+        uint32_t zero = 0;
+        rewrite_file(path, 640, &zero, 4); /* no clean close: opened as after a restart */
+
+        s = open_recycling(dir, &db);
+        comet_shard_stats after;
+        CHECK_OK(comet_shard_stats_get(s, 0, &after));
+        CHECK(after.next_entry == st.next_entry && after.first_entry == st.first_entry);
+        CHECK(after.orphaned_segments == st.orphaned_segments);
+        uint64_t bases[64];
+        size_t n = segment_bases(shard_dir, bases, 64);
+        CHECK(n >= 1 && bases[n - 1] < st.next_entry); /* the torn file is gone */
+        snprintf(path, sizeof path, "%s/%020llu.log.orphan", shard_dir,
+                 (unsigned long long)st.next_entry);
+        CHECK(access(path, F_OK) != 0);
+        check_all(s, st.next_entry);
+        CHECK_OK(append_upto(s, st.next_entry + PER_SEGMENT, NULL)); /* the name is free again */
+        check_all(s, st.next_entry + PER_SEGMENT);
+        comet_close(db);
+        rm_tree(dir);
+    }
+}
+
 int main(void)
 {
     RUN(test_files_are_reused);
     RUN(test_stale_recycled_segment_at_the_durable_point);
+    RUN(test_torn_creation_past_the_durable_point);
     RUN(test_version_1_segment_is_read);
     RUN(test_crash_at_every_call);
     return 0;
