@@ -164,7 +164,11 @@ int lru_make_room(comet_db *db)
 {
     shard *failed[LRU_TRIES]; /* entered again meanwhile, or its sync failed: passed over */
     int nfailed = 0;
-    while (nfailed < LRU_TRIES) {
+    /* A victim another thread closed first is no failure (the budget is
+     * checked again), but racing openers may keep taking the room made: the
+     * rounds are bounded too. */
+    for (uint32_t rounds = 0; nfailed < LRU_TRIES && rounds < 4 * LRU_TRIES + db->open_budget;
+         rounds++) {
         pthread_mutex_lock(&db->lru_lock);
         if (db->open_shards < db->open_budget) {
             pthread_mutex_unlock(&db->lru_lock);
@@ -176,7 +180,7 @@ int lru_make_room(comet_db *db)
             break;
         /* The struct outlives any close: reading it after the list lock is
          * safe, and try_close checks again under the stream's lock. */
-        if (!try_close(victim))
+        if (!try_close(victim) && atomic_load(&victim->open) == SHARD_OPEN)
             failed[nfailed++] = victim;
     }
     pthread_mutex_lock(&db->lru_lock);
