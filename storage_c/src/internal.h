@@ -95,6 +95,8 @@ int recycle_stale(shard *sh, uint64_t base);
 int recycle_is_stale(const shard *sh, uint64_t base); /* the test of recycle_stale */
 /* Maps the file and its index (seg->map is NULL before). */
 int segment_load(segment *seg, const char *dir, uint32_t shard_id);
+/* Maps the file only: enough to read an entry at a known offset. */
+int segment_map(segment *seg, const char *dir, uint32_t shard_id);
 /* Capacity recorded in the mapped header (another process may have grown it). */
 uint64_t segment_header_capacity(const segment *seg);
 void segment_free(segment *seg);
