@@ -187,7 +187,9 @@ int shard_sync(shard *sh, uint64_t upto_entry)
         if (!(rc = sync_dir(sh)) && kept)
             recycle_settle(sh, kept); /* its old name is durably gone now */
     }
-    if (!rc) /* the shard directory itself, once after it was made */
+    /* The shard directory's own name: durable once any sync moved the
+     * durable point past zero (that sync made it so). */
+    if (!rc && durable == 0)
         rc = shard_sync_stream_dir(sh);
     rc = rc ? presence_explain(sh, rc) : presence_check(sh);
     if (!rc) {
