@@ -168,11 +168,14 @@ def create_app(config: GatewayConfig) -> GatewayApp:
             return await run_in_threadpool(reads.readyz, runtime)
         return reads.readyz(runtime)
 
+    # Stats read every shard's state (thousands of files with many streams):
+    # off the loop, whose heartbeat the master kills a worker for missing.
     async def get_streams(request: Request) -> Response:
-        return reads.list_streams(runtime, auth.readable(request.state.token, config))
+        return await run_in_threadpool(reads.list_streams, runtime,
+                                       auth.readable(request.state.token, config))
 
     async def get_stream(request: Request) -> Response:
-        return reads.describe_stream(runtime, name(request))
+        return await run_in_threadpool(reads.describe_stream, runtime, name(request))
 
     async def delete_stream(request: Request) -> Response:
         return reads.json(await run_in_threadpool(admin.remove_stream, runtime, name(request)))

@@ -259,6 +259,29 @@ def test_classes_buckets_and_the_stall_window(data_dir: Path) -> None:
     assert worst_stalls(words, now=1001 + STALL_WINDOW_S + 0.5) == (0, 0)
 
 
+def test_per_stream_families_and_a_stream_deleted_while_listed(data_dir: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every per-stream family names each listed stream once, parsed by the
+    Prometheus client; a stream deleted between the listing and its statistics
+    is left out (it was a 500)."""
+    with Log(data_dir, Config(background_flush=False, shards=2)) as log:
+        log.append("kept", b"x", shard=0)
+        log.append("kept", b"y", shard=1)
+        log.append("gone", b"z", shard=0)
+        listed = log.streams()
+        log.delete_stream("gone")
+        monkeypatch.setattr(log, "streams", lambda: listed)
+        text = metrics.render(log, data_dir)
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    for name in ("comet_stream_appended_entries", "comet_stream_entries",
+                 "comet_append_latency_max_seconds", "comet_stream_disk_bytes"):
+        assert [s.labels["stream"] for s in families[name].samples
+                if not s.name.endswith("_created")] == ["kept"], name
+    entries = [s.value for s in families["comet_stream_entries"].samples]
+    assert entries == [2]
+    assert 'stream="gone"' not in text
+
+
 def test_a_bug_is_answered_500_and_counted_as_5xx(data_dir: Path, monkeypatch: pytest.MonkeyPatch,
                                                   caplog: pytest.LogCaptureFixture) -> None:
     """An unexpected exception on an ingest path or another route: a JSON 500 with

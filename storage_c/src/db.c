@@ -147,6 +147,7 @@ static void *flusher_main(void *arg)
             break;
         pthread_mutex_unlock(&db->flusher_lock);
         for_each_open_shard(db, flush_if_dirty, NULL);
+        lru_trim(db); /* shards opened over the budget while the idle ones were dirty */
         /* Deleted streams: their mappings go once no thread is inside. */
         pthread_mutex_lock(&db->lock);
         streams_sweep_deleted(db);

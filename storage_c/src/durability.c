@@ -102,6 +102,27 @@ static int sync_dir(shard *sh)
     return rc;
 }
 
+int shard_sync_stream_dir(shard *sh)
+{
+    comet_stream *s = sh->stream;
+    if (atomic_load_explicit(&s->dir_synced, memory_order_acquire) >= sh->dir_ticket)
+        return 0;
+    /* Every ticket drawn so far belongs to a directory made (or found)
+     * before the fsync below begins. */
+    uint64_t made = atomic_load_explicit(&s->dir_made, memory_order_acquire);
+    int fd = sys_open(s->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0);
+    if (fd < 0)
+        return set_errno_error(errno, "cannot open directory %s", s->dir);
+    int rc = sys_fsync(fd) ? sync_failed(sh, errno, "fsync of the stream directory", UINT64_MAX) : 0;
+    sys_close(fd);
+    uint64_t seen = atomic_load_explicit(&s->dir_synced, memory_order_relaxed);
+    while (!rc && seen < made &&
+           !atomic_compare_exchange_weak_explicit(&s->dir_synced, &seen, made, memory_order_release,
+                                                  memory_order_relaxed))
+        ;
+    return rc;
+}
+
 /* Group commit: whoever holds the sync lock syncs everything committed so far;
  * those who queued behind it usually find their entries already durable. */
 int shard_sync(shard *sh, uint64_t upto_entry)
@@ -166,6 +187,10 @@ int shard_sync(shard *sh, uint64_t upto_entry)
         if (!(rc = sync_dir(sh)) && kept)
             recycle_settle(sh, kept); /* its old name is durably gone now */
     }
+    /* The shard directory's own name: durable once any sync moved the
+     * durable point past zero (that sync made it so). */
+    if (!rc && durable == 0)
+        rc = shard_sync_stream_dir(sh);
     rc = rc ? presence_explain(sh, rc) : presence_check(sh);
     if (!rc) {
         atomic_store_explicit(&st->durable_base, newest, memory_order_relaxed);

@@ -95,6 +95,8 @@ int recycle_stale(shard *sh, uint64_t base);
 int recycle_is_stale(const shard *sh, uint64_t base); /* the test of recycle_stale */
 /* Maps the file and its index (seg->map is NULL before). */
 int segment_load(segment *seg, const char *dir, uint32_t shard_id);
+/* Maps the file only: enough to read an entry at a known offset. */
+int segment_map(segment *seg, const char *dir, uint32_t shard_id);
 /* Capacity recorded in the mapped header (another process may have grown it). */
 uint64_t segment_header_capacity(const segment *seg);
 void segment_free(segment *seg);
@@ -209,6 +211,10 @@ struct shard {
     /* set by appends of this process, cleared by the flusher */
     atomic_int dirty;
     _Atomic int64_t state_synced_ns; /* when this process's last msync of the state ended */
+    /* The stream's dir_made ticket this open drew after finding or making the
+     * shard's directory: its name is durable once stream->dir_synced reaches
+     * it (shard_sync_stream_dir). */
+    uint64_t dir_ticket;
     /* calls inside the C core using this shard; comet_close waits for zero */
     atomic_int users;
     /* consumer offsets (offsets.c) */
@@ -265,6 +271,10 @@ int keys_recorded(shard *sh, uint64_t first, uint64_t end); /* 1: a live record 
 int keys_forget_after(shard *sh, uint64_t next); /* recovery: records of batches past next */
 void keys_close(shard *sh);
 int shard_sync(shard *sh, uint64_t upto_entry);
+/* Makes the shard directory's name durable (an fsync of the stream's
+ * directory unless a sync that began after this open made it already):
+ * before anything in the directory is called durable.  0 or an error code. */
+int shard_sync_stream_dir(shard *sh);
 /* durability.c: COMET_E_SYNC_FAILED (with the detail) once a sync of the shard
  * failed in any process and no opener has repaired it since; else 0. */
 int shard_sync_refusal(shard *sh);
@@ -407,6 +417,13 @@ struct comet_stream {
     int64_t created_ns;     /* from stream.meta: tells a stream from one created again under its name */
     pthread_mutex_t open_lock;
     shard *_Atomic *shards; /* opened lazily */
+    /* Shard directories are made without syncing the stream's directory (an
+     * open costs no device flush); the first sync of a shard's entries syncs
+     * it, once for every shard directory opened before that sync began:
+     * opens draw tickets from dir_made, a sync raises dir_synced to the
+     * ticket count it read before its fsync. */
+    _Atomic uint64_t dir_made;
+    _Atomic uint64_t dir_synced;
     struct comet_stream *next;
     /* Set once this process learns that the stream was deleted: the handle
      * then fails every call with COMET_E_NO_STREAM, and its mappings are
@@ -479,9 +496,13 @@ struct comet_db {
 
 /* The open-shard budget for a configuration (max_open_shards or derived). */
 uint32_t lru_budget(const comet_config *cfg);
-/* Closes least recently used idle shards until one more fits the budget;
- * COMET_E_TOO_MANY_OPEN when every open shard is in use.  No lock held. */
+/* Closes least recently used idle shards until one more fits the budget, or
+ * lets the open go over it (to a ceiling) while the flusher has dirty ones to
+ * sync; COMET_E_TOO_MANY_OPEN when every open shard is in use.  No lock held. */
 int lru_make_room(comet_db *db);
+/* Closes least recently used clean idle shards until the open ones fit the
+ * budget again (the flusher, after its pass). */
+void lru_trim(comet_db *db);
 void lru_add(shard *sh);    /* just opened (the stream's open_lock held) */
 /* Closes an open shard's files and takes it off the list (open_lock held,
  * no thread inside it). */

@@ -23,8 +23,11 @@
  * list moved on every use (no shared cache line written per append), so the
  * victim is found by a scan of the open shards - at most the budget, and only
  * when a shard is opened over it.  Idle shards whose data is synced are
- * closed first; a dirty one is synced before it is closed (a device flush in
- * the opener's path, only when every idle shard is dirty).  Group handles
+ * closed first.  When every idle shard is dirty (many shards written within
+ * one flush interval), the opener goes over the budget, by a quarter at
+ * most, rather than sync one (a device flush in a request's path); the
+ * flusher, having synced them, closes the least recently used back down to
+ * the budget.  Only at that ceiling does an opener sync a victim.  Group handles
  * name their shard's struct and enter it through shard_acquire, so a closed
  * shard is reopened under them.  When every open shard is in use the open
  * fails with COMET_E_TOO_MANY_OPEN (the gateway's 503): the budget bounds
@@ -160,23 +163,37 @@ static shard *pick_victim(comet_db *db, shard *const *failed, int nfailed)
     return best;
 }
 
+/* Over the budget while the idle shards are all dirty, up to this many. */
+static uint32_t lru_ceiling(const comet_db *db)
+{
+    return db->open_budget + (db->open_budget + 3) / 4;
+}
+
 int lru_make_room(comet_db *db)
 {
     shard *failed[LRU_TRIES]; /* entered again meanwhile, or its sync failed: passed over */
     int nfailed = 0;
-    while (nfailed < LRU_TRIES) {
+    /* A victim another thread closed first is no failure (the budget is
+     * checked again), but racing openers may keep taking the room made: the
+     * rounds are bounded too. */
+    for (uint32_t rounds = 0; nfailed < LRU_TRIES && rounds < 4 * LRU_TRIES + db->open_budget;
+         rounds++) {
         pthread_mutex_lock(&db->lru_lock);
         if (db->open_shards < db->open_budget) {
             pthread_mutex_unlock(&db->lru_lock);
             return 0;
         }
         shard *victim = pick_victim(db, failed, nfailed);
+        int wait_for_flusher = victim && db->flusher_running && db->open_shards < lru_ceiling(db) &&
+                               (atomic_load(&victim->dirty) || atomic_load(&victim->offsets_dirty));
         pthread_mutex_unlock(&db->lru_lock);
+        if (wait_for_flusher)
+            return 0;
         if (!victim)
             break;
         /* The struct outlives any close: reading it after the list lock is
          * safe, and try_close checks again under the stream's lock. */
-        if (!try_close(victim))
+        if (!try_close(victim) && atomic_load(&victim->open) == SHARD_OPEN)
             failed[nfailed++] = victim;
     }
     pthread_mutex_lock(&db->lru_lock);
@@ -189,6 +206,22 @@ int lru_make_room(comet_db *db)
                      "(max_open_shards %u; raise it, and the file limit, for more streams written "
                      "at once)",
                      open, budget);
+}
+
+void lru_trim(comet_db *db)
+{
+    shard *failed[LRU_TRIES];
+    int nfailed = 0;
+    while (nfailed < LRU_TRIES) {
+        pthread_mutex_lock(&db->lru_lock);
+        shard *victim = db->open_shards > db->open_budget ? pick_victim(db, failed, nfailed) : NULL;
+        int dirty = victim && (atomic_load(&victim->dirty) || atomic_load(&victim->offsets_dirty));
+        pthread_mutex_unlock(&db->lru_lock);
+        if (!victim || dirty) /* the next pass syncs it first */
+            return;
+        if (!try_close(victim) && atomic_load(&victim->open) == SHARD_OPEN)
+            failed[nfailed++] = victim;
+    }
 }
 
 void lru_for_each_open(comet_db *db, void (*fn)(shard *sh, void *ctx), void *ctx)

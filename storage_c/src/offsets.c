@@ -147,6 +147,8 @@ static int offsets_map(shard *sh, int create)
      * be durable before an offset in it is, or a power cut loses the acks. */
     if (!rc && made && (sys_msync(map, OFFSETS_FILE_BYTES, MS_SYNC) || fsync_dir(sh->dir)))
         rc = set_errno_error(errno ? errno : EIO, "cannot sync the new %s", path);
+    if (!rc && made)
+        rc = shard_sync_stream_dir(sh);
     if (rc) {
         sys_munmap(map, OFFSETS_FILE_BYTES);
         sys_close(fd);

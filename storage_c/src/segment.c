@@ -188,11 +188,16 @@ segment *segment_new(uint64_t base)
     return seg;
 }
 
-int segment_load(segment *seg, const char *dir, uint32_t shard_id)
+int segment_map(segment *seg, const char *dir, uint32_t shard_id)
 {
     char path[COMET_PATH_MAX];
     segment_path(path, dir, seg->base, SEGMENT_SUFFIX);
-    int rc = map_file(seg, path, shard_id);
+    return map_file(seg, path, shard_id);
+}
+
+int segment_load(segment *seg, const char *dir, uint32_t shard_id)
+{
+    int rc = segment_map(seg, dir, shard_id);
     if (rc)
         return rc;
     /* A missing or damaged index is rebuilt later; one that cannot be read

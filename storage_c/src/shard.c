@@ -65,14 +65,13 @@ int shard_open_files(shard *sh)
 {
     forget_last_open(sh);
     int rc;
-    if (sys_mkdir(sh->dir, 0755) == 0) {
-        rc = fsync_dir(sh->stream->dir); /* the new shard's name must survive a power cut */
-        if (rc)
-            goto fail;
-    } else if (errno != EEXIST) {
+    if (sys_mkdir(sh->dir, 0755) && errno != EEXIST) {
         rc = set_errno_error(errno, "cannot create %s", sh->dir);
         goto fail;
     }
+    /* Made here or by another process, its name may not be durable yet: the
+     * first sync of anything in it syncs the stream's directory. */
+    sh->dir_ticket = atomic_fetch_add(&sh->stream->dir_made, 1) + 1;
     char path[COMET_PATH_MAX];
     path_format(path, "%s/%s", sh->dir, STATE_NAME); /* sh->dir leaves room: see comet_open */
     sh->state_fd = sys_open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);

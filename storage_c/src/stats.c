@@ -93,31 +93,31 @@ static int stats_closed(comet_stream *s, uint32_t shard_id, comet_shard_stats *o
             return STATS_UNSETTLED; /* files without a state: an open rebuilds it */
         return set_errno_error(errno, "cannot open %s", path);
     }
-    struct stat sb;
+    /* A copy, read with pread: a mapping and its removal cost more than the
+     * read (listing thousands of shards), and the counters are a snapshot
+     * either way. */
+    state_file *copy = sys_calloc(1, sizeof *copy);
     const state_file *st = NULL;
-    int err = 0;
+    int err = copy ? 0 : ENOMEM;
     /* Openers hold the flock exclusively from the state's validation to the
      * end of their tail check (shard.c), with the holders' lock taken on the
      * way: waiting for it keeps a state mid-recovery from reading as settled. */
-    if (sys_flock(fd, LOCK_SH))
+    if (!err && sys_flock(fd, LOCK_SH))
         err = errno;
-    else if (sys_fstat(fd, &sb))
-        err = errno;
-    else if (sb.st_size >= (off_t)STATE_FILE_BYTES) { /* shorter: being made, unsettled */
-        void *map = sys_mmap(NULL, STATE_FILE_BYTES, PROT_READ, MAP_SHARED, fd, 0);
-        if (map != MAP_FAILED)
-            st = map;
-        else
+    else if (!err) {
+        ssize_t got = sys_pread(fd, copy, STATE_FILE_BYTES, 0);
+        if (got < 0)
             err = errno;
+        else if (got == (ssize_t)STATE_FILE_BYTES) /* shorter: being made, unsettled */
+            st = copy;
     }
     int settled = st && state_settled(fd, st);
     if (settled)
         counters_of(st, out);
     sys_close(fd); /* lets the flock go */
+    free(copy);
     if (!st && err)
         return set_errno_error(err, "cannot read %s", path);
-    if (st)
-        sys_munmap((void *)st, STATE_FILE_BYTES);
     if (!settled)
         return STATS_UNSETTLED;
     uint64_t *bases;
@@ -131,7 +131,7 @@ static int stats_closed(comet_stream *s, uint32_t shard_id, comet_shard_stats *o
             out->first_entry = bases[0];
         segment *seg = segment_new(bases[0]);
         uint32_t lf;
-        if (seg && segment_load(seg, dir, shard_id) == 0 &&
+        if (seg && segment_map(seg, dir, shard_id) == 0 &&
             entry_validate(seg, SEGMENT_DATA_OFFSET, seg->base, ENTRY_LEN_MASK, &lf) == ENTRY_OK)
             out->oldest_timestamp = entry_timestamp(seg, SEGMENT_DATA_OFFSET);
         clear_error();

@@ -284,6 +284,105 @@ static void test_threads_race_opens_and_closes(void)
     rm_tree(dir);
 }
 
+/* Counts sync calls (msync, fdatasync, fsync) from now on without failing one. */
+static void count_syncs(void)
+{
+    comet_fault_clear();
+    comet_fault_rule r = {COMET_FAULT_SYNC, 1L << 40, 1, EIO};
+    CHECK_OK(comet_fault_add(&r));
+}
+
+/* An open over a full budget of dirty shards neither syncs one in the
+ * opener's path nor fails: it goes over the budget (a quarter at most) and
+ * the flusher's pass, once it synced them, closes the least recently used
+ * back down to the budget.  At the ceiling the opener syncs a victim itself. */
+static void test_dirty_shards_are_left_to_the_flusher(void)
+{
+    char *dir = scratch_dir();
+    comet_config cfg;
+    comet_config_default(&cfg);
+    cfg.segment_bytes = 1 << 20;
+    cfg.max_open_shards = 8;
+    cfg.fsync_interval_ms = 3600000; /* the flusher runs, but never by itself here */
+    comet_db *db = NULL;
+    CHECK_OK(comet_open(dir, &cfg, &db));
+    comet_stream *s = open_stream(db, "dirty", 16);
+    for (int k = 0; k < 8; k++) /* the budget, filled and synced */
+        CHECK(comet_append(s, (uint32_t)k, "x", 1, 0, -1, COMET_APPEND_WAIT) == 0);
+    CHECK_OK(comet_sync(s, -1));
+    for (int k = 0; k < 8; k++) /* ... and dirty again */
+        CHECK(comet_append(s, (uint32_t)k, "y", 1, 0, -1, COMET_APPEND_WAIT) == 1);
+    count_syncs();
+    for (int k = 8; k < 10; k++) /* over the budget, up to its ceiling of 10 */
+        CHECK(comet_append(s, (uint32_t)k, "z", 1, 0, -1, COMET_APPEND_WAIT) == 0);
+    long synced_by_openers = comet_fault_calls();
+    CHECK(open_count(db) == 10);
+    CHECK(comet_append(s, 10, "c", 1, 0, -1, COMET_APPEND_WAIT) == 0); /* at the ceiling */
+    long at_ceiling = comet_fault_calls();
+    comet_fault_clear();
+    printf("    2 opens over a budget of 8 dirty shards: %ld sync calls; the 3rd (at the "
+           "ceiling): %ld\n", synced_by_openers, at_ceiling - synced_by_openers);
+    CHECK(synced_by_openers == 0);
+    CHECK(at_ceiling > synced_by_openers); /* a victim synced, then closed */
+    CHECK(open_count(db) == 10);
+    lru_trim(db); /* all dirty: the pass has not synced them yet, nothing closes */
+    CHECK(open_count(db) == 10);
+    CHECK_OK(comet_sync(s, -1));
+    lru_trim(db); /* what the flusher does after its pass */
+    CHECK(open_count(db) == 8);
+    for (int k = 0; k < 11; k++) {
+        comet_shard_stats st;
+        CHECK_OK(comet_shard_stats_get(s, (uint32_t)k, &st));
+        CHECK(st.next_entry == (k < 8 ? 2u : 1u) && st.durable_entry == st.next_entry);
+    }
+    CHECK_OK(comet_close(db));
+    rm_tree(dir);
+}
+
+/* Opening new shards makes no device flush; the first sync of one makes its
+ * directory's name durable (an fsync of the stream's directory), once for
+ * every shard directory opened before it. */
+static void test_new_shards_open_without_a_sync(void)
+{
+    char *dir = scratch_dir();
+    comet_db *db = open_budget(dir, 0, 0);
+    comet_stream *s = open_stream(db, "fresh", 16);
+    count_syncs();
+    for (int k = 0; k < 16; k++)
+        CHECK(comet_append(s, (uint32_t)k, "x", 1, 0, COMET_DURABILITY_INTERVAL,
+                           COMET_APPEND_WAIT) == 0);
+    long opening = comet_fault_calls();
+    CHECK_OK(comet_sync(s, 0));
+    long first = comet_fault_calls() - opening;
+    CHECK_OK(comet_sync(s, 1));
+    long second = comet_fault_calls() - opening - first;
+    comet_fault_clear();
+    printf("    16 new shards opened and appended to: %ld sync calls; the first shard's sync: "
+           "%ld, the second's: %ld\n", opening, first, second);
+    CHECK(opening == 0);
+    CHECK(first == second + 1); /* the stream's directory, once */
+    /* That fsync is part of the sync: failing it fails the sync, never
+     * silently (the shard refuses until reopened, as for its segments). */
+    int seen = 0;
+    for (long nth = 1; nth <= 8 && !seen; nth++) {
+        char name[32];
+        snprintf(name, sizeof name, "fails%d", (int)nth);
+        comet_stream *t = open_stream(db, name, 1);
+        CHECK(comet_append(t, 0, "x", 1, 0, COMET_DURABILITY_INTERVAL, COMET_APPEND_WAIT) == 0);
+        comet_fault_arm(COMET_FAULT_SYNC, nth, EIO, 0);
+        int rc = comet_sync(t, 0);
+        comet_fault_disarm();
+        CHECK(rc == 0 || rc == COMET_E_SYNC_FAILED);
+        if (rc && strstr(comet_last_error(), "fsync of the stream directory")) {
+            seen = 1;
+            CHECK(comet_append(t, 0, "y", 1, 0, -1, COMET_APPEND_WAIT) == COMET_E_SYNC_FAILED);
+        }
+    }
+    CHECK(seen);
+    CHECK_OK(comet_close(db));
+    rm_tree(dir);
+}
+
 int main(void)
 {
     RUN(test_budget_bounds_open_shards);
@@ -291,5 +390,7 @@ int main(void)
     RUN(test_all_in_use_is_refused);
     RUN(test_stats_read_closed_shards_without_opening_them);
     RUN(test_threads_race_opens_and_closes);
+    RUN(test_dirty_shards_are_left_to_the_flusher);
+    RUN(test_new_shards_open_without_a_sync);
     return 0;
 }
