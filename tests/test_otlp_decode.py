@@ -154,6 +154,22 @@ def encode(fields: list[Field]) -> bytes:
     return b"".join(f.encode() for f in fields)
 
 
+def tree_depth(fields: list[Field]) -> int:
+    """How many messages deep the tree goes (without recursion: it may be deep)."""
+    deepest, stack = 0, [(fields, 1)]
+    while stack:
+        level, d = stack.pop()
+        deepest = max(deepest, d)
+        stack.extend((f.children, d + 1) for f in level if f.children is not None)
+    return deepest
+
+
+# Copying a field of another message into this one can double the tree's depth;
+# past this the copies are not made, so that encoding (recursive) stays within
+# Python's recursion limit.
+COPY_DEPTH_LIMIT = 100
+
+
 def parse(b: bytes) -> list[Field] | None:
     """The fields of b when it parses as a message (no groups), else None."""
     out: list[Field] = []
@@ -263,7 +279,8 @@ class Mutator:
                 values = [Field(f.num, 1, payload[k:k + 8]) for k in range(0, len(payload), 8)]
             if values:
                 msg[i:i + 1] = values
-        elif op in (8, 9):  # a field of another message, alone or between two of this one
+        elif op in (8, 9) and tree_depth(self.lists[0]) < COPY_DEPTH_LIMIT:
+            # a field of another message, alone or between two of this one
             # mostly another field of a message like this one (a oneof's other member)
             alike = [g for fields in self.lists if any(h.num == f.num for h in fields)
                      for g in fields if g.num != f.num]
