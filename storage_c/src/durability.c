@@ -89,15 +89,16 @@ int shard_note_sync_failure(shard *sh, int err, const char *what)
     return sync_failed(sh, err, what, UINT64_MAX);
 }
 
-/* The shard's directory synced: a failed open leaves the durable point where
- * it was (the next sync tries again); a failed fsync is fatal, as a
- * segment's is (a name the kernel failed to write may be reported once). */
-static int sync_dir(shard *sh)
+/* A directory of the shard's (its own, or its stream's) synced: a failed
+ * open leaves the durable point where it was (the next sync tries again); a
+ * failed fsync is fatal, as a segment's is (a name the kernel failed to write
+ * may be reported once). */
+static int sync_dir(shard *sh, const char *dir, const char *what)
 {
-    int fd = sys_open(sh->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0);
+    int fd = sys_open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0);
     if (fd < 0)
-        return set_errno_error(errno, "cannot open directory %s", sh->dir);
-    int rc = sys_fsync(fd) ? sync_failed(sh, errno, "fsync of the directory", UINT64_MAX) : 0;
+        return set_errno_error(errno, "cannot open directory %s", dir);
+    int rc = sys_fsync(fd) ? sync_failed(sh, errno, what, UINT64_MAX) : 0;
     sys_close(fd);
     return rc;
 }
@@ -110,11 +111,7 @@ int shard_sync_stream_dir(shard *sh)
     /* Every ticket drawn so far belongs to a directory made (or found)
      * before the fsync below begins. */
     uint64_t made = atomic_load_explicit(&s->dir_made, memory_order_acquire);
-    int fd = sys_open(s->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0);
-    if (fd < 0)
-        return set_errno_error(errno, "cannot open directory %s", s->dir);
-    int rc = sys_fsync(fd) ? sync_failed(sh, errno, "fsync of the stream directory", UINT64_MAX) : 0;
-    sys_close(fd);
+    int rc = sync_dir(sh, s->dir, "fsync of the stream directory");
     uint64_t seen = atomic_load_explicit(&s->dir_synced, memory_order_relaxed);
     while (!rc && seen < made &&
            !atomic_compare_exchange_weak_explicit(&s->dir_synced, &seen, made, memory_order_release,
@@ -184,7 +181,7 @@ int shard_sync(shard *sh, uint64_t upto_entry)
      * nothing).  A failed directory sync is fatal, as a segment's is. */
     if (!rc && (newest > oldest || durable <= newest)) {
         uint64_t kept = recycle_pending(sh);
-        if (!(rc = sync_dir(sh)) && kept)
+        if (!(rc = sync_dir(sh, sh->dir, "fsync of the directory")) && kept)
             recycle_settle(sh, kept); /* its old name is durably gone now */
     }
     /* The shard directory's own name: durable once any sync moved the

@@ -133,6 +133,12 @@ static int try_close(shard *sh)
 
 #define LRU_TRIES 16
 
+/* Holds data or offsets this process has not synced yet. */
+static int unsynced(shard *sh)
+{
+    return atomic_load(&sh->dirty) || atomic_load(&sh->offsets_dirty);
+}
+
 static int tried(shard *const *failed, int n, const shard *sh)
 {
     for (int i = 0; i < n; i++)
@@ -153,7 +159,7 @@ static shard *pick_victim(comet_db *db, shard *const *failed, int nfailed)
             tried(failed, nfailed, sh))
             continue;
         int64_t used = atomic_load_explicit(&sh->last_used, memory_order_relaxed);
-        int dirty = atomic_load(&sh->dirty) || atomic_load(&sh->offsets_dirty);
+        int dirty = unsynced(sh);
         if (!best || dirty < best_dirty || (dirty == best_dirty && used < best_used)) {
             best = sh;
             best_dirty = dirty;
@@ -184,8 +190,8 @@ int lru_make_room(comet_db *db)
             return 0;
         }
         shard *victim = pick_victim(db, failed, nfailed);
-        int wait_for_flusher = victim && db->flusher_running && db->open_shards < lru_ceiling(db) &&
-                               (atomic_load(&victim->dirty) || atomic_load(&victim->offsets_dirty));
+        int wait_for_flusher =
+            victim && db->flusher_running && db->open_shards < lru_ceiling(db) && unsynced(victim);
         pthread_mutex_unlock(&db->lru_lock);
         if (wait_for_flusher)
             return 0;
@@ -215,7 +221,7 @@ void lru_trim(comet_db *db)
     while (nfailed < LRU_TRIES) {
         pthread_mutex_lock(&db->lru_lock);
         shard *victim = db->open_shards > db->open_budget ? pick_victim(db, failed, nfailed) : NULL;
-        int dirty = victim && (atomic_load(&victim->dirty) || atomic_load(&victim->offsets_dirty));
+        int dirty = victim && unsynced(victim);
         pthread_mutex_unlock(&db->lru_lock);
         if (!victim || dirty) /* the next pass syncs it first */
             return;
