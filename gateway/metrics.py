@@ -28,8 +28,7 @@ from bisect import bisect_left
 from pathlib import Path
 from typing import Callable
 
-from storage_c import Log, StreamNotFound
-from storage_c.records import StreamStats
+from storage_c import Log, StreamNotFound, StreamStats
 
 STATUSES = (200, 202, 400, 401, 403, 404, 409, 413, 415, 429, 500, 503, 507)
 BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
