@@ -5,6 +5,7 @@ Starlette app) with the same bodies, in the same run; stored entries must equal 
     .venv/bin/python loadtests/bench_gateway.py --only gateway_single_tls,gateway_ndjson_tls
     .venv/bin/python loadtests/bench_gateway.py --only gateway_single_keyed,gateway_ndjson_keyed
     .venv/bin/python loadtests/bench_gateway.py --paced-only [--paced-seconds 60] [--quick]
+    .venv/bin/python loadtests/bench_gateway.py --paced-only --paced-fraction 0.3
 
 ``--only`` runs the named cases and what they are compared with, without the paced cases.
 The paced cases send single events, then 100-event NDJSON bodies, at half the bare anchor's
@@ -123,16 +124,17 @@ A_SINGLE, G_SINGLE = THROUGHPUT[:2]
 BY_KEY = {c.key: c for c in THROUGHPUT}
 
 
-def paced(key: str) -> Case:
+def paced(key: str, fraction: float) -> Case:
     """``key``'s case sent at a fixed rate (the gateway's: compared with the paced anchor)."""
     c = BY_KEY[key]
     return dataclasses.replace(c, key=f"{key}_paced", title=f"{c.title}, paced at "
-                               f"{PACED_FRACTION:.0%} of the anchor's max", twin=None, bound=None,
+                               f"{fraction:.0%} of the anchor's max", twin=None, bound=None,
                                twin_bound=None, anchor=c.anchor and f"{c.anchor}_paced")
 
 
-PACED = tuple(paced(k) for k in ("anchor_single", "gateway_single",
-                                  "anchor_ndjson", "gateway_ndjson"))
+def paced_cases(fraction: float) -> tuple[Case, ...]:
+    return tuple(paced(k, fraction) for k in ("anchor_single", "gateway_single",
+                                              "anchor_ndjson", "gateway_ndjson"))
 
 
 @dataclass(frozen=True)
@@ -342,14 +344,14 @@ def build_rows(series: dict[str, benchlib.Series], records: dict[str, list[dict[
     return rows
 
 
-def paced_rows(records: dict[str, list[dict[str, Any]]],
-               targets: dict[str, float]) -> list[dict[str, Any]]:
+def paced_rows(records: dict[str, list[dict[str, Any]]], targets: dict[str, float],
+               fraction: float) -> list[dict[str, Any]]:
     """Each paced case: its p99 (p99.9, rate achieved); the gateway's against the anchor's."""
     def p(key: str, q: str) -> float:
         return benchlib.median([r["wrk"]["latency_us"][q] for r in records[key]]) / 1000
 
     rows = []
-    for case in PACED:
+    for case in paced_cases(fraction):
         recs, target = records[case.key], targets[case.key]
         checks, reasons = integrity(recs)
         rate = benchlib.median([r["rate_req_s"] for r in recs])
@@ -401,7 +403,15 @@ def main(argv: list[str] | None = None) -> int:
                              "paced.md/json)")
     parser.add_argument("--paced-seconds", type=int, help="load of each paced run (default: "
                         f"{PACED_ONLY_S} with --paced-only, else as a throughput run)")
+    parser.add_argument("--paced-fraction", type=float, default=PACED_FRACTION,
+                        help="the paced cases' rate as a fraction of the anchor's maximum "
+                             f"(default {PACED_FRACTION}: the issue's target; another gives the "
+                             "tail against load, results in paced-<percent>.md/json)")
     args = parser.parse_args(argv)
+    fraction = args.paced_fraction
+    if not 0 < fraction <= 1:
+        sys.exit(f"--paced-fraction {fraction}: give a fraction in (0, 1]")
+    paced_set = paced_cases(fraction)
     if args.only and args.paced_only:
         sys.exit("--only and --paced-only exclude each other")
     cases = (A_SINGLE, BY_KEY["anchor_ndjson"]) if args.paced_only else selected(args.only)
@@ -423,18 +433,18 @@ def main(argv: list[str] | None = None) -> int:
               for c in cases}
     for warm in every:
         series[warm["case"]].warmup = warm["rate_req_s"]
-    # each body at half its anchor's maximum, to the anchor and the gateway alike
+    # each body at a fraction of its anchor's maximum, to the anchor and the gateway alike
     targets = {} if args.only else {
-        c.key: PACED_FRACTION * req_s(records[(c.anchor or c.key).removesuffix("_paced")])
-        for c in PACED}
+        c.key: fraction * req_s(records[(c.anchor or c.key).removesuffix("_paced")])
+        for c in paced_set}
     rounds = 1 if args.paced_only else scale.runs
     paced_s = args.paced_seconds or (PACED_ONLY_S if args.paced_only else scale.load_s)
     for i in range(rounds if targets else 0):
         ctx.progress(f"paced round {i + 1} of {rounds}, {paced_s} s each")
-        for case in PACED:
+        for case in paced_set:
             records.setdefault(case.key, []).append(one_run(
                 wrk, case, f"{case.key}-{i}", paced_s, rate=targets[case.key]))
-    for case in PACED if targets else ():
+    for case in paced_set if targets else ():
         series[case.key] = benchlib.Series(case.key + "_p99", "µs", [
             r["wrk"]["latency_us"]["p99"] for r in records[case.key]])
     every += [r for recs in records.values() for r in recs]
@@ -442,7 +452,7 @@ def main(argv: list[str] | None = None) -> int:
     machine["wrk"] = subprocess.run([wrk, "-v"], capture_output=True, text=True).stdout \
         .split(" Copyright")[0].strip() or "unknown"
     rows = ([] if args.paced_only else build_rows(series, records, cases)) + (
-        paced_rows(records, targets) if targets else [])
+        paced_rows(records, targets, fraction) if targets else [])
     notes = [
         f"- Median of {scale.runs} run(s) per case, {scale.load_s} s of load each (plus "
         f"{DRAIN_S} s for the last answers); {machine['wrk']} -t{WRK_THREADS} "
@@ -458,7 +468,7 @@ def main(argv: list[str] | None = None) -> int:
             "- TLS cases: the gateway with a certificate made for the run (ECDSA P-256), wrk "
             "over TLS with its connections kept open; compared with the same case in plain "
             "HTTP from the same round."]),
-        f"- Paced cases: sends scheduled at {PACED_FRACTION:.0%} of the anchor's median "
+        f"- Paced cases: sends scheduled at {fraction:.0%} of the anchor's median "
         f"maximum for that body, to the anchor and to the gateway (access log on), {rounds} "
         f"run(s) of {paced_s} s each; the first request of each of the {WRK_CONNECTIONS} "
         "connections goes at once, unpaced. Latency as wrk measures it (from the send, so a "
@@ -473,8 +483,9 @@ def main(argv: list[str] | None = None) -> int:
     ]
     versions = {name: version(name) for name in ("gunicorn", "uvicorn", "uvicorn-worker",
                                                  "starlette", "uvloop", "httptools", "orjson")}
-    area = (("paced", "Paced latency benchmark") if args.paced_only
-            else ("gateway", "Gateway benchmark"))
+    paced_area = "paced" if fraction == PACED_FRACTION else f"paced-{fraction * 100:.0f}"
+    area = ((paced_area, f"Paced latency benchmark ({fraction:.0%} of the anchor's maximum)")
+            if args.paced_only else ("gateway", "Gateway benchmark"))
     ctx.write(args, *area, rows, notes, {
         "versions": versions, "scale": asdict(scale),
         "settings": {"workers": WORKERS, "wrk_threads": WRK_THREADS,
