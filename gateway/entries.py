@@ -46,7 +46,7 @@ def read(runtime: Runtime, name: str, params: Mapping[str, str]) -> dict[str, An
     assert log is not None
     retry = runtime.config.retry_after_s
     try:
-        stats = log.stats(name)
+        stats = log.stats(name, oldest=False)
         limit = int_param(params, "limit", DEFAULT_LIMIT, 1, runtime.config.max_entries_per_read)
         if "shard" in params or "from" in params:
             if "cursor" in params:

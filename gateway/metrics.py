@@ -252,7 +252,7 @@ def _stream_row(log: Log, name: str) -> tuple[str, list[float], list[tuple[str, 
     """A stream's values for STORAGE_METRICS and its groups' lag; None when
     it was deleted since it was listed."""
     try:
-        s = log.stats(name)
+        s = log.stats(name, oldest=False)
     except StreamNotFound:
         return None
     return (name, [value(s) for _, _, value, _ in STORAGE_METRICS],

@@ -54,7 +54,7 @@ def list_streams(runtime: Runtime, readable: Callable[[str], bool]) -> Response:
         if not readable(name):
             continue
         try:
-            s = runtime.log.stats(name)
+            s = runtime.log.stats(name, oldest=False)
         except StreamNotFound:  # deleted since it was listed
             continue
         out.append({"name": name, "shards": len(s.shards), "entries": s.entries,

@@ -121,7 +121,7 @@ def list_streams(data_dir: str) -> None:
         rows = [["STREAM", "SHARDS", "ENTRIES", "DISK"]]
         for name in log.streams():
             try:
-                st = log.stats(name)
+                st = log.stats(name, oldest=False)
             except CometError:
                 continue  # deleted meanwhile
             rows.append([name, str(len(st.shards)), str(st.entries), human(st.total("disk_bytes"))])

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import http.client
 import os
+from dataclasses import replace
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -83,6 +84,17 @@ def test_many_streams_through_a_few_open_shards(tmp_path: Path) -> None:
                       for batch in log.iter_entries(name, shard) for p in batch.payloads]
             assert sorted(stored) == sorted(events), name
             assert log.stats(name).entries == EVENTS
+
+
+def test_stats_without_the_oldest_timestamp_are_the_same_otherwise(tmp_path: Path) -> None:
+    """What a listing and /metrics read (oldest=False), of a shard open and of one closed."""
+    with Log(tmp_path / "d", Config(max_open_shards=1, shards=2)) as log:
+        log.append_batch("a", [b"x", b"y"], shard=0)
+        log.append("b", b"z", shard=1)   # closes a's shard to open b's
+        for name in ("a", "b"):
+            full, brief = log.stats(name), log.stats(name, oldest=False)
+            assert full.oldest_timestamp > 0 and brief.oldest_timestamp == 0
+            assert [replace(s, oldest_timestamp=0) for s in full.shards] == brief.shards
 
 
 def test_group_handles_outlive_their_shard_being_closed(tmp_path: Path) -> None:

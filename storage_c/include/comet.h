@@ -146,7 +146,7 @@ typedef struct comet_shard_stats {
     uint64_t segments;
     uint64_t disk_bytes;          /* allocated size of segment and index files */
     uint64_t active_bytes;        /* bytes in use in the active segment */
-    int64_t oldest_timestamp;     /* ns; 0 when empty */
+    int64_t oldest_timestamp;     /* ns; 0 when empty or not asked for (below) */
     int64_t newest_timestamp;     /* ns; 0 when empty */
     uint64_t appends;             /* append calls */
     uint64_t appended_entries;
@@ -507,7 +507,12 @@ int64_t comet_data_bytes(comet_db *db);
 
 /* Durability and inspection. */
 int comet_sync(comet_stream *s, int shard); /* shard < 0: every shard */
-int comet_shard_stats_get(comet_stream *s, uint32_t shard, comet_shard_stats *out);
+/* `what`: COMET_STATS_ALL, or 0 for the counters and sizes alone (oldest_timestamp
+ * left 0: it reads the shard's first entry, a random read of every shard in a
+ * listing of many streams). */
+#define COMET_STATS_OLDEST_TIMESTAMP 0x1u
+#define COMET_STATS_ALL COMET_STATS_OLDEST_TIMESTAMP
+int comet_shard_stats_get(comet_stream *s, uint32_t shard, unsigned what, comet_shard_stats *out);
 int comet_verify_shard(comet_stream *s, uint32_t shard, comet_verify_report *out);
 
 /* CRC32C, exposed for tests and tools. impl: 0 = best, 1 = portable, 2 = hardware. */

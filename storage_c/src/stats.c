@@ -27,10 +27,11 @@ static uint64_t allocated_bytes(const char *dir, uint64_t base, const char *suff
 
 static void counters_of(const state_file *st, comet_shard_stats *out);
 static int sizes_of(const char *dir, const uint64_t *bases, size_t n, comet_shard_stats *out);
-static int stats_of(shard *sh, comet_shard_stats *out);
-static int stats_closed(comet_stream *s, uint32_t shard_id, comet_shard_stats *out);
+static int stats_of(shard *sh, unsigned what, comet_shard_stats *out);
+static int stats_closed(comet_stream *s, uint32_t shard_id, unsigned what, comet_shard_stats *out);
 
-int comet_shard_stats_get(comet_stream *s, uint32_t shard_id, comet_shard_stats *out)
+int comet_shard_stats_get(comet_stream *s, uint32_t shard_id, unsigned what,
+                          comet_shard_stats *out)
 {
     if (!out)
         return set_error(COMET_E_INVALID, "comet_shard_stats_get: null argument");
@@ -40,14 +41,14 @@ int comet_shard_stats_get(comet_stream *s, uint32_t shard_id, comet_shard_stats 
     shard *sh;
     rc = shard_acquire_if_open(s, shard_id, &sh);
     if (rc == COMET_E_WOULD_BLOCK) { /* not open here: read it without opening it */
-        rc = stats_closed(s, shard_id, out);
+        rc = stats_closed(s, shard_id, what, out);
         if (rc != STATS_UNSETTLED)
             return rc;
         rc = shard_acquire(s, shard_id, &sh); /* an opener checks the tail first */
     }
     if (rc)
         return rc;
-    rc = stats_of(sh, out);
+    rc = stats_of(sh, what, out);
     shard_leave(sh);
     return rc;
 }
@@ -77,7 +78,7 @@ static int state_settled(int fd, const state_file *st)
  * streams costs no handles.  A shard never written has no directory: all
  * zeros.  STATS_UNSETTLED when the state cannot be believed without the
  * tail check an open does (state_settled). */
-static int stats_closed(comet_stream *s, uint32_t shard_id, comet_shard_stats *out)
+static int stats_closed(comet_stream *s, uint32_t shard_id, unsigned what, comet_shard_stats *out)
 {
     memset(out, 0, sizeof *out);
     char dir[COMET_PATH_MAX], path[COMET_PATH_MAX];
@@ -126,9 +127,9 @@ static int stats_closed(comet_stream *s, uint32_t shard_id, comet_shard_stats *o
     if (rc)
         return rc;
     rc = sizes_of(dir, bases, n, out);
-    if (!rc && n && out->next_entry > bases[0]) {
-        if (out->first_entry < bases[0])
-            out->first_entry = bases[0];
+    if (!rc && n && out->next_entry > bases[0] && out->first_entry < bases[0])
+        out->first_entry = bases[0];
+    if (!rc && n && out->next_entry > bases[0] && (what & COMET_STATS_OLDEST_TIMESTAMP)) {
         segment *seg = segment_new(bases[0]);
         uint32_t lf;
         if (seg && segment_map(seg, dir, shard_id) == 0 &&
@@ -154,7 +155,7 @@ static int sizes_of(const char *dir, const uint64_t *bases, size_t n, comet_shar
     return 0;
 }
 
-static int stats_of(shard *sh, comet_shard_stats *out)
+static int stats_of(shard *sh, unsigned what, comet_shard_stats *out)
 {
     int rc;
     memset(out, 0, sizeof *out);
@@ -165,9 +166,9 @@ static int stats_of(shard *sh, comet_shard_stats *out)
     if (rc)
         return rc;
     sizes_of(sh->dir, bases, n, out);
-    if (n && out->next_entry > bases[0]) {
-        if (out->first_entry < bases[0])
-            out->first_entry = bases[0];
+    if (n && out->next_entry > bases[0] && out->first_entry < bases[0])
+        out->first_entry = bases[0];
+    if (n && out->next_entry > bases[0] && (what & COMET_STATS_OLDEST_TIMESTAMP)) {
         segment *seg = shard_segment_by_base(sh, bases[0]);
         uint32_t lf;
         if (seg && entry_validate(seg, SEGMENT_DATA_OFFSET, seg->base, ENTRY_LEN_MASK, &lf) ==

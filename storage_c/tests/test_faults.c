@@ -161,7 +161,7 @@ static void check_after(const char *dir, const outcome *o, unsigned kinds, long 
     CHECK_OK(rc);
     for (uint32_t shard = 0; shard < SHARDS; shard++) {
         comet_shard_stats st;
-        CHECK_OK(comet_shard_stats_get(s, shard, &st));
+        CHECK_OK(comet_shard_stats_get(s, shard, COMET_STATS_ALL, &st));
         /* An append that failed may have stored its entry (the fault came
          * after the entry was written); nothing else may be there. */
         uint64_t most = o->acked[shard] + (o->rc && !strcmp(o->step, "append") ? 1 : 0);
@@ -196,7 +196,7 @@ static void check_after(const char *dir, const outcome *o, unsigned kinds, long 
     comet_group *g = NULL;
     if (comet_group_open(s, 0, "g", 1, 0, &g) == 0) {
         comet_shard_stats st;
-        CHECK_OK(comet_shard_stats_get(s, 0, &st));
+        CHECK_OK(comet_shard_stats_get(s, 0, COMET_STATS_ALL, &st));
         CHECK((uint64_t)comet_group_offset(g) <= st.next_entry);
     }
     CHECK_OK(comet_close(db));
@@ -461,7 +461,7 @@ static void test_clock_shift_ages_data(void)
         CHECK_OK(comet_append(s, 0, "0123456789012345678901234567890123456789", 40, 0, -1,
                               COMET_APPEND_WAIT));
     comet_shard_stats before;
-    CHECK_OK(comet_shard_stats_get(s, 0, &before));
+    CHECK_OK(comet_shard_stats_get(s, 0, COMET_STATS_ALL, &before));
     CHECK(before.segments > 1);
     comet_retention_report rep;
     memset(&rep, 0, sizeof rep);
@@ -470,7 +470,7 @@ static void test_clock_shift_ages_data(void)
     comet_clock_shift(61LL * 1000000000);
     CHECK_OK(comet_run_retention(db, &rep));
     comet_shard_stats after;
-    CHECK_OK(comet_shard_stats_get(s, 0, &after));
+    CHECK_OK(comet_shard_stats_get(s, 0, COMET_STATS_ALL, &after));
     CHECK(rep.deleted_segments == before.segments - 1 && after.segments == 1);
     CHECK_OK(comet_close(db));
     rm_tree(dir);

@@ -95,7 +95,7 @@ static void test_retention_and_budget(void)
     CHECK(comet_group_ack(g, (uint64_t)appended - 1) == appended);
     CHECK_OK(comet_append(s, 0, buf, sizeof buf, 0, -1, COMET_APPEND_WAIT));
     comet_shard_stats st;
-    CHECK_OK(comet_shard_stats_get(s, 0, &st));
+    CHECK_OK(comet_shard_stats_get(s, 0, COMET_STATS_ALL, &st));
     CHECK(st.retention_deleted_segments > 0 && st.first_entry > 0);
     /* a reader from 0 resumes at the first surviving entry and says so */
     CHECK_OK(read_some(s, 0, 0, 10, &rb, 0));

@@ -591,7 +591,7 @@ static void test_ingest(void)
     CHECK_OK(read_some(s, 0, 0, 1024, &rb, 0));
     CHECK(rb.res.count == 0);
     comet_shard_stats st;
-    CHECK_OK(comet_shard_stats_get(s, 0, &st));
+    CHECK_OK(comet_shard_stats_get(s, 0, COMET_STATS_ALL, &st));
     CHECK(st.next_entry == 0 && st.appended_entries == 0);
 
     /* good bodies: exactly the compacted events, in order, as one batch each */

@@ -136,7 +136,7 @@ static void test_a_lock_held_by_no_opener_is_reset(void)
         comet_group *g = NULL;
         CHECK_OK(comet_group_open(s, 0, "g", 1, 1, &g));
         comet_shard_stats st;
-        CHECK_OK(comet_shard_stats_get(s, 0, &st));
+        CHECK_OK(comet_shard_stats_get(s, 0, COMET_STATS_ALL, &st));
         CHECK(st.next_entry == 10 && st.lock_owner_died == 1 && st.durable_entry == 10);
         comet_verify_report vr;
         CHECK_OK(comet_verify_shard(s, 0, &vr));
@@ -222,7 +222,7 @@ static void test_a_live_holders_lock_is_not_reset(void)
         if (atomic_load(held))
             _exit(3); /* it went through while the holder held the lock: reset under it */
         comet_shard_stats st;
-        CHECK_OK(comet_shard_stats_get(s, 0, &st));
+        CHECK_OK(comet_shard_stats_get(s, 0, COMET_STATS_ALL, &st));
         CHECK(st.lock_owner_died == 0);
         CHECK_OK(comet_close(db));
         _exit(0);
@@ -289,7 +289,7 @@ static void test_concurrent_openers_reset_once(void)
     comet_db *db = open_db(dir, 1 << 20);
     comet_stream *s = open_stream(db, "l", 0);
     comet_shard_stats st;
-    CHECK_OK(comet_shard_stats_get(s, 0, &st));
+    CHECK_OK(comet_shard_stats_get(s, 0, COMET_STATS_ALL, &st));
     CHECK(st.next_entry == 5 + OPENERS * ROUNDS);
     CHECK(st.lock_owner_died == 1); /* the planted word, found once */
     CHECK_OK(comet_close(db));

@@ -59,7 +59,7 @@ static void test_round_trip_rotation_reopen(void)
     check_range(s, 1, 0, 3000);
     check_range(s, 1, 1234, 3000);
     comet_shard_stats st;
-    CHECK_OK(comet_shard_stats_get(s, 1, &st));
+    CHECK_OK(comet_shard_stats_get(s, 1, COMET_STATS_ALL, &st));
     CHECK(st.segments > 5 && st.rotations == st.segments - 1);
     CHECK(st.next_entry == 3000);
     comet_close(db);
@@ -109,7 +109,7 @@ static void test_batches_and_framing(void)
     CHECK(comet_append(s, 0, big, sizeof big, 0, -1, COMET_APPEND_WAIT) == COMET_E_ENTRY_TOO_LARGE);
     CHECK(comet_append_batch(s, 0, "", lens, NULL, 0, -1, COMET_APPEND_WAIT) == COMET_E_INVALID);
     comet_shard_stats st;
-    CHECK_OK(comet_shard_stats_get(s, 0, &st));
+    CHECK_OK(comet_shard_stats_get(s, 0, COMET_STATS_ALL, &st));
     CHECK(st.next_entry == 8);
     comet_close(db);
     rm_tree(dir);
@@ -186,7 +186,7 @@ static void test_damage_in_the_middle_is_skipped(void)
     CHECK(rb.res.count == 99 && rb.res.skipped == 1);
     CHECK(rb.entries[49] == 49 && rb.entries[50] == 51);
     comet_shard_stats st;
-    CHECK_OK(comet_shard_stats_get(s, 0, &st));
+    CHECK_OK(comet_shard_stats_get(s, 0, COMET_STATS_ALL, &st));
     CHECK(st.crc_failures == 1 && st.next_entry == 100);
     append_range(s, 0, 100, 110);
     comet_close(db);
@@ -213,7 +213,7 @@ static void test_torn_tail_is_cut(void)
     for (int i = 0; i < 3; i++) {
         db = open_db(dir, 1 << 20);
         s = open_stream(db, "t", 1);
-        CHECK_OK(comet_shard_stats_get(s, 0, &st));
+        CHECK_OK(comet_shard_stats_get(s, 0, COMET_STATS_ALL, &st));
         CHECK(st.next_entry == 10 && st.recoveries == 0 && st.truncated_bytes == 0);
         comet_close(db);
     }
@@ -221,7 +221,7 @@ static void test_torn_tail_is_cut(void)
     db = open_db(dir, 1 << 20);
     s = open_stream(db, "t", 1);
     open_shard(s, 0); /* statistics alone read the state as closed, without a check */
-    CHECK_OK(comet_shard_stats_get(s, 0, &st));
+    CHECK_OK(comet_shard_stats_get(s, 0, COMET_STATS_ALL, &st));
     CHECK(st.next_entry == 9 && st.recoveries == 1);
     CHECK(st.truncated_entries == 1 && st.truncated_bytes > 0);
     check_range(s, 0, 0, 9);
@@ -243,7 +243,7 @@ static void test_missing_state_and_index_rebuilt(void)
     db = open_db(dir, 64 << 10);
     s = open_stream(db, "r", 1);
     comet_shard_stats st;
-    CHECK_OK(comet_shard_stats_get(s, 0, &st));
+    CHECK_OK(comet_shard_stats_get(s, 0, COMET_STATS_ALL, &st));
     CHECK(st.next_entry == 2000 && st.state_rebuilds == 1);
     check_range(s, 0, 0, 2000);
     append_range(s, 0, 2000, 2100);
@@ -276,7 +276,7 @@ static void test_lock_holder_dies(void)
     waitpid(pid, &status, 0);
     append_range(s, 0, 5, 10);
     comet_shard_stats st;
-    CHECK_OK(comet_shard_stats_get(s, 0, &st));
+    CHECK_OK(comet_shard_stats_get(s, 0, COMET_STATS_ALL, &st));
     CHECK(st.lock_owner_died == 1 && st.recoveries == 1);
     check_range(s, 0, 0, 10);
     comet_close(db);
@@ -348,7 +348,7 @@ static void check_every_shape_would_block(comet_stream *s, int durability, uint6
     for (int shape = 0; shape < SHAPES; shape++)
         CHECK(append_shape(s, shape, durability, COMET_APPEND_NOWAIT, 0) == COMET_E_WOULD_BLOCK);
     comet_shard_stats st;
-    CHECK_OK(comet_shard_stats_get(s, 0, &st));
+    CHECK_OK(comet_shard_stats_get(s, 0, COMET_STATS_ALL, &st));
     CHECK(st.next_entry == next);
 }
 
@@ -365,7 +365,7 @@ static void test_nowait_appends_never_sleep(void)
     for (int shape = 0; shape < SHAPES; shape++)
         CHECK(append_shape(s, shape, -1, COMET_APPEND_NOWAIT, 0) == COMET_E_WOULD_BLOCK);
     comet_shard_stats st;
-    CHECK_OK(comet_shard_stats_get(s, 0, &st));
+    CHECK_OK(comet_shard_stats_get(s, 0, COMET_STATS_ALL, &st));
     check_every_shape_would_block(s, -1, 0);
     CHECK(append_shape(s, 0, -1, COMET_APPEND_WAIT, 0) == 0);
     /* chunks grown and pages zero-filled on the way: never refused */
@@ -376,7 +376,7 @@ static void test_nowait_appends_never_sleep(void)
         next += entries_of(i % SHAPES);
     }
     CHECK(rc == COMET_E_WOULD_BLOCK);
-    CHECK_OK(comet_shard_stats_get(s, 0, &st));
+    CHECK_OK(comet_shard_stats_get(s, 0, COMET_STATS_ALL, &st));
     CHECK(st.rotations == 0 && st.active_bytes > (1000u << 10));
     check_every_shape_would_block(s, -1, next); /* a rotation */
     CHECK((uint64_t)append_shape(s, 1, -1, COMET_APPEND_WAIT, 0) == next);
@@ -403,7 +403,7 @@ static void test_nowait_appends_never_sleep(void)
     }
     CHECK(append_shape(s, 2, -1, COMET_APPEND_NOWAIT, 100) == COMET_E_WANTS_COMPRESSION);
     CHECK(append_shape(s, 3, -1, COMET_APPEND_NOWAIT, 100) == COMET_E_WANTS_COMPRESSION);
-    CHECK_OK(comet_shard_stats_get(s, 0, &st));
+    CHECK_OK(comet_shard_stats_get(s, 0, COMET_STATS_ALL, &st));
     CHECK(st.next_entry == next && st.rotations == 1);
     comet_verify_report vr;
     CHECK_OK(comet_verify_shard(s, 0, &vr));
@@ -424,10 +424,10 @@ static void test_nowait_leaves_deleting_to_the_waiting_call(void)
     comet_shard_stats st;
     uint64_t waited = 0;
     for (uint64_t e = 0; e < 2000; e++) {
-        CHECK_OK(comet_shard_stats_get(s, 0, &st));
+        CHECK_OK(comet_shard_stats_get(s, 0, COMET_STATS_ALL, &st));
         uint64_t deleted = st.retention_deleted_segments;
         int64_t rc = comet_append(s, 0, p, sizeof p, 0, -1, COMET_APPEND_NOWAIT);
-        CHECK_OK(comet_shard_stats_get(s, 0, &st));
+        CHECK_OK(comet_shard_stats_get(s, 0, COMET_STATS_ALL, &st));
         CHECK(st.retention_deleted_segments == deleted);
         if (rc == COMET_E_WOULD_BLOCK) {
             rc = comet_append(s, 0, p, sizeof p, 0, -1, COMET_APPEND_WAIT);
@@ -435,7 +435,7 @@ static void test_nowait_leaves_deleting_to_the_waiting_call(void)
         }
         CHECK((uint64_t)rc == e);
     }
-    CHECK_OK(comet_shard_stats_get(s, 0, &st));
+    CHECK_OK(comet_shard_stats_get(s, 0, COMET_STATS_ALL, &st));
     CHECK(st.retention_deleted_segments >= 4 && waited > st.rotations);
     comet_close(db);
     rm_tree(dir);
@@ -622,8 +622,8 @@ static void test_budget_across_processes(void)
     CHECK(comet_data_bytes(db) <= (int64_t)cfg.retention_max_total_bytes);
     comet_stream *a = open_stream(db, "parent", 0), *b = open_stream(db, "child", 0);
     comet_shard_stats sa, sb;
-    CHECK_OK(comet_shard_stats_get(a, 0, &sa));
-    CHECK_OK(comet_shard_stats_get(b, 0, &sb));
+    CHECK_OK(comet_shard_stats_get(a, 0, COMET_STATS_ALL, &sa));
+    CHECK_OK(comet_shard_stats_get(b, 0, COMET_STATS_ALL, &sb));
     CHECK(sa.next_entry == 6000 && sb.next_entry == 6000);
     CHECK(sa.retention_deleted_segments + sb.retention_deleted_segments > 0);
     CHECK_OK(comet_close(db));

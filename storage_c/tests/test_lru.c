@@ -122,7 +122,7 @@ static void test_closing_syncs_what_was_appended(void)
     CHECK(comet_append(s, 3, "w", 1, 0, -1, COMET_APPEND_WAIT) == 0);
     CHECK(atomic_load(&sh->open) == SHARD_CLOSED);
     comet_shard_stats st;
-    CHECK_OK(comet_shard_stats_get(s, 0, &st));
+    CHECK_OK(comet_shard_stats_get(s, 0, COMET_STATS_ALL, &st));
     CHECK(st.next_entry == 1 && st.durable_entry == 1);
     CHECK_OK(comet_close(db));
     rm_tree(dir);
@@ -156,13 +156,13 @@ static void test_stats_read_closed_shards_without_opening_them(void)
     for (int k = 0; k < 4; k++) {
         for (int i = 0; i <= k; i++)
             CHECK(comet_append(s, (uint32_t)k, "abc", 3, 0, -1, COMET_APPEND_WAIT) == i);
-        CHECK_OK(comet_shard_stats_get(s, (uint32_t)k, &open_stats[k]));
+        CHECK_OK(comet_shard_stats_get(s, (uint32_t)k, COMET_STATS_ALL, &open_stats[k]));
     }
     CHECK(atomic_load(&atomic_load(&s->shards[0])->open) == SHARD_CLOSED);
     int fds = open_fds();
     for (int k = 0; k < 8; k++) {
         comet_shard_stats st;
-        CHECK_OK(comet_shard_stats_get(s, (uint32_t)k, &st));
+        CHECK_OK(comet_shard_stats_get(s, (uint32_t)k, COMET_STATS_ALL, &st));
         shard *sh = atomic_load(&s->shards[k]);
         CHECK(k >= 4 ? sh == NULL : sh != NULL);
         if (k >= 4) { /* never written: zeros, and nothing created for it */
@@ -177,6 +177,14 @@ static void test_stats_read_closed_shards_without_opening_them(void)
         CHECK(st.oldest_timestamp == open_stats[k].oldest_timestamp && st.oldest_timestamp > 0);
         CHECK(st.newest_timestamp == open_stats[k].newest_timestamp);
         CHECK(st.appended_entries == (uint64_t)k + 1);
+    }
+    for (int k = 0; k < 4; k++) { /* without the oldest timestamp (open or closed): the rest */
+        comet_shard_stats st;
+        CHECK_OK(comet_shard_stats_get(s, (uint32_t)k, 0, &st));
+        CHECK(st.oldest_timestamp == 0 && st.next_entry == open_stats[k].next_entry);
+        CHECK(st.first_entry == open_stats[k].first_entry && st.segments == 1);
+        CHECK(st.disk_bytes == open_stats[k].disk_bytes);
+        CHECK(st.newest_timestamp == open_stats[k].newest_timestamp);
     }
     CHECK(open_count(db) == 2 && open_fds() == fds);
     CHECK_OK(comet_close(db));
@@ -259,7 +267,7 @@ static void test_threads_race_opens_and_closes(void)
     for (int j = 0; j < STREAMS; j++)
         for (int k = 0; k < SHARDS; k++) {
             comet_shard_stats st;
-            CHECK_OK(comet_shard_stats_get(s[j], (uint32_t)k, &st));
+            CHECK_OK(comet_shard_stats_get(s[j], (uint32_t)k, COMET_STATS_ALL, &st));
             appended += st.next_entry;
         }
     CHECK_OK(comet_close(db));
@@ -272,7 +280,7 @@ static void test_threads_race_opens_and_closes(void)
         comet_stream *u = open_stream(db, name, SHARDS);
         for (int k = 0; k < SHARDS; k++) {
             comet_shard_stats st;
-            CHECK_OK(comet_shard_stats_get(u, (uint32_t)k, &st));
+            CHECK_OK(comet_shard_stats_get(u, (uint32_t)k, COMET_STATS_ALL, &st));
             again += st.next_entry;
             CHECK(st.durable_entry == st.next_entry);
         }
@@ -332,7 +340,7 @@ static void test_dirty_shards_are_left_to_the_flusher(void)
     CHECK(open_count(db) == 8);
     for (int k = 0; k < 11; k++) {
         comet_shard_stats st;
-        CHECK_OK(comet_shard_stats_get(s, (uint32_t)k, &st));
+        CHECK_OK(comet_shard_stats_get(s, (uint32_t)k, COMET_STATS_ALL, &st));
         CHECK(st.next_entry == (k < 8 ? 2u : 1u) && st.durable_entry == st.next_entry);
     }
     CHECK_OK(comet_close(db));

@@ -70,7 +70,7 @@ static int64_t append_upto(comet_stream *s, uint64_t upto, volatile uint64_t *ac
 {
     char p[PAYLOAD];
     comet_shard_stats st;
-    int64_t rc = comet_shard_stats_get(s, 0, &st);
+    int64_t rc = comet_shard_stats_get(s, 0, COMET_STATS_ALL, &st);
     for (uint64_t e = st.next_entry; rc == 0 && e < upto; e++) {
         payload_for(e, p);
         int64_t got = comet_append(s, 0, p, PAYLOAD, 0, -1, COMET_APPEND_WAIT);
@@ -89,7 +89,7 @@ static int64_t append_upto(comet_stream *s, uint64_t upto, volatile uint64_t *ac
 static uint64_t check_all(comet_stream *s, uint64_t acked)
 {
     comet_shard_stats st;
-    CHECK_OK(comet_shard_stats_get(s, 0, &st));
+    CHECK_OK(comet_shard_stats_get(s, 0, COMET_STATS_ALL, &st));
     CHECK(st.next_entry >= acked); /* nothing acknowledged is lost */
     uint64_t from = st.first_entry, seen = 0;
     char want[PAYLOAD];
@@ -122,7 +122,7 @@ static void test_files_are_reused(void)
     comet_stream *s = open_recycling(dir, &db);
     CHECK_OK(append_upto(s, 12 * PER_SEGMENT, NULL));
     comet_shard_stats st;
-    CHECK_OK(comet_shard_stats_get(s, 0, &st));
+    CHECK_OK(comet_shard_stats_get(s, 0, COMET_STATS_ALL, &st));
     CHECK(st.recycled_segments >= 6 && st.retention_deleted_segments >= 6);
     CHECK(st.first_entry > 0);
     check_all(s, st.next_entry);
@@ -148,7 +148,7 @@ static void test_crash_at_every_call(void)
         comet_stream *s = open_recycling(dir, &db);
         CHECK_OK(append_upto(s, PREFILL, NULL));
         comet_shard_stats st;
-        CHECK_OK(comet_shard_stats_get(s, 0, &st));
+        CHECK_OK(comet_shard_stats_get(s, 0, COMET_STATS_ALL, &st));
         CHECK(st.recycled_segments > 0); /* the active segment is a file full of old entries */
         comet_close(db);
         *acked = PREFILL;
@@ -259,7 +259,7 @@ static void test_stale_recycled_segment_at_the_durable_point(void)
     comet_stream *s = open_recycling(dir, &db);
     CHECK_OK(append_upto(s, PREFILL, NULL));
     comet_shard_stats st;
-    CHECK_OK(comet_shard_stats_get(s, 0, &st));
+    CHECK_OK(comet_shard_stats_get(s, 0, COMET_STATS_ALL, &st));
     CHECK(st.recycled_segments > 0);
     comet_close(db);
 
@@ -284,7 +284,7 @@ static void test_stale_recycled_segment_at_the_durable_point(void)
     rewrite_file(path, 640, &zero, 4);  /* no clean close: opened as after a restart */
 
     s = open_recycling(dir, &db);
-    CHECK_OK(comet_shard_stats_get(s, 0, &st));
+    CHECK_OK(comet_shard_stats_get(s, 0, COMET_STATS_ALL, &st));
     CHECK(st.first_entry == first);
     CHECK(st.next_entry == last);
     check_all(s, last);
@@ -307,7 +307,7 @@ static void test_torn_creation_past_the_durable_point(void)
         comet_stream *s = open_recycling(dir, &db);
         CHECK_OK(append_upto(s, 2 * PER_SEGMENT, NULL));
         comet_shard_stats st;
-        CHECK_OK(comet_shard_stats_get(s, 0, &st));
+        CHECK_OK(comet_shard_stats_get(s, 0, COMET_STATS_ALL, &st));
         comet_close(db);
 
         char shard_dir[512], path[600];
@@ -323,7 +323,7 @@ static void test_torn_creation_past_the_durable_point(void)
 
         s = open_recycling(dir, &db);
         comet_shard_stats after;
-        CHECK_OK(comet_shard_stats_get(s, 0, &after));
+        CHECK_OK(comet_shard_stats_get(s, 0, COMET_STATS_ALL, &after));
         CHECK(after.next_entry == st.next_entry && after.first_entry == st.first_entry);
         CHECK(after.orphaned_segments == st.orphaned_segments);
         uint64_t bases[64];
