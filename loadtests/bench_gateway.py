@@ -345,13 +345,13 @@ def build_rows(series: dict[str, benchlib.Series], records: dict[str, list[dict[
 
 
 def paced_rows(records: dict[str, list[dict[str, Any]]], targets: dict[str, float],
-               fraction: float) -> list[dict[str, Any]]:
+               paced_set: tuple[Case, ...]) -> list[dict[str, Any]]:
     """Each paced case: its p99 (p99.9, rate achieved); the gateway's against the anchor's."""
     def p(key: str, q: str) -> float:
         return benchlib.median([r["wrk"]["latency_us"][q] for r in records[key]]) / 1000
 
     rows = []
-    for case in paced_cases(fraction):
+    for case in paced_set:
         recs, target = records[case.key], targets[case.key]
         checks, reasons = integrity(recs)
         rate = benchlib.median([r["rate_req_s"] for r in recs])
@@ -452,7 +452,7 @@ def main(argv: list[str] | None = None) -> int:
     machine["wrk"] = subprocess.run([wrk, "-v"], capture_output=True, text=True).stdout \
         .split(" Copyright")[0].strip() or "unknown"
     rows = ([] if args.paced_only else build_rows(series, records, cases)) + (
-        paced_rows(records, targets, fraction) if targets else [])
+        paced_rows(records, targets, paced_set) if targets else [])
     notes = [
         f"- Median of {scale.runs} run(s) per case, {scale.load_s} s of load each (plus "
         f"{DRAIN_S} s for the last answers); {machine['wrk']} -t{WRK_THREADS} "

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import http.client
 import os
-from dataclasses import replace
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 import orjson

@@ -341,7 +341,7 @@ def test_random_requests_and_their_mutations() -> None:
         except InvalidOTLP:
             tally["refused"] += 1
     # the generator reaches every outcome, and enough requests decode for the decoding
-    # to be what is tested (over seeds ~48 % are refused, +-1.2 %: half was too tight a bound)
+    # to be what is tested (over seeds ~48 % are refused, +-1.2 %)
     assert min(tally.values()) > 0 and tally["refused"] < CASES * 2 // 3, (SEED, tally)
 
 

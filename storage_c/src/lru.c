@@ -149,7 +149,7 @@ static int tried(shard *const *failed, int n, const shard *sh)
 
 /* The least recently used open shard nobody is inside and not tried yet,
  * preferring clean ones; NULL when there is none.  Under lru_lock.  Shards
- * used within one tick of the coarse clock (4 ms on this VM) share a stamp:
+ * used within one tick of the coarse clock (1-10 ms, by the kernel) share a stamp:
  * of those, the one opened first (the list runs newest first). */
 static shard *pick_victim(comet_db *db, shard *const *failed, int nfailed)
 {

@@ -27,6 +27,7 @@ static uint64_t allocated_bytes(const char *dir, uint64_t base, const char *suff
 
 static void counters_of(const state_file *st, comet_shard_stats *out);
 static int sizes_of(const char *dir, const uint64_t *bases, size_t n, comet_shard_stats *out);
+static int first_entry_from_segments(const uint64_t *bases, size_t n, comet_shard_stats *out);
 static int stats_of(shard *sh, unsigned what, comet_shard_stats *out);
 static int stats_closed(comet_stream *s, uint32_t shard_id, unsigned what, comet_shard_stats *out);
 
@@ -127,9 +128,8 @@ static int stats_closed(comet_stream *s, uint32_t shard_id, unsigned what, comet
     if (rc)
         return rc;
     rc = sizes_of(dir, bases, n, out);
-    if (!rc && n && out->next_entry > bases[0] && out->first_entry < bases[0])
-        out->first_entry = bases[0];
-    if (!rc && n && out->next_entry > bases[0] && (what & COMET_STATS_OLDEST_TIMESTAMP)) {
+    if (!rc && first_entry_from_segments(bases, n, out) &&
+        (what & COMET_STATS_OLDEST_TIMESTAMP)) {
         segment *seg = segment_new(bases[0]);
         uint32_t lf;
         if (seg && segment_map(seg, dir, shard_id) == 0 &&
@@ -155,6 +155,18 @@ static int sizes_of(const char *dir, const uint64_t *bases, size_t n, comet_shar
     return 0;
 }
 
+/* first_entry raised to the oldest segment's base when that segment holds
+ * committed entries (entries the state still counts may be gone with deleted
+ * segments); 1 when it does: its first entry is then the oldest. */
+static int first_entry_from_segments(const uint64_t *bases, size_t n, comet_shard_stats *out)
+{
+    if (!n || out->next_entry <= bases[0])
+        return 0;
+    if (out->first_entry < bases[0])
+        out->first_entry = bases[0];
+    return 1;
+}
+
 static int stats_of(shard *sh, unsigned what, comet_shard_stats *out)
 {
     int rc;
@@ -166,9 +178,7 @@ static int stats_of(shard *sh, unsigned what, comet_shard_stats *out)
     if (rc)
         return rc;
     sizes_of(sh->dir, bases, n, out);
-    if (n && out->next_entry > bases[0] && out->first_entry < bases[0])
-        out->first_entry = bases[0];
-    if (n && out->next_entry > bases[0] && (what & COMET_STATS_OLDEST_TIMESTAMP)) {
+    if (first_entry_from_segments(bases, n, out) && (what & COMET_STATS_OLDEST_TIMESTAMP)) {
         segment *seg = shard_segment_by_base(sh, bases[0]);
         uint32_t lf;
         if (seg && entry_validate(seg, SEGMENT_DATA_OFFSET, seg->base, ENTRY_LEN_MASK, &lf) ==
