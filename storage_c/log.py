@@ -532,7 +532,7 @@ class Log(Appender):
                                         into)
         n = res.count
         return ReadBatch(stream, shard, data, scratch.offsets[: n + 1], scratch.entries[:n],
-                         scratch.timestamps[:n], res.next_entry, res.skipped)
+                         scratch.timestamps[:n], res.next_entry, res.skipped, res.limit_entry)
 
     def read_ndjson(self, stream: str, shard: int, from_entry: int = 0, max_entries: int = 1000,
                     max_bytes: int = DEFAULT_READ_BYTES, *, into: Any = None) -> NdjsonBatch:
@@ -636,7 +636,8 @@ class Log(Appender):
             for k in range(min(n, lib.COMET_MAX_GROUPS)):
                 g = buf[k]
                 out.append(GroupInfo(ffi.string(g.name).decode(), i, g.offset, g.lag, g.last_ack_ns,
-                                     g.registered_ns, g.acks))
+                                     g.registered_ns, g.acks, g.delivered, g.retries, g.failed,
+                                     g.last_delivery_ns))
         return out
 
     def delete_group(self, stream: str, name: str) -> None:

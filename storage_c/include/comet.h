@@ -221,6 +221,10 @@ typedef struct comet_group_info {
     int64_t last_ack_ns;    /* when the offset last moved (coarse clock), 0: never */
     int64_t registered_ns;
     uint64_t acks;          /* acks that moved the offset */
+    uint64_t delivered;     /* records the group's consumer delivered (comet_group_count) */
+    uint64_t retries;       /* attempts it retried */
+    uint64_t failed;        /* records it gave up on (dead letters) */
+    int64_t last_delivery_ns; /* when it last delivered (coarse clock), 0: never */
 } comet_group_info;
 
 typedef struct comet_retention_report {
@@ -471,6 +475,36 @@ int comet_otlp_decode(int32_t signal, const uint8_t *body, uint64_t len,
                       comet_otlp_result *out);
 void comet_otlp_free(comet_otlp_result *out);
 
+/* comet_otlp_encode is the way back (otlp_encode.c): stored events of
+ * `signal` into one export request (protobuf), for forwarding to an OTLP/HTTP
+ * backend.  Payload i is data[offsets[i], offsets[i + 1]) (the layout of
+ * comet_read).  Consecutive events with the same resource, scope (and
+ * metric) share one group, as the producer grouped them.  An event that is
+ * not in the layout of the signal (not a JSON object, a field of the wrong
+ * type or range, an id that is not hex of the right length, a string that
+ * has no UTF-8) is left out and named in rejected_index, with its reason.
+ * With COMET_OTLP_PLAIN (logs only), payloads are any events: each becomes
+ * a log record whose body is the event (JSON values keep their types; a
+ * payload that is not JSON is a string, or bytes when it is not UTF-8),
+ * whose time and observed time are its timestamp, under one resource: the
+ * Resource message `resource` (its encoded fields) and an empty scope.
+ * COMET_E_INVALID for a bad argument, COMET_E_NOMEM.  Call
+ * comet_otlp_encoded_free after every call, whatever it returned. */
+#define COMET_OTLP_PLAIN 0x1u
+#define COMET_OTLP_REASON_BYTES 128
+typedef struct {
+    uint8_t *data;            /* out: the export request (malloc'd) */
+    uint64_t len;
+    uint32_t count;           /* records in the request */
+    uint32_t rejected;        /* events left out */
+    uint32_t *rejected_index; /* their indexes (malloc'd) */
+    char *reasons;            /* COMET_OTLP_REASON_BYTES each, NUL-terminated (malloc'd) */
+} comet_otlp_encoded;
+int comet_otlp_encode(int32_t signal, uint32_t flags, const uint8_t *data, const int32_t *offsets,
+                      const int64_t *timestamps, uint32_t count, const uint8_t *resource,
+                      uint64_t resource_len, comet_otlp_encoded *out);
+void comet_otlp_encoded_free(comet_otlp_encoded *out);
+
 /* Reads (lock-free, any process). */
 int comet_read(comet_stream *s, uint32_t shard, const comet_read_request *req,
                comet_read_result *res);
@@ -491,6 +525,11 @@ int64_t comet_group_ack_range(comet_group *g, uint64_t from, uint64_t to);
 int64_t comet_group_reset(comet_group *g, int64_t offset);
 int64_t comet_group_offset(comet_group *g);
 int64_t comet_group_lag(comet_group *g);
+/* A consumer that ships records somewhere adds what became of them to the
+ * group's counters in this shard (shared, kept with the offset): records
+ * delivered (stamping the time), failed attempts it retried, records it gave
+ * up on.  They are reports, not offsets: nothing depends on them. */
+int comet_group_count(comet_group *g, uint64_t delivered, uint64_t retries, uint64_t failed);
 int comet_group_delete(comet_stream *s, const char *name, size_t len); /* every shard */
 /* Registered groups of a shard (at most cap written); returns how many there are. */
 int comet_group_list(comet_stream *s, uint32_t shard, comet_group_info *out, uint32_t cap);
