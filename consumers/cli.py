@@ -15,6 +15,7 @@ import signal as signal_module
 import sys
 import threading
 import time
+from typing import Any
 from urllib.parse import urlparse
 
 import click
@@ -220,7 +221,7 @@ def _forward(data_dir: str, stream: str, sink: str, group: str, parts: tuple[int
              once: bool, stop: threading.Event, config: ForwardConfig, *, signal: str | None,
              encoding: str | None, compression: str | None, headers: tuple[str, ...],
              ca_file: str | None, client_cert: str | None, client_key: str | None,
-             timeout: float | None, service_name: str | None) -> dict[str, object]:
+             timeout: float | None, service_name: str | None) -> dict[str, Any]:
     """``comet ship`` to an OTLP/HTTP endpoint (consumers/forward.py)."""
     from storage_c.otlp import STREAM_SIGNALS
 

@@ -52,13 +52,14 @@ import os
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
-from storage_c import ReadBatch, otlp
+from storage_c import AckGapError, ReadBatch, otlp
 from storage_c.clikit import iso
 from storage_c.jsonlog import event
+from storage_c.testing import cut_point
 
 from .consumer import Consumer
 from .errors import ShipError, SinkFailure
@@ -88,8 +89,9 @@ class ForwardConfig:
     max_retries: int | None = None
     """Retries of one request before the run raises ShipError: None is
     unlimited, or ONCE_MAX_RETRIES with ``once``."""
-    stop_retries: int = 2
-    """Attempts a request in flight still gets after a stop request."""
+    stop_retries: int = 0
+    """Retries a request in flight still gets after a stop request (its
+    records stay in the log for the next run either way)."""
     status_interval_s: float = 60.0
 
 
@@ -166,6 +168,8 @@ class Forwarder:
         self.state: dict[int, ShardState] = {}
         self._lock = threading.Lock()
         self._wake = threading.Event()
+        self._halt = threading.Event()
+        """Set when the run gives up (a ShipError): requests in flight stop retrying."""
         self._locks: list[int] = []
         self._once = False
         self._incarnation = 0
@@ -178,14 +182,21 @@ class Forwarder:
 
     def run(self, stop: Callable[[], bool] | object | None = None, *, once: bool = False) -> ForwardStats:
         """Forwards until stopped (or, with ``once``, until nothing is left)."""
-        stopped = stopper(stop)
+        asked = stopper(stop)
+        self._halt.clear()
+
+        def stopped() -> bool:
+            return self._halt.is_set() or asked()
+
         self._once = once
         shards = self.consumer.shards()
         try:
             for shard in shards:
                 self._locks.append(self.intents.claim(shard))
             self._incarnation = self.consumer.log.stream_created_ns(self.consumer.stream)
-            self.intents.check_incarnation(self._incarnation)
+            if self.intents.check_incarnation(self._incarnation, replace=True):
+                for shard in shards:
+                    self.intents.write_batches(shard, [])
             for shard in shards:
                 self.intents.remove_stale_batch_temp_files(shard)
                 offset = self.consumer.offset(shard)
@@ -194,13 +205,17 @@ class Forwarder:
                 self._synced_offsets[shard] = offset
             with ThreadPoolExecutor(max_workers=self.config.concurrency,
                                     thread_name_prefix="comet-ship") as pool:
-                self._loop(pool, stopped)
+                try:
+                    self._loop(pool, stopped)
+                except BaseException:
+                    self._halt.set()
+                    raise
             self._collect()
         finally:
             for fd in self._locks:
                 os.close(fd)
             self._locks.clear()
-        self.report_status(force=True)
+            self.report_status(force=True)
         return self.stats
 
     def _loop(self, pool: ThreadPoolExecutor, stopped: Callable[[], bool]) -> None:
@@ -297,6 +312,7 @@ class Forwarder:
         durable = self._synced_offsets.get(shard, 0)
         st.intents = [i for i in st.intents if i.last >= durable] + [intent]
         self.intents.write_batches(shard, st.intents)
+        cut_point("ship.recorded")
 
     def _sync_offsets(self) -> None:
         """Makes the group's acknowledgements durable (at most once a second)."""
@@ -333,7 +349,7 @@ class Forwarder:
         delivery raised (ShipError: max_retries)."""
         acked = 0
         for shard, st in self.state.items():
-            last = -1
+            first = last = -1
             while st.batches and st.batches[0].outcome is not None:
                 batch = st.batches[0]
                 if batch.error is not None:
@@ -341,14 +357,30 @@ class Forwarder:
                 if batch.outcome == ABANDONED:
                     break
                 st.batches.popleft()
+                first = batch.first if first < 0 else first
                 last = batch.ack_to
             if last >= 0:
-                self.consumer.ack(shard, last)
+                try:
+                    self.consumer.ack_range(shard, first, last)
+                except AckGapError:
+                    self._reset_seen(shard, st)
+                    continue
+                cut_point("ship.acked")
                 acked += 1
             if any(b.outcome == ABANDONED for b in st.batches) and not self._in_flight_in(st):
                 # the rest is read again by the next run, from the offset
                 st.batches.clear()
         return acked
+
+    def _reset_seen(self, shard: int, st: ShardState) -> None:
+        """The group's offset went back (``comet group reset``) under this run:
+        what is in flight is not acknowledged, and cutting starts over there."""
+        offset = self.consumer.offset(shard)
+        event(log, "offset_reset_seen", stream=self.consumer.stream, group=self.consumer.group,
+              shard=shard, offset=offset)
+        st.batches.clear()
+        st.position = offset
+        st.intents = [i for i in st.intents if i.first >= offset]
 
     @staticmethod
     def _in_flight_in(st: ShardState) -> bool:
@@ -381,6 +413,7 @@ class Forwarder:
         while True:
             outcome = self.sink.send(body, batch.key)
             if outcome.delivered:
+                cut_point("ship.delivered")
                 self._delivered(batch, encoded.count, len(body), outcome)
                 return DELIVERED
             if outcome.permanent:
@@ -391,11 +424,11 @@ class Forwarder:
                 limit = ONCE_MAX_RETRIES
             self._failed(batch, outcome, retry)
             if limit is not None and retry >= limit:
-                failure = SinkFailure(False, f"HTTP {outcome.status}" if outcome.status else "unreachable",
+                failure = SinkFailure(False, f"HTTP {outcome.status}" if outcome.status else "no answer",
                                       outcome.describe(), "check that the endpoint is up and reachable")
                 raise ShipError(self.sink.describe(), failure, attempts=retry + 1,
-                                max_retries=limit, key=batch.key)
-            if stopped() and retry >= self.config.stop_retries:
+                                max_retries=limit, key=batch.key, action="deliver to")
+            if self._halt.is_set() or (stopped() and retry >= self.config.stop_retries):
                 return ABANDONED
             delay = outcome.retry_after_s
             if delay is None:
@@ -471,13 +504,20 @@ class Forwarder:
         if not force and (interval <= 0 or now - self._last_status < interval):
             return
         self._last_status = now
-        lag: int | None
+        backlog: dict[str, Any] = {}
         try:
-            lag = self.consumer.lag()
+            stats = self.consumer.log.stats(self.consumer.stream, oldest=False)
+            stats = replace(stats, groups=[g for g in stats.groups
+                                           if g.name == self.consumer.group and g.shard in self.state])
+            b = self.consumer.log.backlogs(stats).get(self.consumer.group)
+            if b is not None:
+                backlog = {"lag": b.entries, "lag_bytes": b.bytes,
+                           "oldest_unacked_age_s": round((time.time_ns() - b.oldest_ns) / 1e9, 3)
+                           if b.oldest_ns else 0}
         except Exception:  # the counters matter more than the lag
-            lag = None
+            backlog = {"lag": None}
         with self._lock:
             counters = self.stats.as_dict()
         event(log, "status", stream=self.consumer.stream, group=self.consumer.group,
-              endpoint=self.sink.describe(), signal=self.signal, **counters, lag=lag,
+              endpoint=self.sink.describe(), signal=self.signal, **counters, **backlog,
               in_flight=self._in_flight())

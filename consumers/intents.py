@@ -145,19 +145,25 @@ class IntentJournal:
         return remove_stale_temp_files(self.directory, mine_are_stale=True,
                                        name=self.path(shard).name)
 
-    def check_incarnation(self, created_ns: int) -> None:
-        """Records the stream's creation time on first use; raises
-        StreamRecreated when the stream was created again since."""
+    def check_incarnation(self, created_ns: int, *, replace: bool = False) -> bool:
+        """Records the stream's creation time on first use.  When the stream
+        was created again since: raises StreamRecreated, or with ``replace``
+        (a shipper whose outputs name the incarnation) records the new one
+        and returns True: the journal's other records are of the old stream."""
         marker = self.directory / "stream.created"
         try:
             seen = int(marker.read_text())
         except (FileNotFoundError, ValueError):
             make_dirs_durably(self.directory, self.state_root)
             write_durably(marker, b"%d" % created_ns)
-            return
-        if seen != created_ns:
-            raise StreamRecreated(
-                f"stream {self.stream!r} was deleted and created again since group "
-                f"{self.group!r} last shipped it; its objects would overwrite the old "
-                f"stream's (same keys): ship it to another prefix of the sink, then remove "
-                f"{self.directory} to start this group's record anew")
+            return False
+        if seen == created_ns:
+            return False
+        if replace:
+            write_durably(marker, b"%d" % created_ns)
+            return True
+        raise StreamRecreated(
+            f"stream {self.stream!r} was deleted and created again since group "
+            f"{self.group!r} last shipped it; its objects would overwrite the old "
+            f"stream's (same keys): ship it to another prefix of the sink, then remove "
+            f"{self.directory} to start this group's record anew")

@@ -261,7 +261,11 @@ def retry_after(value: str | None, now: float | None = None) -> float | None:
 
 
 def _error_text(exc: BaseException) -> str:
+    """One line for a failed attempt: the error's class and its own words,
+    without urllib3's ``HTTPConnection(host=..., port=...)`` prefix."""
     reason = getattr(exc, "reason", None)
-    if reason is not None and reason is not exc:
-        return f"{type(exc).__name__}: {reason}"
-    return f"{type(exc).__name__}: {exc}"
+    cause = reason if isinstance(reason, BaseException) and reason is not exc else exc
+    text = " ".join(str(cause).split())
+    if text.startswith(("HTTPConnection(", "HTTPSConnection(")) and "): " in text:
+        text = text.split("): ", 1)[1]
+    return f"{type(cause).__name__}: {text}"

@@ -29,6 +29,7 @@ from .groups import Group
 from .records import (
     BatchResult,
     Buffer,
+    GroupBacklog,
     GroupInfo,
     IdempotencyKey,
     NdjsonBatch,
@@ -608,7 +609,37 @@ class Log(Appender):
             self._raise(stream, rc)
         return rc
 
+    def entry_timestamp(self, stream: str, shard: int, entry: int) -> int:
+        """When ``entry`` was stored (the oldest stored entry's time when it was
+        deleted); 0 when it does not exist (yet)."""
+        s = self._streams.get(stream) or self._open_stream(stream, create=False)
+        rc = lib.comet_entry_timestamp(s.ptr, shard, entry)
+        if rc < 0:
+            self._raise(stream, rc)
+        return rc
+
     # ---- consumer groups and retention ---------------------------------------------
+
+    def backlogs(self, stats: StreamStats) -> dict[str, GroupBacklog]:
+        """What each group of a stream has not acknowledged (``stats`` from
+        ``stats()``): entries, bytes (each shard's lag times its mean entry
+        size, as appended: an estimate that costs no read) and the time of
+        the oldest such entry (read from its header: this opens the shards
+        where a group lags)."""
+        shards = {s.shard: s for s in stats.shards}
+        out: dict[str, GroupBacklog] = {}
+        for g in stats.groups:
+            seen = out.get(g.name) or GroupBacklog(0, 0, 0)
+            oldest, size = 0, 0
+            shard = shards.get(g.shard)
+            if g.lag and shard is not None:
+                oldest = self.entry_timestamp(stats.stream, g.shard, g.offset)
+                if shard.appended_entries:
+                    size = g.lag * shard.appended_raw_bytes // shard.appended_entries
+            out[g.name] = GroupBacklog(
+                seen.entries + g.lag, seen.bytes + size,
+                min(x for x in (seen.oldest_ns, oldest) if x) if seen.oldest_ns or oldest else 0)
+        return out
 
     def group(self, stream: str, shard: int, name: str, *, create: bool = True) -> Group:
         """The offset of group ``name`` in one shard, registering it there when

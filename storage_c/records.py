@@ -283,6 +283,17 @@ class GroupLag:
 
 
 @dataclass(frozen=True)
+class GroupBacklog:
+    """What a consumer group has not acknowledged, over its shards."""
+
+    entries: int
+    bytes: int
+    """Estimated: each shard's lag times its mean entry size as appended."""
+    oldest_ns: int
+    """When the oldest unacknowledged entry was stored (0: none)."""
+
+
+@dataclass(frozen=True)
 class RetentionReport:
     deleted_segments: int = 0
     deleted_bytes: int = 0

@@ -510,6 +510,9 @@ int comet_read(comet_stream *s, uint32_t shard, const comet_read_request *req,
                comet_read_result *res);
 /* First entry whose timestamp is >= ts (next_entry when none). */
 int64_t comet_find_time(comet_stream *s, uint32_t shard, int64_t ts);
+/* The timestamp of entry (of the oldest stored one when it was deleted), or
+ * 0 when there is no such entry (not written yet, or damaged). */
+int64_t comet_entry_timestamp(comet_stream *s, uint32_t shard, uint64_t entry);
 
 /* Consumer groups: one offset per (group, shard), shared by every process.
  * comet_group_open registers the name in that shard when create is set (a
@@ -628,6 +631,9 @@ void comet_clock_shift(int64_t ns);
  * comet_cut_hits counts hits of the armed point.  Process-wide, for tests. */
 #define COMET_CUT_EXIT 78
 int comet_cut_arm(const char *name, long nth);
+/* Code above the core (the shippers, in Python) reaching its own named cut
+ * point: the same arming, the same death.  COMET_E_INVALID for no such name. */
+int comet_cut_reached(const char *name);
 const char *comet_cut_point_name(int i);
 long comet_cut_hits(void);
 

@@ -57,7 +57,15 @@
      * counters not */                                                                          \
     X(OFFSETS_ACKED, "offsets.acked")                                                              \
     /* offsets.c offsets_sync: the offsets file about to be fdatasynced */                      \
-    X(OFFSETS_SYNCING, "offsets.syncing")
+    X(OFFSETS_SYNCING, "offsets.syncing")                                                          \
+    /* The points of the shippers above the core, reached from Python through                   \
+     * comet_cut_reached (consumers/forward.py).  A batch cut by age recorded durably in the     \
+     * forwarder's intents, not sent: */                                                        \
+    X(SHIP_RECORDED, "ship.recorded")                                                              \
+    /* a batch delivered (the endpoint answered 2xx), the group's offset not moved */           \
+    X(SHIP_DELIVERED, "ship.delivered")                                                            \
+    /* the group's offset moved past delivered batches (in the mapping), not synced */          \
+    X(SHIP_ACKED, "ship.acked")
 
 typedef enum cut_id {
 #define COMET_CUT_ENUM(id, name) CUT_##id,
