@@ -440,6 +440,8 @@ class Forwarder:
             retry += 1
 
     def _delivered(self, batch: Batch, count: int, size: int, outcome: Outcome) -> None:
+        event(log, "delivered", logging.DEBUG, stream=self.consumer.stream, shard=batch.shard,
+              key=batch.key, records=count)
         with self._lock:
             s = self.stats
             recovered = s.failing

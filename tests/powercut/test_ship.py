@@ -32,6 +32,7 @@ import re
 import subprocess
 import time
 from pathlib import Path
+from typing import Callable
 
 import pytest
 import zstandard
@@ -119,7 +120,7 @@ def shipped_events(proc: Writer, count: int) -> tuple[int, bool]:
         line = proc.stdout.readline()
         if not line or line.startswith("X"):
             return seen, True
-        if line.startswith("L ") and json.loads(line[2:]).get("event") == "shipped":
+        if line.startswith("L ") and json.loads(line[2:]).get("event") in ("shipped", "delivered"):
             seen += 1
     return seen, False
 
@@ -135,17 +136,22 @@ def finish(proc: Writer, where: str, ended: bool) -> None:
         f"{proc.stderr_path.read_text()[-3000:]}")
 
 
-def run_ship(powercut: PowerCutFS, mode: str, cuts: int) -> None:
+def run_ship(powercut: PowerCutFS, mode: str, cuts: int, target: str | None = None,
+             read: Callable[[str], Objects] | None = None) -> None:
+    """Rounds of a writer and a shipper cut by the power, each checked (see
+    the module docstring).  The sink is a directory on the power-cut mount,
+    or ``target`` (an OTLP endpoint off the mount) read by ``read``."""
     data = make_synced_dir(powercut.mnt / "data")
-    sink = make_synced_dir(powercut.mnt / "sink")
-    rng = seeded(f"ship-{mode}")
+    sink: Path | str = target or make_synced_dir(powercut.mnt / "sink")
+    reader = read or (lambda where: read_sink(Path(sink), where))
+    rng = seeded(f"ship-{mode}" + ("-otlp" if target else ""))
     env = {"POWERCUT_RATE": RATE, "POWERCUT_FSYNC_MS": FSYNC_MS}
     durable_stream(powercut, data, "interval", env)
     started = time.monotonic()
     objects = shipped = rerun_cuts = 0
     for rnd in range(1, cuts + 2):
         where = f"after cut {rnd - 1}"
-        before = read_sink(sink, where)  # as the cut left it, before any process runs
+        before = reader(where)  # as the cut left it, before any process runs
         rerun = powercut.spawn("ship", data, rnd, 0, sink, "once", "dump")
         state = read_state(rerun)
         check_sink(before, state, where, complete=False)
@@ -159,8 +165,7 @@ def run_ship(powercut: PowerCutFS, mode: str, cuts: int) -> None:
                 rerun_cuts += 1
                 continue
         finish(rerun, f"{where}, the rerun", ended)
-        objects = check_sink(read_sink(sink, f"{where}, rerun"), state, f"{where}, rerun",
-                             complete=True)
+        objects = check_sink(reader(f"{where}, rerun"), state, f"{where}, rerun", complete=True)
         if rnd == cuts + 1:
             break
         # interval: the shipper reads entries that are not durable yet; always:
@@ -180,7 +185,7 @@ def run_ship(powercut: PowerCutFS, mode: str, cuts: int) -> None:
         drained.join()
         drain(shipper)
     elapsed = time.monotonic() - started
-    print(f"\nship/{mode}: {cuts} cuts ({rerun_cuts} during a rerun), {shipped} objects stored "
+    print(f"\nship/{mode}{' to OTLP' if target else ''}: {cuts} cuts ({rerun_cuts} during a rerun), {shipped} objects stored "
           f"before cuts, {objects} objects at the end, {elapsed:.1f} s "
           f"({elapsed / cuts * 1000:.0f} ms per cut)")
 

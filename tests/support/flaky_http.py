@@ -13,7 +13,7 @@ import struct
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Self
 
 from .server import HOST
 
@@ -50,6 +50,16 @@ class Seen:
     path: str
     headers: dict[str, str]    # names in lower case
     body: bytes
+
+
+class Quiet(http.server.ThreadingHTTPServer):
+    """Connections the script resets or a client drops are not errors to print."""
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        import sys
+
+        if not isinstance(sys.exc_info()[1], OSError):
+            super().handle_error(request, client_address)
 
 
 class ScriptedServer:
@@ -97,7 +107,7 @@ class ScriptedServer:
                 pass
 
         self.changed = threading.Condition(self._lock)
-        self.httpd = http.server.ThreadingHTTPServer((HOST, 0), Handler)
+        self.httpd = Quiet((HOST, 0), Handler)
         self.httpd.daemon_threads = True
         self.scheme = "http"
         if tls is not None:
@@ -124,7 +134,7 @@ class ScriptedServer:
         self.httpd.shutdown()
         self.httpd.server_close()
 
-    def __enter__(self) -> ScriptedServer:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
