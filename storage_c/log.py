@@ -701,6 +701,13 @@ class Log(Appender):
 
     # ---- durability and inspection -------------------------------------------------
 
+    def retention_lost_entries(self) -> int:
+        """Entries this process's retention deleted before every registered
+        group had them (``retention_force_delete_after_ms``), since it opened
+        the directory (per stream: ``ShardStats.retention_lost_entries``)."""
+        self._check_open()
+        return int(lib.comet_retention_lost(self._db))
+
     def sync(self, stream: str | None = None, shard: int | None = None) -> None:
         """fdatasync what is committed (one stream, one shard, or everything open)."""
         self._check_open()

@@ -32,6 +32,8 @@ from .support import otlp
 from .support.flaky_http import DroppingProxy
 from .support.otlp_http import Recording, read_stream
 from .support.otlp_receiver import Backend
+from storage_c import Config, Log
+
 from .support.server import SMALL, GatewayProcess
 
 COMET = Path(sys.executable).with_name("comet")
@@ -128,3 +130,89 @@ def test_edge_to_regional_gateway_exactly_once_through_lost_answers(edge: Gatewa
             mine = sorted(orjson.dumps(e.value, option=orjson.OPT_SORT_KEYS) for e in read_stream(edge, stream))
             theirs = sorted(orjson.dumps(e.value, option=orjson.OPT_SORT_KEYS) for e in read_stream(region, stream))
             assert theirs == mine, stream  # the same events, each once
+
+
+# ---- outages: the disk is the queue ----------------------------------------------------------
+
+def post_until_refused(edge: GatewayProcess, body: bytes, limit: int = 3000) -> tuple[int, Any]:
+    """The OTLP request ``body`` again and again until it is not stored:
+    (records stored, that answer)."""
+    records = len(otlp.events("logs", body)[0])
+    stored = 0
+    for _ in range(limit):
+        status, answer, headers = edge.request("POST", "/v1/logs", body,
+                                               {"content-type": "application/x-protobuf"})
+        if status != 200:
+            return stored, (status, answer, headers)
+        stored += records
+    return stored, None
+
+
+def outage_env(**extra: str) -> dict[str, str]:
+    return {**SMALL, "COMET_STORAGE_SHARDS": "2", "COMET_STORAGE_RETENTION_MAX_TOTAL_BYTES": str(12 << 20),
+            "COMET_STORAGE_RETENTION_INTERVAL_MS": "200", **extra}
+
+
+def test_an_outage_fills_the_budget_then_drains(tmp_path: Path) -> None:
+    """The backend away: ingest goes on until the disk budget, nothing the
+    group has not shipped is deleted, then producers get 503 + Retry-After
+    (which they retry).  The backend back: the backlog drains, every record
+    once, retention frees the shipped segments and ingest is taken again."""
+    from .support.flaky_http import Step
+    from .support.otlp_receiver import accepted
+    from .support.otlp_requests import logs_request
+
+    down = [True]
+    body = logs_request().SerializeToString()
+    with Backend(lambda seen: Step(reset=True) if down[0] else accepted()) as backend, \
+            GatewayProcess(tmp_path / "edge", workers=1, env=outage_env()) as edge:
+        edge.wait_ready()
+        shipper = subprocess.Popen([str(COMET), "ship", str(edge.data_dir), "otel-logs", backend.url,
+                                    "--group", "fwd", "--batch-age", "0.1", "--status-interval", "0"],
+                                   stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+        try:
+            stored, refused = post_until_refused(edge, body)
+            assert refused is not None and refused[0] == 503, refused  # the OTLP answer to a full disk
+            assert int(refused[2]["retry-after"]) >= 1 and stored >= 1000
+            with Log(edge.data_dir, Config.reader()) as log:
+                stats = log.stats("otel-logs")
+                assert stats.total("retention_lost_entries") == 0 and stats.entries == stored
+            down[0] = False
+            deadline = time.monotonic() + 120
+            while backend.records("logs") < stats.entries:
+                assert time.monotonic() < deadline and shipper.poll() is None, backend.records("logs")
+                time.sleep(0.2)
+            deadline = time.monotonic() + 60
+            while post_until_refused(edge, body, 1)[0] == 0:  # retention frees what was shipped
+                assert time.monotonic() < deadline
+                time.sleep(0.2)
+        finally:
+            shipper.terminate()
+            assert shipper.wait(60) == 0
+        backend.check_keys()
+        assert backend.records("logs") >= stats.entries
+
+
+def test_force_delete_loses_unshipped_data_loudly(tmp_path: Path) -> None:
+    """retention_force_delete_after_ms chooses new data over unshipped data:
+    ingest is never refused, and the loss is counted in /metrics and logged."""
+    from .support.otlp_requests import logs_request
+
+    body = logs_request().SerializeToString()
+    env = outage_env(COMET_STORAGE_RETENTION_FORCE_DELETE_AFTER_MS="1")
+    with GatewayProcess(tmp_path / "edge", workers=1, env=env) as edge:
+        edge.wait_ready()
+        with Log(edge.data_dir, Config.reader()) as log:  # a group that never ships
+            log.create_stream("otel-logs", 2)
+            for shard in range(2):
+                log.group("otel-logs", shard, "stalled")
+        stored, refused = post_until_refused(edge, body, 2000)
+        assert refused is None and stored == 2000 * len(otlp.events("logs", body)[0])
+        status, text, _ = edge.request("GET", "/metrics")
+        lost = [line for line in text.decode().splitlines()
+                if line.startswith('comet_stream_retention_lost_entries_total{stream="otel-logs"}')]
+        assert lost and float(lost[0].split()[-1]) > 0, lost
+        deadline = time.monotonic() + 20
+        while b'"event":"retention_lost_entries"' not in edge.log_path.read_bytes():
+            assert time.monotonic() < deadline, edge.tail()
+            time.sleep(0.2)

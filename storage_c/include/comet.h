@@ -540,6 +540,10 @@ int comet_group_list(comet_stream *s, uint32_t shard, comet_group_info *out, uin
 /* Retention now, over every stream: the shards this process owns (all of them
  * when it holds no slot).  Reports are added up into out (may be NULL). */
 int comet_run_retention(comet_db *db, comet_retention_report *out);
+/* Entries this process's retention (its passes and the background one)
+ * deleted before every registered group had them (retention_force_delete_after_ms),
+ * since it opened the directory: for a process to log each loss as it happens. */
+uint64_t comet_retention_lost(comet_db *db);
 /* The same, deleting what the policy allows until `room` more bytes fit in
  * retention_max_total_bytes (readiness after a storage-full error). */
 int comet_run_retention_room(comet_db *db, uint64_t room, comet_retention_report *out);

@@ -486,6 +486,8 @@ struct comet_db {
     shard *lru_head;
     uint32_t open_shards;  /* under lru_lock */
     uint32_t open_budget;  /* max_open_shards, or derived from the file limit */
+    /* retention.c: entries this process's retention deleted before every group had them */
+    _Atomic uint64_t lost_entries;
 };
 
 /* ---- lru.c ----------------------------------------------------------------- */

@@ -20,6 +20,8 @@
  *     otlp_json.c.
  *   - Nesting is recursion, bounded by max_depth.
  */
+#include <math.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -119,6 +121,44 @@ static inline int digit(uint8_t c)
     return (uint8_t)(c - '0') < 10;
 }
 
+/* Exact powers of ten as doubles (10^22 is the last one). */
+static const double POW10[] = {1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11,
+                               1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
+
+/* Clinger's fast path: a decimal with at most 2^53 as its digits and a power
+ * of ten below 10^23 is one correctly rounded multiplication or division of
+ * two exact doubles, the same double strtod gives.  0: use strtod. */
+static int fast_double(const uint8_t *p, const uint8_t *end, double *out)
+{
+    int negative = p < end && *p == '-';
+    p += negative;
+    uint64_t m = 0;
+    int digits = 0, scale = 0;
+    for (; p < end && digit(*p); p++, digits++)
+        m = m * 10 + (uint64_t)(*p - '0');
+    if (p < end && *p == '.')
+        for (p++; p < end && digit(*p); p++, digits++, scale--)
+            m = m * 10 + (uint64_t)(*p - '0');
+    if (p < end && (*p == 'e' || *p == 'E')) {
+        p++;
+        int sign = 1, e = 0;
+        if (p < end && (*p == '+' || *p == '-'))
+            sign = *p++ == '-' ? -1 : 1;
+        for (; p < end && digit(*p); p++) {
+            if (e > 1000)
+                return 0;
+            e = e * 10 + (*p - '0');
+        }
+        scale += sign * e;
+    }
+    if (digits > 19 || m > (1ULL << 53) || scale < -22 || scale > 22)
+        return 0;
+    double x = (double)m;
+    x = scale < 0 ? x / POW10[-scale] : x * POW10[scale];
+    *out = negative ? -x : x;
+    return 1;
+}
+
 int jr_number(jreader *r, jnum *out)
 {
     skip_ws(r);
@@ -161,19 +201,30 @@ int jr_number(jreader *r, jnum *out)
         while (p < end && digit(*p))
             p++;
     }
+    r->p = p;
+    out->text.p = start;
+    out->text.len = (uint32_t)(p - start);
+    return 1;
+}
+
+double jnum_value(const jnum *n)
+{
+    double x;
+    if (n->integer && !n->overflow && n->magnitude <= (1ULL << 53))
+        return n->negative ? -(double)n->magnitude : (double)n->magnitude;
+    if (fast_double(n->text.p, n->text.p + n->text.len, &x))
+        return x;
     /* strtod needs a terminated copy: numbers are short, a long one is rare. */
-    size_t n = (size_t)(p - start);
     char small[64];
-    char *text = n < sizeof small ? small : sys_malloc(n + 1);
+    char *text = n->text.len < sizeof small ? small : sys_malloc(n->text.len + 1u);
     if (!text)
-        return jr_fail(r, "out of memory");
-    memcpy(text, start, n);
-    text[n] = 0;
-    out->value = strtod(text, NULL);
+        return NAN; /* out of memory for a number of more than 63 characters */
+    memcpy(text, n->text.p, n->text.len);
+    text[n->text.len] = 0;
+    x = strtod(text, NULL);
     if (text != small)
         free(text);
-    r->p = p;
-    return 1;
+    return x;
 }
 
 static int hex4(const uint8_t *p, uint32_t *out)
@@ -289,15 +340,27 @@ int jr_string(jreader *r, jspan *out)
     if (r->why || r->p >= r->end || *r->p != '"')
         return jr_fail(r, "a string was expected");
     const uint8_t *start = r->p + 1, *p = start, *end = r->end;
-    while (p < end && *p != '"' && *p != '\\' && *p >= 0x20)
-        p++;
+    int ascii = 1;
+    /* Eight bytes at a time while none is '"', '\\', a control byte or non-ASCII. */
+    while (end - p >= 8) {
+        uint64_t w;
+        memcpy(&w, p, 8);
+        const uint64_t ones = 0x0101010101010101ULL, highs = 0x8080808080808080ULL;
+        uint64_t quote = w ^ (ones * '"'), slash = w ^ (ones * '\\');
+        uint64_t stop = ((quote - ones) & ~quote) | ((slash - ones) & ~slash) | (w - ones * 0x20) | w;
+        if (stop & highs)
+            break;
+        p += 8;
+    }
+    for (; p < end && *p != '"' && *p != '\\' && *p >= 0x20; p++)
+        ascii &= *p < 0x80;
     if (p < end && *p == '"') {
         if ((uint64_t)(p - start) > UINT32_MAX)
             return jr_fail(r, "a string is too long");
         out->p = start;
         out->len = (uint32_t)(p - start);
         r->p = p + 1;
-        if (utf8_invalid(out->p, out->len))
+        if (!ascii && utf8_invalid(out->p, out->len))
             return jr_fail(r, "a string is not valid UTF-8");
         return 1;
     }
@@ -422,6 +485,59 @@ int jr_skip(jreader *r, jspan *text)
     if (text) {
         text->p = start;
         text->len = (uint32_t)(r->p - start);
+    }
+    return 1;
+}
+
+int jr_skip_fast(jreader *r, jspan *text)
+{
+    skip_ws(r);
+    const uint8_t *p = r->p, *end = r->end, *start = p;
+    uint32_t depth = 0;
+    if (r->why || p >= end)
+        return jr_fail(r, "a value was expected");
+    do {
+        uint8_t c = *p;
+        if (c == '"') {
+            for (p++;; p++) {
+                const uint8_t *q = memchr(p, '"', (size_t)(end - p));
+                if (!q)
+                    return jr_fail(r, "the text ends inside a string");
+                size_t slashes = 0;
+                while (q - slashes > p && q[-1 - (ptrdiff_t)slashes] == '\\')
+                    slashes++;
+                p = q;
+                if (!(slashes & 1))
+                    break;
+            }
+            p++;
+        } else if (c == '{' || c == '[') {
+            if (++depth + r->depth > r->max_depth)
+                return jr_fail(r, "nested too deep");
+            p++;
+        } else if (c == '}' || c == ']') {
+            if (!depth)
+                break; /* the end of the enclosing object or array */
+            depth--;
+            p++;
+        } else if (c == ',' && !depth) {
+            break;
+        } else {
+            p++;
+        }
+    } while (p < end && depth);
+    if (depth)
+        return jr_fail(r, "the text ends inside an object or array");
+    if (p == start)
+        return jr_fail(r, "a value was expected");
+    /* a scalar at the top: up to the separator or the end */
+    if (*start != '"' && *start != '{' && *start != '[')
+        while (p < end && *p != ',' && *p != '}' && *p != ']' && !WS[*p])
+            p++;
+    r->p = p;
+    if (text) {
+        text->p = start;
+        text->len = (uint32_t)(p - start);
     }
     return 1;
 }

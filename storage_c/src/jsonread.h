@@ -30,7 +30,7 @@ typedef struct jnum {
     int negative;
     int overflow;  /* integer: the magnitude does not fit 64 bits */
     uint64_t magnitude;
-    double value;  /* as strtod reads the text (integers too) */
+    jspan text;
 } jnum;
 
 typedef struct jreader {
@@ -56,8 +56,14 @@ int jr_at_end(jreader *r);
 int jr_null(jreader *r);
 int jr_bool(jreader *r, int *out);
 int jr_number(jreader *r, jnum *out);
+/* The number as strtod reads its text (integers too): computed on demand,
+ * since most numbers of an event are integers that are never doubles. */
+double jnum_value(const jnum *n);
 int jr_string(jreader *r, jspan *out);      /* the characters, unescaped, valid UTF-8 */
 int jr_skip(jreader *r, jspan *text);       /* any value; its text when text != NULL */
+/* A value's extent only: strings to their closing quote, brackets matched,
+ * nothing else checked (the caller reads with the others what it uses). */
+int jr_skip_fast(jreader *r, jspan *text);
 /* Objects and arrays: begin, then next until it returns 0 with no problem
  * (the end), reading one member (or its key then its value) per round. */
 int jr_object(jreader *r);

@@ -322,7 +322,7 @@ static int read_double(enc *e, const char *name, double *out)
         jnum n;
         if (!jr_number(&e->r, &n))
             return json_problem(e, name);
-        *out = n.value;
+        *out = jnum_value(&n);
         return 1;
     }
     jspan s;
@@ -350,16 +350,12 @@ static int get_double(enc *e, jspan v, const char *name, double *out, int *prese
     return 1;
 }
 
-static int hexval(uint8_t c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
+/* A hex digit's value plus one; 0 for any other byte. */
+static const uint8_t HEX1[256] = {
+    ['0'] = 1, ['1'] = 2, ['2'] = 3, ['3'] = 4, ['4'] = 5, ['5'] = 6, ['6'] = 7, ['7'] = 8,
+    ['8'] = 9, ['9'] = 10, ['a'] = 11, ['b'] = 12, ['c'] = 13, ['d'] = 14, ['e'] = 15, ['f'] = 16,
+    ['A'] = 11, ['B'] = 12, ['C'] = 13, ['D'] = 14, ['E'] = 15, ['F'] = 16,
+};
 
 /* An id: lowercase hex of `size` bytes, or "" (unset); written at `field`. */
 static int put_id(enc *e, ojbuf *b, uint32_t field, jspan v, size_t size, const char *name)
@@ -372,12 +368,14 @@ static int put_id(enc *e, ojbuf *b, uint32_t field, jspan v, size_t size, const 
     if (s.len != 2 * size)
         return reject(e, "%s is not empty nor of the right length", name);
     uint8_t id[16];
+    int ok = 1;
     for (size_t i = 0; i < size; i++) {
-        int hi = hexval(s.p[2 * i]), lo = hexval(s.p[2 * i + 1]);
-        if (hi < 0 || lo < 0)
-            return reject(e, "%s is not hex", name);
-        id[i] = (uint8_t)(hi << 4 | lo);
+        uint8_t hi = HEX1[s.p[2 * i]], lo = HEX1[s.p[2 * i + 1]];
+        ok &= hi && lo;
+        id[i] = (uint8_t)(((unsigned)hi - 1u) << 4 | ((unsigned)lo - 1u));
     }
+    if (!ok)
+        return reject(e, "%s is not hex", name);
     pb_bytes(b, field, id, size, 0);
     return 1;
 }
@@ -446,9 +444,10 @@ static int index_object(enc *e, jspan v, const char *const *names, int n, jspan 
     jr_object(&e->r);
     while (jr_next_key(&e->r, &key)) {
         int i = 0;
-        while (i < n && !(strlen(names[i]) == key.len && memcmp(names[i], key.p, key.len) == 0))
+        while (i < n && !(names[i][0] == (key.len ? key.p[0] : 0) &&
+                          strncmp(names[i], (const char *)key.p, key.len) == 0 && !names[i][key.len]))
             i++;
-        if (!jr_skip(&e->r, i < n ? &out[i] : NULL))
+        if (!jr_skip_fast(&e->r, i < n ? &out[i] : NULL))
             break;
     }
     if (e->r.why)
@@ -640,7 +639,7 @@ static int any_value(enc *e, ojbuf *b, uint32_t depth)
         if (!jr_number(&e->r, &n))
             return json_problem(e, "a number");
         if (!n.integer) {
-            pb_double(b, 4, n.value, 1);
+            pb_double(b, 4, jnum_value(&n), 1);
             return 1;
         }
         if (n.overflow || n.magnitude > (n.negative ? (uint64_t)INT64_MAX + 1 : (uint64_t)INT64_MAX)) {
@@ -1017,7 +1016,7 @@ static int put_number(enc *e, ojbuf *b, jspan v, uint32_t double_field, uint32_t
             pb_le(b, n.negative ? (uint64_t)0 - n.magnitude : n.magnitude, 8);
             return 1;
         }
-        pb_double(b, double_field, n.value, 1);
+        pb_double(b, double_field, jnum_value(&n), 1);
         return 1;
     }
     double x;
