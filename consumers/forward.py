@@ -66,11 +66,10 @@ from .errors import ShipError, SinkFailure
 from .intents import Intent, IntentJournal
 from .loop import backoff, sleep_unless, stopper, store_dead_letters
 from .otlp_sink import OtlpHttpSink, Outcome
+from .ship import ONCE_MAX_RETRIES, MiB
 
 log = logging.getLogger("comet.ship")
 
-MiB = 1 << 20
-ONCE_MAX_RETRIES = 5
 INTENT_READ_BYTES = 1 << 30
 """A recorded batch is read back whole, whatever max_batch_bytes is now."""
 

@@ -371,15 +371,21 @@ int jr_string(jreader *r, jspan *out)
     return jr_fail(r, "the text ends inside a string");
 }
 
-int jr_object(jreader *r)
+/* Opens the object or array at the reader (its type t): its members follow. */
+static int open_container(jreader *r, enum jtype t, const char *expected)
 {
-    if (jr_peek(r) != J_OBJECT)
-        return jr_fail(r, "an object was expected");
+    if (jr_peek(r) != t)
+        return jr_fail(r, expected);
     if (++r->depth > r->max_depth)
         return jr_fail(r, "nested too deep");
     r->p++;
     r->fresh = 1;
     return 1;
+}
+
+int jr_object(jreader *r)
+{
+    return open_container(r, J_OBJECT, "an object was expected");
 }
 
 /* Shared by objects and arrays: after the opening bracket or a member, the
@@ -420,13 +426,7 @@ int jr_next_key(jreader *r, jspan *key)
 
 int jr_array(jreader *r)
 {
-    if (jr_peek(r) != J_ARRAY)
-        return jr_fail(r, "an array was expected");
-    if (++r->depth > r->max_depth)
-        return jr_fail(r, "nested too deep");
-    r->p++;
-    r->fresh = 1;
-    return 1;
+    return open_container(r, J_ARRAY, "an array was expected");
 }
 
 int jr_next_item(jreader *r)

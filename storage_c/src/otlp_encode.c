@@ -389,31 +389,36 @@ static int put_string(enc *e, ojbuf *b, uint32_t field, jspan v, const char *nam
     return 1;
 }
 
-static int put_uint(enc *e, ojbuf *b, uint32_t field, jspan v, const char *name, uint64_t max)
+/* An unsigned field of the event (at most max) written as a varint, or as
+ * fixed 8 or 4 bytes (width 0, 8, 4). */
+static int put_unsigned(enc *e, ojbuf *b, uint32_t field, jspan v, const char *name, uint64_t max,
+                        int width)
 {
     uint64_t x;
     if (!get_u64(e, v, name, max, &x))
         return 0;
-    pb_uint(b, field, x);
+    if (width == 8)
+        pb_fixed64(b, field, x);
+    else if (width == 4)
+        pb_fixed32(b, field, (uint32_t)x);
+    else
+        pb_uint(b, field, x);
     return 1;
+}
+
+static int put_uint(enc *e, ojbuf *b, uint32_t field, jspan v, const char *name, uint64_t max)
+{
+    return put_unsigned(e, b, field, v, name, max, 0);
 }
 
 static int put_fixed64(enc *e, ojbuf *b, uint32_t field, jspan v, const char *name)
 {
-    uint64_t x;
-    if (!get_u64(e, v, name, UINT64_MAX, &x))
-        return 0;
-    pb_fixed64(b, field, x);
-    return 1;
+    return put_unsigned(e, b, field, v, name, UINT64_MAX, 8);
 }
 
 static int put_fixed32(enc *e, ojbuf *b, uint32_t field, jspan v, const char *name)
 {
-    uint64_t x;
-    if (!get_u64(e, v, name, UINT32_MAX, &x))
-        return 0;
-    pb_fixed32(b, field, (uint32_t)x);
-    return 1;
+    return put_unsigned(e, b, field, v, name, UINT32_MAX, 4);
 }
 
 /* An enum (int32 on the wire as a varint, negative values as 10 bytes). */
@@ -1210,22 +1215,50 @@ static int head_equal(const ojbuf *a, const ojbuf *b)
     return a->len == b->len && memcmp(a->p, b->p, a->len) == 0;
 }
 
-/* The [length][message] prefix of a head, and what follows it. */
-static void head_parts(const ojbuf *head, const uint8_t **message, size_t *len,
-                       const uint8_t **rest, size_t *rest_len)
+/* A varint at p; returns its length. */
+static size_t read_varint(const uint8_t *p, uint64_t *out)
 {
-    uint64_t n = 0;
+    uint64_t v = 0;
     size_t i = 0;
     for (int shift = 0;; shift += 7) {
-        uint8_t c = head->p[i++];
-        n |= (uint64_t)(c & 0x7f) << shift;
+        uint8_t c = p[i++];
+        v |= (uint64_t)(c & 0x7f) << shift;
         if (!(c & 0x80))
             break;
     }
-    *message = head->p + i;
-    *len = (size_t)n;
-    *rest = head->p + i + n;
-    *rest_len = head->len - i - (size_t)n;
+    *out = v;
+    return i;
+}
+
+/* The [length][message] prefix of a head (from p, n bytes), and what follows it. */
+static void head_parts(const uint8_t *p, size_t n, const uint8_t **message, size_t *len,
+                       const uint8_t **rest, size_t *rest_len)
+{
+    uint64_t m;
+    size_t i = read_varint(p, &m);
+    *message = p + i;
+    *len = (size_t)m;
+    *rest = p + i + m;
+    *rest_len = n - i - (size_t)m;
+}
+
+/* A metric head: [type][temporality varint][monotonic][length][name,
+ * description, unit][metadata]. */
+typedef struct metric_parts {
+    uint8_t type, monotonic;
+    uint64_t temporality;
+    const uint8_t *fields, *metadata;
+    size_t fields_len, metadata_len;
+} metric_parts;
+
+static metric_parts metric_head_parts(const ojbuf *head)
+{
+    metric_parts m;
+    m.type = head->p[0];
+    size_t i = 1 + read_varint(head->p + 1, &m.temporality);
+    m.monotonic = head->p[i++];
+    head_parts(head->p + i, head->len - i, &m.fields, &m.fields_len, &m.metadata, &m.metadata_len);
+    return m;
 }
 
 /* Closes the open groups from `level` down (2: the metric, 1: the scope, 0:
@@ -1242,27 +1275,15 @@ static void close_groups(enc *e, int level)
         e->level_open[l] = 0;
         ojbuf *head = &e->open[l];
         if (l == 2) {
-            /* [type][temporality][monotonic][length][name..unit][metadata] */
-            size_t i = 1;
-            uint64_t temporality = 0;
-            for (int shift = 0;; shift += 7) {
-                uint8_t c = head->p[i++];
-                temporality |= (uint64_t)(c & 0x7f) << shift;
-                if (!(c & 0x80))
-                    break;
-            }
-            uint8_t monotonic = head->p[i++];
-            uint8_t type = head->p[0];
-            if (type >= 1 && type <= 3)
-                pb_uint(&e->out, 2, temporality);
-            if (type == 1)
-                pb_uint(&e->out, 3, monotonic);
+            metric_parts m = metric_head_parts(head);
+            if (m.type >= 1 && m.type <= 3)
+                pb_uint(&e->out, 2, m.temporality);
+            if (m.type == 1)
+                pb_uint(&e->out, 3, m.monotonic);
             pb_close(&e->out, e->data);
-            ojbuf tail = {.p = head->p + i, .len = head->len - i};
-            head_parts(&tail, &message, &len, &rest, &rest_len);
-            oj_put(&e->out, rest, rest_len); /* metadata */
+            oj_put(&e->out, m.metadata, m.metadata_len);
         } else {
-            head_parts(head, &message, &len, &rest, &rest_len);
+            head_parts(head->p, head->len, &message, &len, &rest, &rest_len);
             pb_bytes(&e->out, l == 0 ? F_GROUP_SCHEMA : F_SCOPE_SCHEMA, rest, rest_len, 0);
         }
         pb_close(&e->out, e->group[l]);
@@ -1283,25 +1304,15 @@ static void open_groups(enc *e, int level, int levels)
     for (int l = level; l < levels; l++) {
         copy_head(e, l);
         e->level_open[l] = 1;
-        if (l == 0) {
-            e->group[0] = pb_open(&e->out, F_REQUEST_GROUPS);
-            head_parts(&e->head[0], &message, &len, &rest, &rest_len);
-            pb_bytes(&e->out, F_GROUP_RESOURCE, message, len, 0);
-        } else if (l == 1) {
-            e->group[1] = pb_open(&e->out, F_GROUP_SCOPES);
-            head_parts(&e->head[1], &message, &len, &rest, &rest_len);
-            pb_bytes(&e->out, F_SCOPE_SCOPE, message, len, 0);
+        if (l < 2) {
+            e->group[l] = pb_open(&e->out, l == 0 ? F_REQUEST_GROUPS : F_GROUP_SCOPES);
+            head_parts(e->head[l].p, e->head[l].len, &message, &len, &rest, &rest_len);
+            pb_bytes(&e->out, l == 0 ? F_GROUP_RESOURCE : F_SCOPE_SCOPE, message, len, 0);
         } else {
+            metric_parts m = metric_head_parts(&e->head[2]);
             e->group[2] = pb_open(&e->out, F_SCOPE_RECORDS);
-            const ojbuf *head = &e->head[2];
-            size_t i = 1;
-            while (head->p[i] & 0x80)
-                i++;
-            i += 2; /* the temporality's last byte, monotonic */
-            ojbuf tail = {.p = head->p + i, .len = head->len - i};
-            head_parts(&tail, &message, &len, &rest, &rest_len);
-            oj_put(&e->out, message, len); /* name, description, unit */
-            e->data = pb_open(&e->out, METRIC_FIELDS[head->p[0]]);
+            oj_put(&e->out, m.fields, m.fields_len); /* name, description, unit */
+            e->data = pb_open(&e->out, METRIC_FIELDS[m.type]);
         }
     }
 }
