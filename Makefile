@@ -159,6 +159,7 @@ bench: system-deps bench-deps $(STAMP)
 	$(PY) loadtests/bench_gateway.py
 	$(PY) loadtests/bench_spark.py
 	$(PY) loadtests/bench_otlp.py
+	$(PY) loadtests/bench_forward.py
 	$(PY) loadtests/report.py
 
 # The docs site from README.md and docs/ (mkdocs.yml) into site/: open site/index.html.

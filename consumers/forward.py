@@ -188,20 +188,8 @@ class Forwarder:
             return self._halt.is_set() or asked()
 
         self._once = once
-        shards = self.consumer.shards()
         try:
-            for shard in shards:
-                self._locks.append(self.intents.claim(shard))
-            self._incarnation = self.consumer.log.stream_created_ns(self.consumer.stream)
-            if self.intents.check_incarnation(self._incarnation, replace=True):
-                for shard in shards:
-                    self.intents.write_batches(shard, [])
-            for shard in shards:
-                self.intents.remove_stale_batch_temp_files(shard)
-                offset = self.consumer.offset(shard)
-                kept = [i for i in self.intents.read_batches(shard) if i.first >= offset]
-                self.state[shard] = ShardState(offset, intents=kept)
-                self._synced_offsets[shard] = offset
+            self._take_shards()
             with ThreadPoolExecutor(max_workers=self.config.concurrency,
                                     thread_name_prefix="comet-ship") as pool:
                 try:
@@ -217,10 +205,32 @@ class Forwarder:
             self.report_status(force=True)
         return self.stats
 
+    def _take_shards(self) -> None:
+        """Claims the shards the group has in this process and not yet taken
+        (none until the stream exists: it may be created after the start)."""
+        new = [s for s in self.consumer.shards() if s not in self.state]
+        if not new:
+            return
+        for shard in new:
+            self._locks.append(self.intents.claim(shard))
+        if not self.state:
+            self._incarnation = self.consumer.log.stream_created_ns(self.consumer.stream)
+            if self.intents.check_incarnation(self._incarnation, replace=True):
+                for shard in new:  # the records of the stream's former life
+                    self.intents.write_batches(shard, [])
+        for shard in new:
+            self.intents.remove_stale_batch_temp_files(shard)
+            offset = self.consumer.offset(shard)
+            kept = [i for i in self.intents.read_batches(shard) if i.first >= offset]
+            self.state[shard] = ShardState(offset, intents=kept)
+            self._synced_offsets[shard] = offset
+
     def _loop(self, pool: ThreadPoolExecutor, stopped: Callable[[], bool]) -> None:
         room = 2 * self.config.concurrency
         turn = 0
         while not stopped():
+            if not self.state:
+                self._take_shards()
             cut = 0
             shards = list(self.state)
             for k in range(len(shards)):

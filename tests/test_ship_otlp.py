@@ -508,3 +508,23 @@ def test_killed_at_each_named_point(data: Path, point: str) -> None:
         tiled(backend, entries)
         if point != "ship.recorded":
             assert backend.duplicates  # the killed runs' last batches came again
+
+
+def test_a_stream_created_after_the_start_is_forwarded(data: Path, backend: Backend) -> None:
+    """`comet ship` may start before the first request created the stream."""
+    Log(data, CONFIG).close()
+    stop = threading.Event()
+    config = ForwardConfig(status_interval_s=0, max_batch_age_s=0, poll_interval_s=0.05)
+    sink = OtlpHttpSink(OtlpTarget(backend.url, "logs"))
+    with Consumer(Log(data, Config.reader()), "otel-logs", "late") as consumer:
+        forwarder = Forwarder(consumer, sink, "logs", config=config)
+        runner = threading.Thread(target=forwarder.run, args=(stop,))
+        runner.start()
+        try:
+            stored = logs_in(data, 2)
+            backend.wait_for(lambda seen: backend.records("logs") >= stored)
+        finally:
+            stop.set()
+            runner.join(30)
+            consumer.log.close()
+    assert backend.records("logs") == stored and not runner.is_alive()
