@@ -448,25 +448,30 @@ int64_t shard_append(shard *sh, const entry_ref *refs, uint32_t count, uint64_t 
         keyed = ENTRY_FLAG_KEYED;
     }
 
-    uint64_t entry = first, compressed = 0;
+    /* Per entry only what differs between entries: its flags, and a sparse
+     * index record once its offset passes the next one's (note_from). */
+    uint64_t entry = first, compressed = 0, at = off, note_from = index_note_from(seg);
+    int cuts = cut_points_live();
     for (uint32_t i = 0; i < count; i += 4) {
-        uint32_t k = count - i < 4 ? count - i : 4, flags[4];
+        uint32_t k = count - i < 4 ? count - i : 4, flags[4] = {0, 0, 0, 0};
         for (uint32_t j = 0; j < k; j++) {
             const entry_ref *r = &refs[i + j];
-            flags[j] = (i + j + 1 == count) ? ENTRY_FLAG_BATCH_END | keyed : 0;
             if (r->flags & COMET_ENTRY_COMPRESSED) {
-                flags[j] |= ENTRY_FLAG_ZSTD;
+                flags[j] = ENTRY_FLAG_ZSTD;
                 compressed++;
             }
+            if (at >= note_from) {
+                index_note(seg, entry + j - seg->base, at, ts);
+                note_from = index_note_from(seg);
+            }
+            at += ENTRY_HEADER_BYTES + r->len;
         }
-        uint64_t at = off;
-        for (uint32_t j = 0; j < k; j++) {
-            index_note(seg, entry + j - seg->base, at, ts);
-            at += ENTRY_HEADER_BYTES + refs[i + j].len;
-        }
+        if (i + k == count)
+            flags[k - 1] |= ENTRY_FLAG_BATCH_END | keyed;
         off += entry_write_group(seg->wmap + off, seg->version, refs + i, k, entry, ts, flags);
         entry += k;
-        cut_point(entry < first + count ? CUT_APPEND_MID_BATCH : CUT_APPEND_WRITTEN);
+        if (cuts)
+            cut_point_hit(entry < first + count ? CUT_APPEND_MID_BATCH : CUT_APPEND_WRITTEN);
     }
     segment_release_behind(seg, end);
     atomic_store_explicit(&st->active_end, end, memory_order_relaxed);

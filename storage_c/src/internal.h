@@ -103,8 +103,15 @@ void segment_free(segment *seg);
 int segment_fd(segment *seg, const char *dir);
 /* Maps seg->wmap (under the append lock). */
 int segment_writable(segment *seg, const char *dir);
-/* Unmaps written pages well behind off from wmap (see segment.c). */
-void segment_release_behind(segment *seg, uint64_t off);
+/* Unmaps written pages well behind off from wmap (see segment.c), in chunks
+ * of SEGMENT_RELEASE_CHUNK; the test is inline, as every append makes it. */
+#define SEGMENT_RELEASE_CHUNK ((uint64_t)1 << 20)
+void segment_release_to(segment *seg, uint64_t off);
+static inline void segment_release_behind(segment *seg, uint64_t off)
+{
+    if (off >= seg->zapped_to + 2 * SEGMENT_RELEASE_CHUNK)
+        segment_release_to(seg, off);
+}
 /* Grows the file to capacity; *remap is set when that passes the reserved
  * address space (every process must then map the file again). */
 int segment_grow(segment *seg, const char *dir, uint64_t capacity, int empty, int *remap);
@@ -146,6 +153,17 @@ int index_record_ok(const segment *seg, uint64_t rel, uint64_t offset);
 void index_lookup_time(const segment *seg, int64_t ts, uint64_t *rel, uint64_t *offset);
 /* Appends a record if offset is index_interval past the last one (under lock). */
 void index_note(segment *seg, uint64_t rel_entry, uint64_t offset, int64_t ts);
+/* The offset from which index_note adds a record (UINT64_MAX: it adds none):
+ * an append calls index_note only for the entries from there on. */
+static inline uint64_t index_note_from(const segment *seg)
+{
+    if (!seg->index_ok)
+        return UINT64_MAX;
+    uint32_t n = atomic_load_explicit(index_count_ptr(seg), memory_order_relaxed);
+    if (n >= seg->index_capacity)
+        return UINT64_MAX;
+    return (n ? index_records(seg)[n - 1].offset : SEGMENT_DATA_OFFSET) + seg->index_interval;
+}
 /* Drops records at or after rel_next (recovery). */
 void index_truncate(segment *seg, uint64_t rel_next);
 /* Rewrites the index from the entries in [SEGMENT_DATA_OFFSET, end_offset)
@@ -276,8 +294,14 @@ int shard_sync(shard *sh, uint64_t upto_entry);
  * before anything in the directory is called durable.  0 or an error code. */
 int shard_sync_stream_dir(shard *sh);
 /* durability.c: COMET_E_SYNC_FAILED (with the detail) once a sync of the shard
- * failed in any process and no opener has repaired it since; else 0. */
-int shard_sync_refusal(shard *sh);
+ * failed in any process and no opener has repaired it since; else 0.  The
+ * test is inline (every append makes it), the refusal is not. */
+int shard_sync_refused(shard *sh, uint32_t err);
+static inline int shard_sync_refusal(shard *sh)
+{
+    uint32_t err = atomic_load_explicit(&sh->st->sync_failed, memory_order_acquire);
+    return err ? shard_sync_refused(sh, err) : 0;
+}
 /* Marks the shard failed after a sync of one of its files (what: "fdatasync
  * of the offsets") failed with errno err; returns the COMET_E_SYNC_FAILED. */
 int shard_note_sync_failure(shard *sh, int err, const char *what);
@@ -311,8 +335,13 @@ int shard_list_segments(shard *sh, uint64_t **bases, size_t *count);
 /* Notes the shard directory's and state file's identity (shard_open). */
 void presence_note(shard *sh, int state_fd);
 /* COMET_E_GONE or COMET_E_READ_ONLY (the detail says which path and what to
- * do) once this process saw the shard's files go; else 0.  A load. */
-int presence_refusal(shard *sh);
+ * do) once this process saw the shard's files go; else 0.  A load, inline. */
+int presence_refused(shard *sh, int code);
+static inline int presence_refusal(shard *sh)
+{
+    int code = atomic_load_explicit(&sh->gone, memory_order_acquire);
+    return code ? presence_refused(sh, code) : 0;
+}
 /* Looks (a few stat calls): the refusal, or 0 when everything is in place.
  * At every sync and rotation. */
 int presence_check(shard *sh);
@@ -432,11 +461,16 @@ struct comet_stream {
     atomic_int released;
 };
 
-/* COMET_E_NO_STREAM, and the handle marked, when the shard's stream was
- * deleted (any process); 0 otherwise.  Call with the shard entered. */
-int shard_check_deleted(shard *sh);
 /* Marks a stream handle deleted in this process. */
 int stream_mark_deleted(comet_stream *s);
+/* COMET_E_NO_STREAM, and the handle marked, when the shard's stream was
+ * deleted (any process); 0 otherwise.  Call with the shard entered. */
+static inline int shard_check_deleted(shard *sh)
+{
+    if (sh->st && atomic_load_explicit(&sh->st->deleted, memory_order_acquire) == STATE_DELETED)
+        return stream_mark_deleted(sh->stream);
+    return 0;
+}
 /* Releases the mappings of deleted streams no thread is using (db->lock held). */
 void streams_sweep_deleted(comet_db *db);
 

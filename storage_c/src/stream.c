@@ -343,13 +343,6 @@ int stream_mark_deleted(comet_stream *s)
     return set_error(COMET_E_NO_STREAM, "stream '%s' was deleted", s->name);
 }
 
-int shard_check_deleted(shard *sh)
-{
-    if (sh->st && atomic_load_explicit(&sh->st->deleted, memory_order_acquire) == STATE_DELETED)
-        return stream_mark_deleted(sh->stream);
-    return 0;
-}
-
 void streams_sweep_deleted(comet_db *db)
 {
     for (comet_stream *s = db->streams; s; s = s->next) {
