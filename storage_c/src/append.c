@@ -395,12 +395,15 @@ static int64_t replay(shard *sh, int sync_mode, key_hit hit, uint32_t *replayed)
     return (int64_t)hit.first;
 }
 
-int64_t shard_append(shard *sh, const entry_ref *refs, uint32_t count, uint64_t total_bytes,
-                     uint64_t raw_bytes, int durability, int mode,
+int64_t shard_append(shard *sh, const entry_batch *b, int durability, int mode,
                      const comet_idempotency *idem, uint32_t *replayed)
 {
+    const entry_ref *refs = b->refs;
+    uint32_t count = b->count;
+    uint64_t total_bytes = b->total;
     state_file *st = sh->st;
     int64_t t0 = now_ns();
+    lru_stamp(sh, t0);
     int sync_mode = resolve_durability(sh, durability);
     int nowait = mode == COMET_APPEND_NOWAIT;
     int slow = count > 1, rc = shard_sync_refusal(sh);
@@ -448,27 +451,27 @@ int64_t shard_append(shard *sh, const entry_ref *refs, uint32_t count, uint64_t 
         keyed = ENTRY_FLAG_KEYED;
     }
 
-    /* Per entry only what differs between entries: its flags, and a sparse
-     * index record once its offset passes the next one's (note_from). */
-    uint64_t entry = first, compressed = 0, at = off, note_from = index_note_from(seg);
+    /* Entries go four at a time.  Per entry only what the batch asks for:
+     * flags when it holds compressed entries, and a sparse index record once
+     * a group passes the offset where the next one is due (note_from). */
+    uint64_t entry = first, note_from = index_note_from(seg);
     int cuts = cut_points_live();
     for (uint32_t i = 0; i < count; i += 4) {
         uint32_t k = count - i < 4 ? count - i : 4, flags[4] = {0, 0, 0, 0};
-        for (uint32_t j = 0; j < k; j++) {
-            const entry_ref *r = &refs[i + j];
-            if (r->flags & COMET_ENTRY_COMPRESSED) {
+        for (uint32_t j = 0; b->compressed && j < k; j++)
+            if (refs[i + j].flags & COMET_ENTRY_COMPRESSED)
                 flags[j] = ENTRY_FLAG_ZSTD;
-                compressed++;
-            }
+        if (i + k == count)
+            flags[k - 1] |= ENTRY_FLAG_BATCH_END | keyed;
+        uint64_t at = off;
+        off += entry_write_group(seg->wmap + off, seg->version, refs + i, k, entry, ts, flags);
+        for (uint32_t j = 0; off > note_from && j < k; j++) {
             if (at >= note_from) {
                 index_note(seg, entry + j - seg->base, at, ts);
                 note_from = index_note_from(seg);
             }
-            at += ENTRY_HEADER_BYTES + r->len;
+            at += ENTRY_HEADER_BYTES + refs[i + j].len;
         }
-        if (i + k == count)
-            flags[k - 1] |= ENTRY_FLAG_BATCH_END | keyed;
-        off += entry_write_group(seg->wmap + off, seg->version, refs + i, k, entry, ts, flags);
         entry += k;
         if (cuts)
             cut_point_hit(entry < first + count ? CUT_APPEND_MID_BATCH : CUT_APPEND_WRITTEN);
@@ -478,10 +481,10 @@ int64_t shard_append(shard *sh, const entry_ref *refs, uint32_t count, uint64_t 
     atomic_store_explicit(&st->last_ts, ts, memory_order_relaxed);
     wc_add(st, WC_APPENDS, 1);
     wc_add(st, WC_APPENDED_ENTRIES, count);
-    wc_add(st, WC_APPENDED_RAW_BYTES, raw_bytes);
+    wc_add(st, WC_APPENDED_RAW_BYTES, b->raw);
     wc_add(st, WC_APPENDED_STORED_BYTES, total_bytes);
-    if (compressed)
-        wc_add(st, WC_COMPRESSED_ENTRIES, compressed);
+    if (b->compressed)
+        wc_add(st, WC_COMPRESSED_ENTRIES, b->compressed);
     if (sync_mode != COMET_DURABILITY_ALWAYS) /* acknowledged as soon as it returns */
         atomic_store_explicit(&st->acked_end, entry, memory_order_relaxed);
     atomic_store_explicit(&st->next_entry, entry, memory_order_release);

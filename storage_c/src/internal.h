@@ -180,6 +180,15 @@ typedef struct entry_ref {
     uint32_t flags; /* COMET_ENTRY_* */
 } entry_ref;
 
+/* A batch as an append takes it (batch.c builds it, append.c writes it). */
+typedef struct entry_batch {
+    const entry_ref *refs;
+    uint32_t count;
+    uint32_t compressed; /* entries flagged COMET_ENTRY_COMPRESSED */
+    uint64_t total;      /* bytes stored, headers included */
+    uint64_t raw;        /* payload bytes before compression */
+} entry_batch;
+
 /* Result of checking the entry header at an offset. */
 typedef enum entry_check {
     ENTRY_OK,
@@ -214,7 +223,7 @@ struct shard {
     /* lru.c: SHARD_OPEN while its files are open here; the struct itself
      * stays published in stream->shards once made, closed or open. */
     atomic_int open;
-    _Atomic int64_t last_used; /* coarse monotonic ns of the last acquire */
+    _Atomic int64_t last_used; /* real-time ns of the last acquire or append (lru_stamp) */
     struct shard *lru_prev, *lru_next; /* the db's open shards, under db->lru_lock */
     int state_fd;
     state_file *st;
@@ -256,15 +265,28 @@ void shard_close(shard *sh);   /* frees it (only for a shard never published) */
 void shard_release(shard *sh); /* drops mappings and files; the struct stays */
 int shard_lock(shard *sh);   /* append lock; repairs the tail if its holder died */
 int shard_lock_noting_wait(shard *sh, int *waited);
-int shard_trylock_clean(shard *sh);
-void shard_unlock(shard *sh);
+/* The append lock if it is free now and the shard needs no repair; else
+ * nonzero (shard_trylock_refused, with the lock let go).  A dead holder found
+ * this way is left for a real locker to repair.  Inline: every append that
+ * must not wait tries it. */
+int shard_trylock_refused(shard *sh, int rc);
+static inline int shard_trylock_clean(shard *sh)
+{
+    int rc = pthread_mutex_trylock(&sh->st->append_lock.mutex);
+    if (rc || atomic_load(&sh->st->recovery_pending))
+        return shard_trylock_refused(sh, rc);
+    return 0;
+}
+static inline void shard_unlock(shard *sh)
+{
+    pthread_mutex_unlock(&sh->st->append_lock.mutex);
+}
 /* append.c: the append path (lock, room and budget, write, publish). */
 /* mode: COMET_APPEND_WAIT or COMET_APPEND_NOWAIT (comet.h, Appends). */
 /* idem: NULL, or the request's idempotency key; a replay returns the first
  * entry of the batch the key stored before, with *replayed set to its count
  * (0 when this call stored the batch). */
-int64_t shard_append(shard *sh, const entry_ref *refs, uint32_t count, uint64_t total_bytes,
-                     uint64_t raw_bytes, int durability, int mode,
+int64_t shard_append(shard *sh, const entry_batch *b, int durability, int mode,
                      const comet_idempotency *idem, uint32_t *replayed);
 /* keys.c: idempotency keys (FORMAT.md "Idempotency keys"). */
 #define KEYS_CAPACITY 65536u /* keys a shard remembers (a power of two) */
@@ -486,8 +508,15 @@ int shard_acquire(comet_stream *s, uint32_t id, shard **out);
  * COMET_E_WOULD_BLOCK when this process has not opened it yet (opening takes
  * a file lock another process may hold and checks the shard's tail). */
 int shard_acquire_if_open(comet_stream *s, uint32_t id, shard **out);
+/* An append's way in: shard_acquire, or with COMET_APPEND_NOWAIT
+ * shard_acquire_if_open, leaving the recency stamp to shard_append, which
+ * stamps it with the clock read it makes anyway. */
+int shard_acquire_to_append(comet_stream *s, uint32_t id, int mode, shard **out);
 int shard_enter(shard *sh);
-void shard_leave(shard *sh);
+static inline void shard_leave(shard *sh)
+{
+    atomic_fetch_sub_explicit(&sh->users, 1, memory_order_release);
+}
 /* Unmaps and closes everything of a stream's shards; the structs stay. */
 void stream_release(comet_stream *s);
 
@@ -544,13 +573,17 @@ void lru_close_shard(shard *sh);
 /* Calls fn on each open shard, entered, one at a time (the rest may be
  * closed or opened meanwhile). */
 void lru_for_each_open(comet_db *db, void (*fn)(shard *sh, void *ctx), void *ctx);
-static inline void lru_touch(shard *sh)
+/* Recency stamps are the core's real-time clock (sys.h: moved by tests as
+ * the entries' timestamps are): an append stamps with the time its entries
+ * get, any other use with the coarse clock (one tick behind at most). */
+static inline void lru_stamp(shard *sh, int64_t now)
 {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC_COARSE, &t);
-    int64_t now = (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
     if (atomic_load_explicit(&sh->last_used, memory_order_relaxed) != now)
         atomic_store_explicit(&sh->last_used, now, memory_order_relaxed);
+}
+static inline void lru_touch(shard *sh)
+{
+    lru_stamp(sh, sys_clock_ns(CLOCK_REALTIME_COARSE));
 }
 
 /* ---- usage.c --------------------------------------------------------------- */
