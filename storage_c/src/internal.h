@@ -75,6 +75,10 @@ segment *segment_new(uint64_t base);
  * 0 when there is no spare, or a negative COMET_E_* code.  The spare's size
  * (0: none), counted in the shard's disk use. */
 int recycle_keep(shard *sh, uint64_t base);
+/* db.c: the flusher settles the file sh kept (recycle_settle) at once, not
+ * at its next interval, so that the next rotation finds it the spare.
+ * Without a flusher the shard's next sync settles it, as before. */
+void flusher_settle_soon(shard *sh);
 int64_t recycle_take(shard *sh, uint64_t base, uint64_t need, uint64_t coverage,
                      uint32_t index_interval);
 uint64_t recycle_spare_bytes(const shard *sh);
@@ -237,6 +241,9 @@ struct shard {
     uint64_t active_gen;
     /* set by appends of this process, cleared by the flusher */
     atomic_int dirty;
+    /* set when this process kept a deleted segment's file (recycle_keep),
+     * cleared by the flusher's pass that settles it (flusher_settle_soon) */
+    atomic_int settle_wanted;
     _Atomic int64_t state_synced_ns; /* when this process's last msync of the state ended */
     /* The stream's dir_made ticket this open drew after finding or making the
      * shard's directory: its name is durable once stream->dir_synced reaches
@@ -543,6 +550,7 @@ struct comet_db {
     pthread_mutex_t flusher_lock;
     pthread_cond_t flusher_wake;
     int stopping;
+    int settle_wanted; /* under flusher_lock: a shard kept a file to settle */
     struct comet_db *next_retired; /* closed handles, kept (see comet_close) */
     /* lru.c: the shards open in this process, most recently opened first */
     pthread_mutex_t lru_lock;
