@@ -151,7 +151,7 @@ static int run_case(comet_db *db, int c, uint32_t scale)
         return 1;
     }
     comet_shard_stats st;
-#if COMET_API_VERSION >= 2
+#ifdef COMET_STATS_ALL
     rc = comet_shard_stats_get(s, 0, 0, &st);
 #else
     rc = comet_shard_stats_get(s, 0, &st);
