@@ -107,10 +107,14 @@ static int over_shard_limit(shard *sh, uint64_t new_bytes)
 
 /* The per-shard size limit, applied before the shard takes new_bytes more of
  * segment space: its oldest segments go first (policy: it never fails for
- * lack of something to delete).  Deleted files may become the shard's spare. */
-static int enforce_shard_limit(shard *sh, uint64_t new_bytes)
+ * lack of something to delete).  Deleted files may become the shard's spare.
+ * Unless may_sleep, COMET_E_WOULD_BLOCK instead of deleting.  One walk of the
+ * shard's files (retention_shard_bytes) either way. */
+static int enforce_shard_limit(shard *sh, uint64_t new_bytes, int may_sleep)
 {
-    return over_shard_limit(sh, new_bytes) ? retention_shard(sh, 0, 1, now_ns(), NULL) : 0;
+    if (!over_shard_limit(sh, new_bytes))
+        return 0;
+    return may_sleep ? retention_shard(sh, 0, 1, now_ns(), NULL) : COMET_E_WOULD_BLOCK;
 }
 
 /* Keeps the data directory inside retention_max_total_bytes: new_bytes of
@@ -187,10 +191,8 @@ static int make_room(shard *sh, uint64_t total, int may_sleep)
     if (sh->active && (end + total <= limit || next == sh->active->base)) {
         uint64_t have = sh->active->capacity;
         uint64_t capacity = grown_capacity(cfg, have, end + total, limit);
-        if (!may_sleep && over_shard_limit(sh, capacity - have))
-            return COMET_E_WOULD_BLOCK;
         int reserved;
-        if ((rc = enforce_shard_limit(sh, capacity - have)) ||
+        if ((rc = enforce_shard_limit(sh, capacity - have, may_sleep)) ||
             (rc = reserve_budget(sh, capacity - have, &reserved)))
             return rc;
         int remap;
@@ -211,7 +213,7 @@ static int make_room(shard *sh, uint64_t total, int may_sleep)
         uint64_t coverage = limit > need ? limit : need;
         uint64_t index_bytes = index_bytes_for(cfg, coverage);
         uint64_t spare = recycle_spare_bytes(sh);
-        if ((rc = enforce_shard_limit(sh, (spare >= need ? spare : capacity) + index_bytes)))
+        if ((rc = enforce_shard_limit(sh, (spare >= need ? spare : capacity) + index_bytes, 1)))
             return rc;
         /* The spare (perhaps just made by the limit above) is disk the budget
          * counts already: only the new index needs room then. */
