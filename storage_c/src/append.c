@@ -240,6 +240,12 @@ static int make_room(shard *sh, uint64_t total, int may_sleep)
         /* A recycled file's blocks are written already: no zero fill. */
         start_segment(st, next, taken > 0 ? (uint64_t)taken : SEGMENT_DATA_OFFSET);
         cut_point(CUT_ROTATE_STARTED);
+        /* A file the limit kept above becomes the spare once the flusher has
+         * synced the directory: now, after the spare was taken (a settle
+         * that still saw it would unlink the kept file, one spare being
+         * all a rotation takes), not at its next pass. */
+        if (recycle_pending(sh))
+            flusher_settle_soon(sh);
     }
     rc = writer_segment(sh);
     if (!rc && (!sh->active || atomic_load(&st->active_end) + total > sh->active->capacity))

@@ -76,8 +76,9 @@ segment *segment_new(uint64_t base);
  * (0: none), counted in the shard's disk use. */
 int recycle_keep(shard *sh, uint64_t base);
 /* db.c: the flusher settles the file sh kept (recycle_settle) at once, not
- * at its next interval, so that the next rotation finds it the spare.
- * Without a flusher the shard's next sync settles it, as before. */
+ * at its next interval, so that the next rotation finds it the spare (a
+ * rotation calls it once it is done).  Without a flusher the shard's next
+ * sync settles it. */
 void flusher_settle_soon(shard *sh);
 int64_t recycle_take(shard *sh, uint64_t base, uint64_t need, uint64_t coverage,
                      uint32_t index_interval);
@@ -241,7 +242,7 @@ struct shard {
     uint64_t active_gen;
     /* set by appends of this process, cleared by the flusher */
     atomic_int dirty;
-    /* set when this process kept a deleted segment's file (recycle_keep),
+    /* set when a rotation of this process left a kept file to settle,
      * cleared by the flusher's pass that settles it (flusher_settle_soon) */
     atomic_int settle_wanted;
     _Atomic int64_t state_synced_ns; /* when this process's last msync of the state ended */

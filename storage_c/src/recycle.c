@@ -97,10 +97,7 @@ int recycle_keep(shard *sh, uint64_t base)
     if (sys_stat(from, &sb) || (uint64_t)sb.st_size < cfg->segment_bytes ||
         (uint64_t)sb.st_size > SEGMENT_MAX_BYTES)
         return 0;
-    if (sys_rename(from, to))
-        return 0;
-    flusher_settle_soon(sh);
-    return 1;
+    return sys_rename(from, to) == 0;
 }
 
 /* Rewrites the spare's header for segment base; returns the file's size. */
