@@ -5,26 +5,30 @@
  * without waiting, then waiting when refused), measured in instructions by
  * callgrind (deterministic: the quick tier's budget check,
  * storage_c/tests/append_budget.py) or in nanoseconds by the clock (noisy on
- * a shared machine; the timed figures are loadtests/bench_storage.py's).
+ * a shared machine; the Python API's timed figures are bench_storage.py's).
  *
- *   make append-budget                    # build, count, compare with the budgets
- *   build/bench/bench_append DIR [SCALE]  # timed: ns per call, SCALE x the calls
+ *   make append-budget                             # build, count, compare
+ *   build/bench/bench_append DIR [SCALE [storage]]  # timed, SCALE x the calls
  *
  * The core is compiled as the cffi module compiles it (-O2, hidden
  * visibility; Makefile: BENCH_CFLAGS).  Each case appends to a stream of its
  * own, one shard, after a warm-up that maps its first segment; the measured
  * calls then include what they amortize: growing the segment by chunks,
  * zero-filling ahead, rotations (4 MiB segments grown by 1 MiB chunks), the
- * per-shard size limit deleting old segments (8 MiB) and recycling them, so a change that makes
- * those dearer shows too.  Counted, it runs no flusher thread: the count is
- * this thread's alone (deleted segments are then recycled only by syncs);
- * timed, the flusher runs as in production.  The payloads are bench_storage.py's (116 B; 10 x 88 B; 100 x ~98 B
- * and 1000 x ~110 B, +-4 B).
+ * per-shard size limit deleting old segments (8 MiB) and recycling them, so
+ * a change that makes those dearer shows too.  "storage" sizes them as
+ * bench_storage.py does (16 MiB segments, the default 4 MiB chunks, 128 MiB
+ * per shard; SCALE 80 writes about 1 GiB per case).  Counted, it runs no
+ * flusher thread: the count is this thread's alone (deleted segments are then
+ * recycled only by syncs); timed, the flusher runs as in production.  The
+ * payloads are bench_storage.py's (116 B; 10 x 88 B; 100 x ~98 B and
+ * 1000 x ~110 B, +-4 B).
  *
  * Under callgrind (--instr-atstart=yes), each case's calls sit between
  * CALLGRIND_ZERO_STATS and CALLGRIND_DUMP_STATS_AT("append N"): one dump per
  * case.  Relative paths keep the count independent of DIR's length (paths
- * are formatted on the rotation path).  Prints one JSON object per case.
+ * are formatted on the rotation path).  Prints one JSON object per case:
+ * ns, user and system ns per call, rotations and recycled segments.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -171,11 +175,12 @@ static int run_case(comet_db *db, int c, uint32_t scale)
 
 int main(int argc, char **argv)
 {
-    if (argc < 2 || argc > 3) {
-        fprintf(stderr, "usage: bench_append DIR [SCALE]\n");
+    int storage_sizing = argc == 4 && strcmp(argv[3], "storage") == 0;
+    if (argc < 2 || argc > 4 || (argc == 4 && !storage_sizing)) {
+        fprintf(stderr, "usage: bench_append DIR [SCALE [storage]]\n");
         return 2;
     }
-    uint32_t scale = argc == 3 ? (uint32_t)strtoul(argv[2], NULL, 10) : 1;
+    uint32_t scale = argc >= 3 ? (uint32_t)strtoul(argv[2], NULL, 10) : 1;
     if (!scale || chdir(argv[1])) {
         perror("bench_append: DIR");
         return 2;
@@ -183,9 +188,13 @@ int main(int argc, char **argv)
     comet_config cfg;
     comet_config_default(&cfg);
     cfg.flags = COMET_OPEN_CREATE | (RUNNING_ON_VALGRIND ? COMET_OPEN_NO_FLUSHER : 0);
-    cfg.segment_bytes = 4u << 20;
-    cfg.segment_chunk_bytes = 1u << 20;
-    cfg.retention_max_shard_bytes = 8u << 20;
+    if (storage_sizing) {
+        cfg.retention_max_shard_bytes = 128u << 20;
+    } else {
+        cfg.segment_bytes = 4u << 20;
+        cfg.segment_chunk_bytes = 1u << 20;
+        cfg.retention_max_shard_bytes = 8u << 20;
+    }
     comet_db *db;
     if (comet_open("data", &cfg, &db)) {
         fprintf(stderr, "bench_append: open: %s\n", comet_last_error());
