@@ -16,10 +16,11 @@ CTESTS := $(patsubst storage_c/tests/%.c,$(BUILD)/%,$(wildcard storage_c/tests/t
 
 .PHONY: test check serve system-deps test-deps docker-deps venv ctest pytest bench clean locust-venv loadtest soak
 
-test: system-deps test-deps $(STAMP) locust-venv ctest tsan coverage typecheck pytest
+test: system-deps test-deps $(STAMP) locust-venv ctest tsan append-budget coverage typecheck pytest
 
 # The quick tier, for a change under way (under 3 minutes on 2 cores with a warm .venv and
-# build): the C tests under ASan/UBSan, mypy, and every pytest test that needs no Java,
+# build): the C tests under ASan/UBSan, the append's instruction budget, mypy, and every
+# pytest test that needs no Java,
 # Docker, FUSE or Swift and is no long crash, multi-process or load test (the marks are
 # assigned in tests/conftest.py).  It installs none of those; `make test` runs everything.
 # The C tests' scratch directories are on /dev/shm when it has 2 GiB free: they sync
@@ -29,19 +30,27 @@ check: system-deps $(STAMP)
 	@scratch=$$(df --output=avail -k /dev/shm 2>/dev/null | awk 'NR == 2 && $$1 > 2097152 {print "/dev/shm"}'); \
 	scratch=$$(mktemp -d "$${scratch:-$${TMPDIR:-/tmp}}/comet-ctest.XXXXXX") || exit 1; \
 	COMET_TEST_TMP=$$scratch $(MAKE) --no-print-directory ctest; rc=$$?; rm -rf "$$scratch"; exit $$rc
+	@$(MAKE) --no-print-directory append-budget
 	@$(MAKE) --no-print-directory typecheck
 	$(PY) -m pytest -m "$(QUICK_TESTS)" $(PYTEST_ARGS)
 
 serve: system-deps $(STAMP)
 	$(VENV)/bin/comet serve --data-dir ./data --host 127.0.0.1 --port 8080
 
-# Debian packages the C core builds against (idempotent; needs root or sudo).
+# Debian packages the C core builds against, and valgrind, which counts the append's
+# instructions (append-budget) (idempotent; needs root or sudo).
 system-deps:
 	@if [ ! -f /usr/include/zstd.h ]; then \
 	  echo "installing libzstd-dev"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get install -y -q libzstd-dev >/dev/null 2>&1 || \
 	  { $$SUDO apt-get update -q >/dev/null && $$SUDO apt-get install -y -q libzstd-dev >/dev/null; }; \
+	fi
+	@if [ ! -f /usr/include/valgrind/callgrind.h ]; then \
+	  echo "installing valgrind"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get install -y -q valgrind >/dev/null 2>&1 || \
+	  { $$SUDO apt-get update -q >/dev/null && $$SUDO apt-get install -y -q valgrind >/dev/null; }; \
 	fi
 
 # What only the tests need (idempotent; scripts/apt-install.sh installs what is missing):
@@ -98,6 +107,29 @@ build/obj/tsan/%.o: storage_c/src/%.c $(CHDR)
 $(TSAN_BUILD)/%: storage_c/tests/%.c $(call objects,tsan) $(TEST_HDR)
 	@mkdir -p $(TSAN_BUILD)
 	$(CC) $(CFLAGS_COMMON) $(TSAN) $(call objects,tsan) $< -o $@ -lzstd -lpthread
+
+# Instructions per append call of 1, 10, 100 and 1000 entries (loadtests/c/bench_append.c,
+# counted by callgrind: deterministic, not a timed test) against the budgets committed in
+# storage_c/tests/append_budget.txt: more than its tolerance over one fails with the figures.
+# The core is compiled as the cffi module compiles it (storage_c/_build.py and CPython's flags).
+# `make append-budget APPEND_BUDGET_ARGS=--update` rewrites the budgets from this run.
+BENCH_BUILD := build/bench
+BENCH_CFLAGS := -std=c11 -D_GNU_SOURCE -O2 -g -fwrapv -fPIC -fvisibility=hidden -DNDEBUG \
+  -Wall -Wextra -Werror -Istorage_c/include -Istorage_c/src
+APPEND_BUDGET_ARGS ?=
+.PHONY: append-budget
+.SECONDARY: $(call objects,bench)
+append-budget: system-deps $(BENCH_BUILD)/bench_append
+	@$(PYTHON) storage_c/tests/append_budget.py $(BENCH_BUILD)/bench_append \
+	  storage_c/tests/append_budget.txt $(APPEND_BUDGET_ARGS)
+
+build/obj/bench/%.o: storage_c/src/%.c $(CHDR)
+	@mkdir -p $(@D)
+	$(CC) $(BENCH_CFLAGS) -c $< -o $@
+
+$(BENCH_BUILD)/bench_append: loadtests/c/bench_append.c $(call objects,bench)
+	@mkdir -p $(@D)
+	$(CC) $(BENCH_CFLAGS) $(call objects,bench) $< -o $@ -lzstd -lpthread
 
 # Line coverage of storage_c/src by the C tests (gcov), printed as one figure per
 # file and a total; the report is build/coverage/summary.txt.  The core is compiled

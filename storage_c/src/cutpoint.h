@@ -79,9 +79,15 @@ extern _Atomic int comet_cut_live;
 
 void cut_point_hit(cut_id id);
 
+/* Whether a cut point may fire: a loop over a batch loads it once. */
+static inline int cut_points_live(void)
+{
+    return atomic_load_explicit(&comet_cut_live, memory_order_relaxed);
+}
+
 static inline void cut_point(cut_id id)
 {
-    if (atomic_load_explicit(&comet_cut_live, memory_order_relaxed))
+    if (cut_points_live())
         cut_point_hit(id);
 }
 
