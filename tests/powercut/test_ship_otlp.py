@@ -1,7 +1,7 @@
 """Power cuts while ``comet ship`` forwards a stream to an OTLP/HTTP endpoint:
 exactly once where the backend keeps Idempotency-Keys.
 
-The rounds of tests/powercut/test_ship.py (a writer and the real command on
+The rounds of tests/powercut/test_ship.py (shipping.py) (a writer and the real command on
 the power-cut mount, cuts at random moments, during reruns too), with the
 sink off the mount: a backend in the test process (the cloud, which keeps
 its power), answering 2xx, or now and then storing a batch and losing the
@@ -26,7 +26,7 @@ from tests.support.flaky_http import Seen, Step
 from tests.support.otlp_receiver import KEY, Backend, accepted
 
 from .harness import CUTS, PowerCutFS, seeded
-from .test_ship import Objects, run_ship
+from .shipping import Objects, run_ship
 
 
 def read_backend(backend: Backend, where: str) -> Objects:
