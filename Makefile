@@ -32,8 +32,14 @@ check: system-deps $(STAMP)
 	@$(MAKE) --no-print-directory typecheck
 	$(PY) -m pytest -m "$(QUICK_TESTS)" $(PYTEST_ARGS)
 
+# `make serve PORT=8081 HOST=0.0.0.0 DATA=/srv/comet`: taken from make's command line
+# only, never from the environment, where HOST is often the machine's name.
+command_line = $(if $(filter command line,$(origin $(1))),$($(1)),$(2))
+SERVE_PORT = $(call command_line,PORT,8080)
+SERVE_HOST = $(call command_line,HOST,127.0.0.1)
+SERVE_DATA = $(call command_line,DATA,./data)
 serve: system-deps $(STAMP)
-	$(VENV)/bin/comet serve --data-dir ./data --host 127.0.0.1 --port 8080
+	$(VENV)/bin/comet serve --data-dir $(SERVE_DATA) --host $(SERVE_HOST) --port $(SERVE_PORT)
 
 # Debian packages the C core builds against (idempotent; needs root or sudo).
 system-deps:
@@ -60,7 +66,8 @@ docker-deps:
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml setup.py storage_c/_build.py storage_c/_fastpath.c $(CSRC) $(CHDR)
+# libzstd-dev first, whatever asks for the venv (`make venv` as much as `make serve`).
+$(STAMP): pyproject.toml setup.py storage_c/_build.py storage_c/_fastpath.c $(CSRC) $(CHDR) | system-deps
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip setuptools wheel cffi
 	$(PY) -m pip install -q --no-build-isolation -e '.[dev]'

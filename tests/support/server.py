@@ -142,6 +142,15 @@ class ServerProcess:
         self.seen, self.ready_s = sorted(seen), time.monotonic() - t0
         return self.ready_s
 
+    def wait_for_log(self, text: str, timeout: float = 60, times: int = 1) -> None:
+        """Until ``text`` is in the server's log (``times`` times); AssertionError
+        if the server exits first or the time is up."""
+        deadline = time.monotonic() + timeout
+        while self.tail(1 << 20).count(text) < times:
+            assert time.monotonic() < deadline, f"no {text!r} in the log:\n{self.tail()}"
+            assert self.proc.poll() is None, f"the server exited:\n{self.tail()}"
+            time.sleep(0.02)
+
     def worker_pids(self) -> list[int]:
         """The workers: processes whose parent is the master."""
         pids = []
