@@ -18,9 +18,12 @@ under the uvicorn worker.
 HUP reloads: the configuration is read again from the same file and
 environment and new workers start with it (TLS certificates included: each
 worker builds its SSLContext from the files' contents the master read, see
-gateway/tls.py).  A file that no longer loads is
-logged and the running configuration kept; stopping the gateway on a typo
-would lose the service for no gain.
+gateway/tls.py), and one line says what it loaded (``reloaded``).  A file
+that no longer loads is logged and the running configuration kept; stopping
+the gateway on a typo would lose the service for no gain.  The settings a
+running master cannot change (``RESTART_ONLY``: the data directory it
+holds, its address, the number of slots) keep their running values, with a
+warning naming them.
 
 Before the master forks, ``run`` checks what it can (gateway.startup): the
 data directory, that no other gateway serves it, the address; a failure is
@@ -31,6 +34,7 @@ way, draining (``CometArbiter``).
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import logging
 import os
 import resource
@@ -93,7 +97,7 @@ class GatewayServer(BaseApplication):
     def load_config(self) -> None:
         if not self._config_is_fresh:  # a reload (HUP): read the configuration again
             try:
-                self.config = self._read_config()
+                self.config = reloaded(self.config, self._read_config())
             except ConfigError as exc:
                 event(log, "reload_config_invalid", logging.ERROR, error=str(exc),
                       action="keeping the running configuration")
@@ -126,6 +130,39 @@ class CometArbiter(Arbiter):
 
     def handle_quit(self) -> None:
         self.handle_term()
+
+
+RESTART_ONLY = ("data_dir", "host", "port", "workers")
+"""Settings a HUP cannot change: the master holds the data directory and the
+listening sockets, and every worker's slot is one of ``workers``."""
+
+
+def reloaded(running: GatewayConfig, new: GatewayConfig) -> GatewayConfig:
+    """The configuration a HUP read, but with the running values of
+    RESTART_ONLY, logged: one line of what was loaded (``reloaded``), and a
+    warning for restart-only settings that changed (``reload_needs_restart``)."""
+    pinned = {name: getattr(running, name) for name in RESTART_ONLY
+              if getattr(new, name) != getattr(running, name)}
+    if pinned:
+        event(log, "reload_needs_restart", logging.WARNING, settings=sorted(pinned),
+              action="kept their running values; stop and start the gateway to change them")
+        new = dataclasses.replace(new, **pinned)
+    changed = sorted(f.name for f in dataclasses.fields(GatewayConfig)
+                     if f.compare and getattr(new, f.name) != getattr(running, f.name))
+    if new.tls != running.tls:
+        changed.append("tls")
+    event(log, "reloaded", changed=changed, tokens=len(new.access), **tls_summary(new.tls))
+    return new
+
+
+def tls_summary(tls: TlsMaterial | None) -> dict[str, Any]:
+    """What a log line says of the listener's certificate: its serial and expiry."""
+    if tls is None:
+        return {"tls": False}
+    about = tls.certificate()
+    return {"tls": True, "tls_cert_serial": about.get("serialNumber"),
+            "tls_cert_not_after": about.get("notAfter"),
+            "tls_client_ca": tls.client_ca is not None}
 
 
 NOFILE_WHEN_UNLIMITED = 1 << 20  # the kernel refuses an unlimited RLIMIT_NOFILE

@@ -19,6 +19,7 @@ import os
 import ssl
 from contextlib import ExitStack
 from dataclasses import dataclass
+from typing import Any
 
 TLS_FLOOR = ssl.TLSVersion.TLSv1_2
 
@@ -62,6 +63,19 @@ class TlsMaterial:
                 raise TlsError(f"client CA {self.client_ca_file} does not load: {exc}") from None
             ctx.verify_mode = ssl.CERT_REQUIRED
         return ctx
+
+    def certificate(self) -> dict[str, Any]:
+        """The listener's certificate as the ssl module decodes one
+        (``serialNumber``, ``notAfter``, ``subject``...), for log lines; empty
+        where this Python cannot decode it."""
+        decode = getattr(getattr(ssl, "_ssl", None), "_test_decode_cert", None)
+        if decode is None:
+            return {}
+        with _memory_file("comet-tls-cert", self.cert) as path:
+            try:
+                return dict(decode(path))
+            except (ssl.SSLError, ValueError):
+                return {}
 
 
 def read_material(cert_file: str, key_file: str, client_ca_file: str) -> TlsMaterial | None:

@@ -343,6 +343,10 @@ def test_a_half_done_renewal_at_hup_keeps_the_running_certificate(tmp_path: Path
         assert server.stop() == 0
     log = server.log_path.read_text()
     assert log.count("reload_config_invalid") == 1 and "do not load as a pair" in log
+    # the reload that took the renewal says so, with the new certificate's serial
+    [reloaded] = [r for r in map(orjson.loads, log.splitlines()) if r.get("event") == "reloaded"]
+    assert reloaded["changed"] == ["tls"] and int(reloaded["tls_cert_serial"], 16) == new.serial
+    assert reloaded["tls_cert_not_after"].endswith("GMT") and reloaded["tls_client_ca"] is False
 
 
 # ---- the warning of a plaintext listener -------------------------------------------------------
