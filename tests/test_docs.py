@@ -78,13 +78,17 @@ def test_the_link_checker_reports_what_is_broken(tmp_path: Path) -> None:
 SPARK_PAGE = DOCS / "spark-and-the-lake.md"
 READERS = "### Reading the lake"
 SHOWN_LAKE = "/srv/lake"
-# What each example prints for a lake of stream "events" with 5 rows and 1 reject, in page order.
-READER_OUTPUTS = [r"5 1", r"5 \d+", r"\[\('events', 5\)\]", r"5 1"]
 
 
-def small_lake(tmp_path: Path) -> Path:
-    """A lake that ``comet spark-ship``'s real tasks wrote (in this process, no JVM):
-    5 rows and 1 reject of stream "events"."""
+def reader_outputs(rejects: int) -> list[str]:
+    """What each example prints for a lake of stream "events" with 5 rows and
+    ``rejects`` rejects, in page order."""
+    return [rf"5 {rejects}", r"5 \d+", r"\[\('events', 5\)\]", rf"5 {rejects}"]
+
+
+def small_lake(tmp_path: Path, rejects: int) -> Path:
+    """A lake that ``comet spark-ship``'s real tasks wrote (in this process, no JVM)
+    in one run: 5 rows and ``rejects`` rejects of stream "events"."""
     from spark_jobs.lakefs import Lake
     from spark_jobs.ship import ShipOptions, ship
     from storage_c import Config, Log
@@ -94,20 +98,25 @@ def small_lake(tmp_path: Path) -> Path:
     with Log(data, Config(shards=2)) as log:
         for n in range(5):
             log.append("events", json.dumps({"device": f"d{n}", "temp": 20.5 + n}).encode())
-        log.append("events", b"not json")
+        for _ in range(rejects):
+            log.append("events", b"not json")
     report = ship(ShipOptions(str(data), "events", Lake(str(lake))), in_process)
-    assert (report.rows, report.rejects) == (5, 1)
+    assert (report.rows, report.rejects) == (5, rejects)
     return lake
 
 
-def test_the_lake_reader_examples_run_as_written(tmp_path: Path) -> None:
-    """Each Python example of the Spark page's "Reading the lake", run in a fresh
-    Python against a real lake (its path put in place of /srv/lake), prints what a
-    reader of that lake must see: the committed rows and rejects, each once."""
+@pytest.mark.parametrize("rejects", [1, 0], ids=["a-reject", "a-fresh-lake-without-rejects"])
+def test_the_lake_reader_examples_run_as_written(tmp_path: Path, rejects: int) -> None:
+    """Each Python example of the Spark page's "Reading the lake" (Polars, pandas,
+    DuckDB, this project's reader), run in a fresh Python against a real lake (its
+    path put in place of /srv/lake), prints what a reader of that lake must see:
+    the committed rows and rejects, each once; on a lake fresh from its first
+    run, the rejects table is there and empty."""
     examples = code_blocks(SPARK_PAGE, READERS)
-    assert len(examples) == len(READER_OUTPUTS), f"{len(examples)} Python examples under {READERS}"
-    lake = small_lake(tmp_path)
-    for example, shown in zip(examples, READER_OUTPUTS):
+    outputs = reader_outputs(rejects)
+    assert len(examples) == len(outputs), f"{len(examples)} Python examples under {READERS}"
+    lake = small_lake(tmp_path, rejects)
+    for example, shown in zip(examples, outputs):
         assert SHOWN_LAKE in example, example
         out = subprocess.run([sys.executable, "-c", example.replace(SHOWN_LAKE, str(lake))],
                              cwd=REPO, capture_output=True, text=True, timeout=120)
