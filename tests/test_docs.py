@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-from tests.support.docs import code_blocks
+from tests.support.docs import code_blocks, fenced_blocks
 from tests.support.server import SMALL, GatewayProcess
 
 REPO = Path(__file__).resolve().parent.parent
@@ -122,6 +122,87 @@ def test_the_lake_reader_examples_run_as_written(tmp_path: Path, rejects: int) -
                              cwd=REPO, capture_output=True, text=True, timeout=120)
         assert out.returncode == 0, f"{example}\nfailed:\n{out.stderr[-3000:]}"
         assert re.fullmatch(shown, out.stdout.strip()), f"{example}\nprinted {out.stdout!r}"
+
+
+# --- how the pages write commands ----------------------------------------------------------
+
+CONVENTION = "**How the pages write commands.**"
+VENV_COMET = ".venv/bin/comet"
+SHELL_BLOCKS = ("", "sh", "bash", "console", "shell")
+LEADING = re.compile(r"^(?:\$\s+|sudo\s+|exec\s+|time\s+|[A-Za-z_][A-Za-z0-9_]*=\S*\s+)*")
+CODE_SPAN = re.compile(r"`([^`]+)`")
+IN_CONTAINERS = {"docker.md"}
+"""Pages whose text runs commands inside the images, where `comet` is on the PATH."""
+
+
+def command_paths() -> set[tuple[str, ...]]:
+    """Every command of `comet`, as the words that name it: ("stat",), ("lake", "check")..."""
+    import click
+
+    from storage_c.cli import main
+
+    ctx = click.Context(main)
+    paths: set[tuple[str, ...]] = set()
+    for name in main.list_commands(ctx):
+        command = main.get_command(ctx, name)
+        paths.add((name,))
+        if isinstance(command, click.Group):
+            paths |= {(name, sub) for sub in command.list_commands(click.Context(command))}
+    return paths
+
+
+def typed_comet(words: list[str], paths: set[tuple[str, ...]]) -> bool:
+    """Whether ``comet ...`` in running text is a command line to type (a command
+    and an argument), rather than a command's name or one of its options."""
+    rest = words[1:]
+    named = max((len(p) for p in paths if tuple(rest[:len(p)]) == p), default=0)
+    return any(not w.startswith("-") for w in rest[named:])
+
+
+def comet_violations(page: Path, paths: set[tuple[str, ...]]) -> list[str]:
+    """The places of a page that call bare ``comet``: a command line of a shell
+    block (each command of it, after a prompt, sudo or variables), or a command
+    line in the text."""
+    found = []
+    for language, start, lines in fenced_blocks(page):
+        if language not in SHELL_BLOCKS:
+            continue
+        for offset, line in enumerate(lines):
+            for command in re.split(r"&&|\|\||;|\||\$\(", line):
+                words = LEADING.sub("", command.strip()).split()
+                if words[:1] == ["comet"]:
+                    found.append(f"{page.name}:{start + offset}: {line.strip()}")
+    if page.name not in IN_CONTAINERS:
+        for number, line in enumerate(prose_lines(page.read_text(encoding="utf-8")), 1):
+            for span in CODE_SPAN.findall(line):
+                words = span.split()
+                if words[:1] == ["comet"] and typed_comet(words, paths):
+                    found.append(f"{page.name} (text): `{span}`")
+    return found
+
+
+def test_every_page_writes_commands_as_the_readme_says() -> None:
+    """The README states once how the pages call `comet` (`.venv/bin/comet`, from
+    the repository's root): no page calls bare `comet` in a command line."""
+    pages = [README, *sorted(DOCS.glob("*.md"))]
+    stated = [p.name for p in pages for _ in range(p.read_text(encoding="utf-8").count(CONVENTION))]
+    assert stated == ["README.md"], stated
+    assert VENV_COMET in README.read_text(encoding="utf-8")
+    paths = command_paths()
+    assert {("serve",), ("ship",), ("lake", "check"), ("group", "reset")} <= paths
+    violations = [v for page in pages for v in comet_violations(page, paths)]
+    assert violations == [], "\n".join(violations)
+
+
+def test_the_command_check_finds_bare_comet(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text("Run `comet stat ./data`, or see `comet ship`, `comet stat --json`.\n\n"
+                    "```\n$ comet verify ./data\nsudo FOO=1 comet ship a b c\n"
+                    "cd x && comet tail ./data ev\n.venv/bin/comet stat ./data\n```\n"
+                    "```toml\ncomet = 1\n```\n")
+    assert comet_violations(page, command_paths()) == [
+        "page.md:4: $ comet verify ./data", "page.md:5: sudo FOO=1 comet ship a b c",
+        "page.md:6: cd x && comet tail ./data ev", "page.md (text): `comet stat ./data`"]
 
 
 DATE = re.compile(r"\b20\d\d-[01]\d-[0-3]\d\b")
