@@ -67,10 +67,17 @@ docker-deps:
 venv: $(STAMP)
 
 # libzstd-dev first, whatever asks for the venv (`make venv` as much as `make serve`).
+# EXTRAS: the optional dependencies installed with the project (pyproject.toml):
+# dev (everything the tests need, the default), spark (comet spark-ship), or none
+# (EXTRAS=: the gateway, comet ship and the inspection commands), for a service.
+# PYTHON: the interpreter the venv links to; a service's user must be able to
+# run it (scripts/venv-reach.py says when it cannot).
+EXTRAS ?= dev
 $(STAMP): pyproject.toml setup.py storage_c/_build.py storage_c/_fastpath.c $(CSRC) $(CHDR) | system-deps
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip setuptools wheel cffi
-	$(PY) -m pip install -q --no-build-isolation -e '.[dev]'
+	$(PY) -m pip install -q --no-build-isolation -e '.$(if $(EXTRAS),[$(EXTRAS)])'
+	@$(PY) scripts/venv-reach.py
 	@touch $(STAMP)
 
 # C tests of the core, under AddressSanitizer and UndefinedBehaviorSanitizer.  Each

@@ -250,3 +250,12 @@ def test_make_serve_on_a_taken_port_says_which_and_what_to_do(tmp_path: Path) ->
     ours = [line for line in err.splitlines() if not line.startswith("make")]
     assert len(ours) == 1 and f"port {port} on {HOST} is in use" in ours[0] \
         and "make serve PORT=" in ours[0], err
+
+
+def test_make_venv_installs_libzstd_dev_as_make_serve_does() -> None:
+    """The C core builds against libzstd-dev: whatever makes the venv installs it
+    first (a dry run: make prints what it would do)."""
+    for target in ("venv", "serve"):
+        dry = subprocess.run(["make", "-n", "-C", str(REPO), target], capture_output=True,
+                             text=True, timeout=60)
+        assert dry.returncode == 0 and "apt-get install -y -q libzstd-dev" in dry.stdout, dry.stdout
