@@ -205,6 +205,44 @@ def test_the_command_check_finds_bare_comet(tmp_path: Path) -> None:
         "page.md:6: cd x && comet tail ./data ev", "page.md (text): `comet stat ./data`"]
 
 
+# --- the metrics table ------------------------------------------------------------------------
+
+OPERATIONS = DOCS / "operations.md"
+TYPE_LINE = re.compile(r"^# TYPE (\S+) (\S+)$", re.M)
+
+
+def documented_metrics() -> dict[str, str]:
+    """operations.md's metrics table: each name with its type (a row naming
+    ``x_sum``, ``_count`` names both)."""
+    lines = OPERATIONS.read_text(encoding="utf-8").splitlines()
+    start = lines.index("| metric | type | labels | meaning |")
+    out: dict[str, str] = {}
+    for row in lines[start + 2:]:
+        if not row.startswith("|"):
+            break
+        names_cell, kind = [c.strip() for c in row.strip("|").split("|")][:2]
+        names = CODE_SPAN.findall(names_cell)
+        for name in names:
+            full = names[0].rsplit("_", 1)[0] + name if name.startswith("_") else name
+            out[full] = kind
+    return out
+
+
+def test_the_metrics_table_lists_what_metrics_serves(tmp_path: Path) -> None:
+    """Every metric /metrics serves is in operations.md's table with its type, and
+    the table names no other."""
+    from starlette.testclient import TestClient
+
+    from gateway.app import create_app
+    from tests.support.gateway_app import JSON, config
+
+    with TestClient(create_app(config(tmp_path / "data"))) as client:
+        assert client.post("/streams/ev", content=b'{"a":1}', headers=JSON).status_code == 202
+        served = dict(TYPE_LINE.findall(client.get("/metrics").text))
+    assert len(served) > 20
+    assert documented_metrics() == served
+
+
 DATE = re.compile(r"\b20\d\d-[01]\d-[0-3]\d\b")
 COMMIT = re.compile(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{7,40}\b")
 
