@@ -189,6 +189,21 @@ def test_files_the_config_names_are_checked_before_any_process_starts(tmp_path: 
     assert not Path(data).exists()
 
 
+def test_the_pages_say_what_a_start_without_tokens_does(tmp_path: Path) -> None:
+    """Listening beyond loopback without tokens, or with auth on and none, the
+    gateway refuses to start; the Docker page quotes both refusals as comet
+    serve words them, and no page says it would run and answer 401/403."""
+    docker = (REPO / "docs" / "docker.md").read_text()
+    for env in ({"COMET_HOST": "0.0.0.0"}, {"COMET_AUTH": "on"}):
+        line, _ = refused_start("--data-dir", str(tmp_path / "data"), "--port", str(free_port()),
+                                env=env)
+        words = line.removeprefix("Error: ")
+        quoted = words[:words.index(" (")] if " (" in words else words
+        assert quoted in " ".join(docker.split()), line
+    for page in [REPO / "README.md", *(REPO / "docs").glob("*.md")]:
+        assert "answer 401/403 to every write" not in " ".join(page.read_text().split()), page.name
+
+
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes where the owner is someone else")
 def test_a_data_dir_of_another_user_is_one_line(tmp_path: Path) -> None:
     data = tmp_path / "data"
