@@ -205,6 +205,55 @@ def test_the_command_check_finds_bare_comet(tmp_path: Path) -> None:
         "page.md:6: cd x && comet tail ./data ev", "page.md (text): `comet stat ./data`"]
 
 
+# --- what the examples leave in the checkout -----------------------------------------------
+
+CREATES = (re.compile(r"-(?:keyout|out)\s+(\w[\w./-]*)"),     # openssl's outputs
+           re.compile(r"(?:^|\s)>>?\s*(\.?\w[\w./-]*)"),        # a redirection's file
+           re.compile(r"(?:^|\s)\./(\w[\w.-]*)"))               # a data directory, a sink
+NAMED_FILE = re.compile(r"^# ([\w.-]+\.(?:toml|ya?ml|json))$")  # "# comet.toml" atop a file's block
+
+
+def example_outputs(page: Path) -> set[str]:
+    """The relative paths a page's examples create when run from the repository's
+    root: the files and directories their command lines write (after a `cd`, under
+    it), and the files their blocks are named as."""
+    out: set[str] = set()
+    for language, _, lines in fenced_blocks(page):
+        if language not in SHELL_BLOCKS:
+            named = NAMED_FILE.match(lines[0]) if lines else None
+            if named:
+                out.add(named.group(1))
+            continue
+        prompted = any(line.startswith("$ ") for line in lines)
+        cwd = ""
+        for line in lines:
+            if prompted and not line.startswith("$ "):
+                continue  # what a command printed
+            command = line.removeprefix("$ ").split(" #")[0]
+            if command.startswith("cd "):
+                cwd = command.split()[1]
+                continue
+            for pattern in CREATES:
+                out |= {os.path.normpath(os.path.join(cwd, path)) for path in pattern.findall(command)}
+    return out
+
+
+def test_what_the_examples_create_is_ignored_by_git() -> None:
+    """A key, a certificate or a configuration file made by copying a page's
+    example into the checkout cannot be committed by a `git add .`."""
+    outputs = sorted(set().union(*(example_outputs(p) for p in [README, *DOCS.glob("*.md")])))
+    assert {"cert.pem", "key.pem", "clients-ca.key", "comet.toml", "outbox", "data",
+            "blob.bin", "docker/.env"} <= set(outputs), outputs
+    checked = subprocess.run(["git", "check-ignore", "--no-index", "--verbose", "--non-matching",
+                              "--", *outputs], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert checked.returncode in (0, 1) and len(checked.stdout.splitlines()) == len(outputs), checked
+    unignored = [line.split("\t")[1] for line in checked.stdout.splitlines() if line.startswith("::")]
+    assert unignored == [], f"not in .gitignore: {unignored}"
+    tracked = subprocess.run(["git", "ls-files", "--cached", "--ignored", "--exclude-standard"],
+                             cwd=REPO, capture_output=True, text=True, timeout=60).stdout.split()
+    assert tracked == [], f"tracked files .gitignore now names: {tracked}"
+
+
 # --- the metrics table ------------------------------------------------------------------------
 
 OPERATIONS = DOCS / "operations.md"
