@@ -69,3 +69,5 @@ def serve(config_file: str | None, data_dir: str | None, host: str | None, port:
         GatewayServer(read).run()
     except (ConfigError, StartError) as exc:
         raise click.ClickException(str(exc)) from None
+    except KeyboardInterrupt:  # Ctrl-C before the master took the signal over: nothing runs yet
+        raise SystemExit(130) from None

@@ -79,6 +79,7 @@ class GatewayServer(BaseApplication):
     def run(self) -> None:
         """gunicorn's master, in this process, once what it can check before
         forking is right (StartError otherwise, nothing started)."""
+        startup.check_workers(self.config)
         claim = startup.claim_data_dir(self.config.data_dir, self.config.host, self.config.port)
         capture_stray_output()  # inherited by the workers, which are forked from here
         raise_file_limit()  # inherited too: each worker's open-shard budget derives from it

@@ -7,6 +7,8 @@ workers then fail one by one with tracebacks, or wait.  The configuration's
 own checks (every setting, the TLS files, the tokens file) run when it loads
 (gateway.config); what depends on the machine is checked here:
 
+- the number of workers: each holds one of the data directory's process
+  slots, of which there are at most 1,024;
 - the data directory: created if missing, a directory, writable;
 - that no other gateway serves it: the master takes an exclusive ``flock``
   on ``<data>/.gateway/serve.lock`` and writes its PID and address there.
@@ -36,12 +38,24 @@ from typing import Any
 
 from storage_c.files import pid_alive
 
+from .config import GatewayConfig
+
 LOCK_NAME = "serve.lock"
 WHERE_TO_CHOOSE = "--data-dir, COMET_DATA_DIR or data_dir in the configuration file"
 
 
 class StartError(RuntimeError):
     """Why the gateway cannot start, in one line that says what to do."""
+
+
+def check_workers(config: GatewayConfig) -> None:
+    """The storage settings each worker opens with: one process slot per worker."""
+    try:
+        config.storage_config()
+    except ValueError as exc:
+        raise StartError(f"workers = {config.worker_count}: {exc} (each worker holds one of the "
+                         "data directory's process slots); choose fewer (--workers, COMET_WORKERS)"
+                         ) from None
 
 
 class DataDirClaim:

@@ -183,6 +183,7 @@ def test_files_the_config_names_are_checked_before_any_process_starts(tmp_path: 
         ({"COMET_TOKENS_FILE": str(tmp_path / "tokens.toml"), "COMET_AUTH": "on"},
          f"tokens_file {tmp_path}/tokens.toml does not exist"),
         ({"COMET_HOST": "0.0.0.0"}, "host 0.0.0.0 is not loopback, so tokens are required"),
+        ({"COMET_WORKERS": "2000"}, "workers = 2000: process_count must be between 1 and 1024"),
     ]:
         line, took = refused_start("--data-dir", data, "--port", port, env=env)
         assert says in line and took < PROMPT_S, line
