@@ -6,12 +6,14 @@ line saying what is wrong and what to do, and each stop is prompt and clean."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
 import subprocess
 import time
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -215,27 +217,33 @@ def test_a_data_dir_of_another_user_is_one_line(tmp_path: Path) -> None:
 
 # ---- make serve ------------------------------------------------------------------------------
 
-def make_serve(*assignments: str, cwd: Path = REPO) -> subprocess.Popen[str]:
-    """`make serve VAR=...` in a session of its own (the venv taken as built)."""
+@contextlib.contextmanager
+def make_serve(*assignments: str) -> Iterator[subprocess.Popen[str]]:
+    """`make serve VAR=...` in a session of its own (the venv taken as built); what is
+    left of it at the end is KILLed."""
     environ = {k: v for k, v in os.environ.items() if not k.startswith("COMET_")}
-    return subprocess.Popen(["make", "--no-print-directory", "-o", ".venv/.installed", "-C", str(cwd),
+    proc = subprocess.Popen(["make", "--no-print-directory", "-o", ".venv/.installed", "-C", str(REPO),
                              "serve", *assignments], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True,
                             env={**environ, "HOST": "somewhere.example", "PORT": "1"})
+    try:
+        yield proc
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
 
 
 def test_make_serve_takes_port_host_and_data_and_ignores_the_environment(tmp_path: Path) -> None:
     """PORT, HOST and DATA on make's command line; HOST and PORT in the
     environment (a shell's HOST is often the machine's name) are not taken."""
     port, data = free_port(), tmp_path / "served"
-    proc = make_serve(f"PORT={port}", f"DATA={data}", f"HOST={HOST}")
-    try:
+    with make_serve(f"PORT={port}", f"DATA={data}", f"HOST={HOST}") as proc:
         deadline = time.monotonic() + 60
         while not (data / ".gateway" / "serve.lock").exists() or not answers(port):
             assert proc.poll() is None, proc.communicate()
             assert time.monotonic() < deadline, "make serve did not start"
             time.sleep(0.05)
-    finally:
         os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C
         _, err = proc.communicate(timeout=30)
     assert "error" not in err.lower(), err
@@ -260,8 +268,8 @@ def test_make_serve_on_a_taken_port_says_which_and_what_to_do(tmp_path: Path) ->
         taken.bind((HOST, 0))
         taken.listen()
         port = taken.getsockname()[1]
-        proc = make_serve(f"PORT={port}", f"DATA={tmp_path / 'data'}")
-        _, err = proc.communicate(timeout=60)
+        with make_serve(f"PORT={port}", f"DATA={tmp_path / 'data'}") as proc:
+            _, err = proc.communicate(timeout=60)
     assert proc.returncode != 0
     ours = [line for line in err.splitlines() if not line.startswith("make")]
     assert len(ours) == 1 and f"port {port} on {HOST} is in use" in ours[0] \
