@@ -99,9 +99,13 @@ def test_workers_that_outlive_their_master_still_hold_the_data_dir(tmp_path: Pat
 
 # ---- stop signals ---------------------------------------------------------------------------
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGQUIT],
-                         ids=["INT", "TERM", "QUIT"])
-@pytest.mark.parametrize("to", ["master", "group"])
+# INT to the master, the case met first, in the quick tier; the others in the full suite
+STOPS = [pytest.param(to, sig, id=f"{to}-{sig.name[3:]}",
+                      marks=() if (to, sig) == ("master", signal.SIGINT) else pytest.mark.slow)
+         for to in ("master", "group") for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGQUIT)]
+
+
+@pytest.mark.parametrize("to, sig", STOPS)
 def test_every_stop_signal_stops_promptly_and_cleanly(tmp_path: Path, sig: int, to: str) -> None:
     """To the master (kill) or to its whole process group, as a terminal's Ctrl-C
     and Ctrl-\\ send it: exit status 0 within 5 s, no warning or error line, and
