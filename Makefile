@@ -2,7 +2,9 @@
 # Everything else is installed on demand (the venv, system packages the build needs).
 
 SHELL := /bin/bash
-PYTHON ?= python3
+# The venv's interpreter: the first python3 every user can run (scripts/pick-python), so
+# that a service's own user can run the venv too (docs/operations.md).
+PYTHON ?= $(shell scripts/pick-python)
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
@@ -70,7 +72,7 @@ venv: $(STAMP)
 # EXTRAS: the optional dependencies installed with the project (pyproject.toml):
 # dev (everything the tests need, the default), spark (comet spark-ship), or none
 # (EXTRAS=: the gateway, comet ship and the inspection commands), for a service.
-# PYTHON: the interpreter the venv links to; a service's user must be able to
+# PYTHON (above): the interpreter the venv links to; a service's user must be able to
 # run it (scripts/venv-reach.py says when it cannot).
 EXTRAS ?= dev
 $(STAMP): pyproject.toml setup.py storage_c/_build.py storage_c/_fastpath.c $(CSRC) $(CHDR) | system-deps

@@ -118,18 +118,23 @@ def test_the_units_command_line_runs_as_the_service_user(scratch: Path) -> None:
     assert "Traceback" not in server.tail(1 << 20)
 
 
-def test_make_venv_says_when_other_users_cannot_run_its_python(scratch: Path) -> None:
-    """scripts/venv-reach.py, which make venv runs: quiet for the system's
-    Python, a note naming the way out for one other users cannot reach."""
+def test_make_venv_takes_a_python_every_user_can_run(scratch: Path) -> None:
+    """scripts/pick-python (make venv's default PYTHON) passes over a python3 on
+    the PATH that other users cannot run; scripts/venv-reach.py, which make venv
+    runs, is quiet for the system's Python and notes one that is closed."""
     script = REPO / "scripts" / "venv-reach.py"
+    closed = scratch / "closed"
+    closed.mkdir(mode=0o700)
+    shutil.copy2(os.path.realpath(sys.executable), closed / "python3.real")
+    copy = closed / "python3"  # this Python, in a directory only root may enter
+    copy.write_text(f"#!/bin/sh\nPYTHONHOME={sys.base_prefix} exec {closed}/python3.real \"$@\"\n")
+    copy.chmod(0o755)
+    picked = subprocess.run([str(REPO / "scripts" / "pick-python")], capture_output=True, text=True,
+                            timeout=60, env={**os.environ, "PATH": f"{closed}:/usr/bin:/bin"})
+    assert picked.stdout.strip() == "/usr/bin/python3", picked.stdout
     quiet = subprocess.run(["/usr/bin/python3", str(script)], capture_output=True, text=True,
                            timeout=60)
     assert quiet.returncode == 0 and quiet.stdout == "", quiet.stdout
-    closed = scratch / "closed"
-    closed.mkdir(mode=0o700)
-    copy = closed / "python3"
-    shutil.copy2(os.path.realpath(sys.executable), copy)
-    noted = subprocess.run([str(copy), str(script)], capture_output=True, text=True, timeout=60,
-                           env={**os.environ, "PYTHONHOME": sys.base_prefix})
+    noted = subprocess.run([str(copy), str(script)], capture_output=True, text=True, timeout=60)
     assert noted.returncode == 0
     assert f"{closed} is closed to them" in noted.stdout and "make venv PYTHON=" in noted.stdout
