@@ -132,7 +132,7 @@ def check_writable(path: str) -> None:
             shared = Path(path) / name
             if shared.exists() and not os.access(shared, os.W_OK | (os.X_OK if shared.is_dir() else 0)):
                 raise StartError(f"{shared} in the data directory is not writable by user "
-                                 f"{_user()} (it belongs to {_owner(shared)}): every process "
+                                 f"{_user()} (it belongs to {_user(shared.stat().st_uid)}): every process "
                                  f"that opens a data directory runs as one user; give it to this "
                                  f"one (sudo chown -R {_user()} {path})")
         return
@@ -225,15 +225,9 @@ def cannot_listen(address: Any, exc: OSError) -> str:
     return f"cannot listen on {host}:{port}: {exc.strerror or exc}"
 
 
-def _user() -> str:
-    try:
-        return pwd.getpwuid(os.geteuid()).pw_name
-    except KeyError:
-        return str(os.geteuid())
-
-
-def _owner(path: Path) -> str:
-    uid = path.stat().st_uid
+def _user(uid: int | None = None) -> str:
+    """A user's name (by default this process's), or the number without one."""
+    uid = os.geteuid() if uid is None else uid
     try:
         return pwd.getpwuid(uid).pw_name
     except KeyError:
