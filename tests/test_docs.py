@@ -129,7 +129,9 @@ def test_the_lake_reader_examples_run_as_written(tmp_path: Path, rejects: int) -
 CONVENTION = "**How the pages write commands.**"
 VENV_COMET = ".venv/bin/comet"
 SHELL_BLOCKS = ("", "sh", "bash", "console", "shell")
-LEADING = re.compile(r"^(?:\$\s+|sudo\s+|exec\s+|time\s+|[A-Za-z_][A-Za-z0-9_]*=\S*\s+)*")
+LEADING = re.compile(r"^(?:\$\s+|[A-Za-z_][A-Za-z0-9_]*=\S*\s+"   # a prompt, variables
+                     r"|(?:sudo|runuser|env|exec|nohup|time)\s+"       # what runs a command, with
+                     r"(?:-[ug]\s+\S+\s+|--?[\w-]+(?:=\S+)?\s+)*(?:--\s+)?)*")  # its options
 CODE_SPAN = re.compile(r"`([^`]+)`")
 IN_CONTAINERS = {"docker.md"}
 """Pages whose text runs commands inside the images, where `comet` is on the PATH."""
@@ -198,11 +200,13 @@ def test_the_command_check_finds_bare_comet(tmp_path: Path) -> None:
     page = tmp_path / "page.md"
     page.write_text("Run `comet stat ./data`, or see `comet ship`, `comet stat --json`.\n\n"
                     "```\n$ comet verify ./data\nsudo FOO=1 comet ship a b c\n"
-                    "cd x && comet tail ./data ev\n.venv/bin/comet stat ./data\n```\n"
+                    "cd x && comet tail ./data ev\n.venv/bin/comet stat ./data\n"
+                    "sudo -u comet comet stat ./data\nsudo runuser -u comet -- /opt/bin/comet stat\n```\n"
                     "```toml\ncomet = 1\n```\n")
     assert comet_violations(page, command_paths()) == [
         "page.md:4: $ comet verify ./data", "page.md:5: sudo FOO=1 comet ship a b c",
-        "page.md:6: cd x && comet tail ./data ev", "page.md (text): `comet stat ./data`"]
+        "page.md:6: cd x && comet tail ./data ev", "page.md:8: sudo -u comet comet stat ./data",
+        "page.md (text): `comet stat ./data`"]
 
 
 # --- what the examples leave in the checkout -----------------------------------------------
