@@ -42,6 +42,7 @@ import signal
 import ssl
 from typing import Any, Callable, cast
 
+from gunicorn import systemd
 from gunicorn.app.base import BaseApplication
 from gunicorn.arbiter import Arbiter
 from gunicorn.sock import BaseSocket, TCP6Socket, TCPSocket
@@ -111,7 +112,11 @@ class GatewayServer(BaseApplication):
 
 
 def listening_sockets(arbiter: Arbiter) -> list[BaseSocket]:
-    """The master's listening sockets, bound once (StartError: one line)."""
+    """The master's listening sockets, bound once (StartError: one line); none
+    under systemd's socket activation, whose sockets gunicorn takes itself."""
+    if systemd.listen_fds(unset_environment=False):
+        return []
+
     def bound(address: Any) -> BaseSocket:  # a (host, port) tuple, which the stubs miss
         kind = TCP6Socket if is_ipv6(address[0]) else TCPSocket
         return kind(address, arbiter.cfg, cast(Any, arbiter.log))

@@ -180,6 +180,34 @@ def test_a_taken_port_is_one_line_naming_it_and_leaves_nothing_behind(tmp_path: 
     assert "cannot listen on 192.0.2.1: it is no address of this machine" in line, line
 
 
+def test_a_socket_systemd_hands_over_is_served_not_bound_again(tmp_path: Path) -> None:
+    """Socket activation (LISTEN_FDS): gunicorn takes the inherited socket, so the
+    master binds nothing itself (its port is taken: by that very socket)."""
+    listener = socket.create_server((HOST, 0))
+    port = listener.getsockname()[1]
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("COMET_")}
+    log = (tmp_path / "serve.log").open("wb")
+    proc = subprocess.Popen(
+        ["sh", "-c", 'LISTEN_PID=$$ LISTEN_FDS=1 exec "$@"', "sh", str(COMET), "serve",
+         "--data-dir", str(tmp_path / "data"), "--port", str(port), "--workers", "1"],
+        stdout=log, stderr=subprocess.STDOUT, env=environ, start_new_session=True, pass_fds=(3,),
+        preexec_fn=lambda: os.dup2(listener.fileno(), 3))
+    try:
+        deadline = time.monotonic() + 60
+        while not answers(port):
+            assert proc.poll() is None, (tmp_path / "serve.log").read_text()
+            assert time.monotonic() < deadline, "no answer on the inherited socket"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        log.close()
+        listener.close()
+
+
 def test_files_the_config_names_are_checked_before_any_process_starts(tmp_path: Path) -> None:
     data, port = str(tmp_path / "data"), str(free_port())
     missing = str(tmp_path / "missing.pem")
