@@ -2,7 +2,9 @@
 # Everything else is installed on demand (the venv, system packages the build needs).
 
 SHELL := /bin/bash
-PYTHON ?= python3
+# The venv's interpreter: the first python3 every user can run (scripts/pick-python), so
+# that a service's own user can run the venv too (docs/operations.md).
+PYTHON ?= $(shell scripts/pick-python)
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
@@ -34,8 +36,14 @@ check: system-deps $(STAMP)
 	@$(MAKE) --no-print-directory typecheck
 	$(PY) -m pytest -m "$(QUICK_TESTS)" $(PYTEST_ARGS)
 
+# `make serve PORT=8081 HOST=0.0.0.0 DATA=/srv/comet`: taken from make's command line
+# only, never from the environment, where HOST is often the machine's name.
+command_line = $(if $(filter command line,$(origin $(1))),$($(1)),$(2))
+SERVE_PORT = $(call command_line,PORT,8080)
+SERVE_HOST = $(call command_line,HOST,127.0.0.1)
+SERVE_DATA = $(call command_line,DATA,./data)
 serve: system-deps $(STAMP)
-	$(VENV)/bin/comet serve --data-dir ./data --host 127.0.0.1 --port 8080
+	$(VENV)/bin/comet serve --data-dir $(SERVE_DATA) --host $(SERVE_HOST) --port $(SERVE_PORT)
 
 # Debian packages the C core builds against, and valgrind, which counts the append's
 # instructions (append-budget) (idempotent; needs root or sudo).
@@ -69,10 +77,18 @@ docker-deps:
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml setup.py storage_c/_build.py storage_c/_fastpath.c $(CSRC) $(CHDR)
+# libzstd-dev first, whatever asks for the venv (`make venv` as much as `make serve`).
+# EXTRAS: the optional dependencies installed with the project (pyproject.toml):
+# dev (everything the tests need, the default), spark (comet spark-ship), or none
+# (EXTRAS=: the gateway, comet ship and the inspection commands), for a service.
+# PYTHON (above): the interpreter the venv links to; a service's user must be able to
+# run it (scripts/venv-reach.py says when it cannot).
+EXTRAS ?= dev
+$(STAMP): pyproject.toml setup.py storage_c/_build.py storage_c/_fastpath.c $(CSRC) $(CHDR) | system-deps
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip setuptools wheel cffi
-	$(PY) -m pip install -q --no-build-isolation -e '.[dev]'
+	$(PY) -m pip install -q --no-build-isolation -e '.$(if $(EXTRAS),[$(EXTRAS)])'
+	@$(PY) scripts/venv-reach.py
 	@touch $(STAMP)
 
 # C tests of the core, under AddressSanitizer and UndefinedBehaviorSanitizer.  Each

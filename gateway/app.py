@@ -119,7 +119,7 @@ def create_app(config: GatewayConfig) -> GatewayApp:
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         runtime.claim_slot()  # already under way when gunicorn's post_worker_init ran
         deadline = time.monotonic() + config.slot_wait_s
-        while runtime.metrics is None and time.monotonic() < deadline:
+        while runtime.metrics is None and not runtime.stopping and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
         watchers = [asyncio.create_task(stalls.watch_loop(runtime)),
                     asyncio.create_task(losses.watch_losses(runtime))]

@@ -76,6 +76,12 @@ class Runtime:
             except NoFreeSlot:
                 if waited == 0.0:
                     event(log, "waiting_for_slot", slots=self.config.worker_count)
+                elif waited < self.config.slot_wait_s <= waited + 0.1:
+                    # serving by now, with 503s: say why, once
+                    event(log, "still_waiting_for_slot", logging.WARNING, waited_s=round(waited, 1),
+                          action="answering 503 until a slot is free: old workers still drain "
+                                 "after a reload, or another process holds slots of "
+                                 f"{self.config.data_dir} (fuser -v {self.config.data_dir}/.slots)")
                 self._stop.wait(0.1)
                 waited += 0.1
                 continue
@@ -86,6 +92,15 @@ class Runtime:
             self.metrics = WorkerMetrics.open(self.config.data_dir, slot)
             event(log, "slot_claimed", slot=slot, waited_s=round(waited, 1))
             return
+
+    def stop_waiting(self) -> None:
+        """A stop signal came: a worker still waiting for its slot gives up
+        (and stops at once instead of after slot_wait_s)."""
+        self._stop.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
 
     @property
     def slot(self) -> int | None:

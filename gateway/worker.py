@@ -10,15 +10,24 @@ its docstring), so that closing the listener resets nobody.  A handshake
 slower than ``CometServer.HANDSHAKE_S`` can still be reset (or, without
 Linux's /proc and socket filters, one completing between the last accept()
 and the close(), a few microseconds).
+
+Every stop signal a worker may get stops it the same way: TERM (from its
+master), INT (Ctrl-C reaches the whole process group) and QUIT (Ctrl-\\, or
+the master's quick stop) start the drain; a second INT or QUIT cuts it
+short.  A stopped worker exits with status 0, which its master logs as
+nothing unusual (uvicorn re-raises the signal it caught, and gunicorn logs a
+worker killed by INT or QUIT as a warning).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 import socket
 import sys
-from typing import Any
+from types import FrameType
+from typing import Any, Callable
 
 from gunicorn.arbiter import Arbiter
 from uvicorn.server import Server
@@ -47,6 +56,17 @@ class CometServer(Server):
     what is queued and closes, back to back."""
 
     HANDSHAKE_S = 0.2
+    FORCING = (signal.SIGINT, signal.SIGQUIT)
+
+    def __init__(self, config: Any, on_stop: Callable[[], None] = lambda: None) -> None:
+        super().__init__(config)
+        self.on_stop = on_stop
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self.should_exit and sig in self.FORCING:
+            self.force_exit = True
+        self.should_exit = True
+        self.on_stop()
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         self.server_state.draining = True  # type: ignore[attr-defined]  # ours, read by getattr
@@ -95,8 +115,13 @@ class CometWorker(UvicornWorker):
 
     async def _serve(self) -> None:
         self.config.app = self.wsgi
-        server = CometServer(config=self.config)
-        self._install_sigquit_handler()
+        server = CometServer(self.config, on_stop=self.wsgi.runtime.stop_waiting)
+        # uvicorn-worker's own QUIT handler only marks gunicorn's worker as
+        # stopping, which the uvicorn server never looks at.  A plain handler,
+        # as uvicorn's for INT and TERM: Python runs pending ones in signal
+        # number order, so a QUIT to the process group (Ctrl-\) is seen before
+        # the TERM its master sends on, and does not count as a second signal.
+        signal.signal(signal.SIGQUIT, server.handle_exit)
         await server.serve(sockets=self.sockets)
         if not server.started:
             sys.exit(Arbiter.WORKER_BOOT_ERROR)
