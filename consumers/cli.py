@@ -225,13 +225,14 @@ def _forward(data_dir: str, stream: str, sink: str, group: str, parts: tuple[int
     """``comet ship`` to an OTLP/HTTP endpoint (consumers/forward.py)."""
     from storage_c.otlp import STREAM_SIGNALS
 
-    from .forward import Forwarder
+    from .forward import DLQ_SUFFIX, Forwarder
     from .otlp_sink import OtlpHttpSink, OtlpTarget
 
-    known = signal or STREAM_SIGNALS.get(stream)
+    origin = stream.removesuffix(DLQ_SUFFIX)  # dead letters go as their stream's events
+    known = signal or STREAM_SIGNALS.get(origin)
     plain = None
     if known is None:
-        plain = plain_resource(service_name or stream)
+        plain = plain_resource(service_name or origin)
     elif service_name:
         raise click.UsageError("--service-name is for plain events; OTLP events keep their resource")
     protocol = os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")

@@ -51,13 +51,17 @@ import logging
 import os
 import threading
 import time
+from array import array
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
+import orjson
+
 from storage_c import AckGapError, ReadBatch, otlp
 from storage_c.clikit import iso
+from storage_c.export import payload_of
 from storage_c.jsonlog import event
 from storage_c.testing import cut_point
 
@@ -123,6 +127,29 @@ class ForwardStats:
 
 
 DELIVERED, DEAD_LETTERED, SKIPPED, ABANDONED = "delivered", "dead-lettered", "skipped", "abandoned"
+DLQ_SUFFIX = ".dlq"
+
+
+def unwrap_dead_letters(read: ReadBatch) -> tuple[bytes, array, array, list[int], dict[int, str]]:
+    """A batch of dead letters (``loop.store_dead_letters``) as the events
+    they hold with their original times, and for each the index of its dead
+    letter; the entries that are not dead letters, by index, with why."""
+    parts: list[bytes] = []
+    offsets, stamps = array("i", [0]), array("q")
+    where: list[int] = []
+    wrong: dict[int, str] = {}
+    for i, payload in enumerate(read.payloads):
+        try:
+            letter = orjson.loads(payload)
+            event_bytes, stamp = payload_of(letter["payload"]), int(letter["timestamp"])
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+            wrong[i] = f"not a dead letter ({type(exc).__name__}: {exc})"
+            continue
+        parts.append(event_bytes)
+        offsets.append(offsets[-1] + len(event_bytes))
+        stamps.append(stamp)
+        where.append(i)
+    return b"".join(parts), offsets, stamps, where, wrong
 
 
 @dataclass
@@ -156,10 +183,13 @@ class Forwarder:
     def __init__(self, consumer: Consumer, sink: OtlpHttpSink, signal: str, *,
                  plain_resource: bytes | None = None, config: ForwardConfig | None = None,
                  state_dir: str | os.PathLike[str] | None = None) -> None:
+        """A stream named ``<stream>.dlq`` holds dead letters: each record's
+        original event (``payload``) is sent, with its original time."""
         self.consumer = consumer
         self.sink = sink
         self.signal = signal
         self.plain_resource = plain_resource
+        self.dead_letters = consumer.stream.endswith(DLQ_SUFFIX)
         self.config = config or ForwardConfig()
         root = Path(state_dir) if state_dir else Path(consumer.log.path) / ".ship"
         self.intents = IntentJournal(root, consumer.group, consumer.stream)
@@ -407,8 +437,15 @@ class Forwarder:
     def _send(self, batch: Batch, stopped: Callable[[], bool]) -> str:
         read = batch.read
         assert read is not None
-        encoded = otlp.encode(self.signal, read.data, read.offsets, read.timestamps,
-                              plain_resource=self.plain_resource)
+        if self.dead_letters:
+            data, offsets, stamps, where, wrong = unwrap_dead_letters(read)
+            encoded = otlp.encode(self.signal, data, offsets, stamps, plain_resource=self.plain_resource)
+            rejected = {where[j]: why for j, why in encoded.rejected.items()}
+            rejected.update(wrong)
+            encoded = replace(encoded, rejected=rejected)
+        else:
+            encoded = otlp.encode(self.signal, read.data, read.offsets, read.timestamps,
+                                  plain_resource=self.plain_resource)
         if encoded.rejected:
             self._dead_letter(read, ((i, {"error": f"not an OTLP {self.signal} event: {why}"})
                                      for i, why in sorted(encoded.rejected.items())))

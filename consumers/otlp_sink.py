@@ -12,7 +12,8 @@ and the exporters read a status: a 2xx is delivered (``partial_success``
 counted, never retried); connection errors, timeouts, 429, 502, 503 and 504
 are retried, after ``Retry-After`` when the answer has one; 500 and the other
 5xx too, since a backend's fault passes and the records wait safely in the
-log; any other status (a 4xx, a redirect, 501, 505) is permanent for the batch.
+log; a redirect too, since it says the endpoint's URL is wrong, not the
+batch; any other status (a 4xx, 501, 505) is permanent for the batch.
 
 urllib3 (pooled, thread-safe, already a dependency) is the client: one pool
 of ``connections`` to the endpoint, urllib3's own retries and redirects off
@@ -215,6 +216,11 @@ class OtlpHttpSink:
         if 200 <= status < 300:
             rejected, message = self.partial_success(headers.get("Content-Type", ""), data)
             return Outcome(True, status=status, rejected=rejected, rejected_message=message)
+        if 300 <= status < 400:
+            # The endpoint's URL is wrong, not the batch: kept and retried, said loudly.
+            where = headers.get("Location", "?")
+            return Outcome(False, retry=True, status=status,
+                           answer=f"redirected to {where}: give comet ship that URL")
         retry = status in RETRYABLE or (status >= 500 and status not in PERMANENT_5XX)
         delay = retry_after(headers.get("Retry-After")) if retry else None
         return Outcome(False, retry=retry, status=status, answer=text, retry_after_s=delay)

@@ -260,6 +260,17 @@ def test_a_refused_batch_goes_to_dead_letters_and_shipping_goes_on(data: Path) -
     assert (totals.lag, totals.failed, totals.delivered) == (0, 11, stored - 11)
 
 
+def test_a_redirect_is_retried_and_named(data: Path) -> None:
+    """A 3xx says the URL given is wrong, not the batch: nothing goes to dead
+    letters, and the failure names where the endpoint points."""
+    stored = logs_in(data, 1)
+    answers = iter([Step(308, {"Location": "https://elsewhere/v1/logs"}, b"")])
+    with Backend(lambda seen: next(answers, accepted())) as backend:
+        stats = forward(data, "otel-logs", backend, "logs", retry_backoff_s=0.01)
+    assert stats.retries == 1 and stats.dead_lettered == 0 and backend.records("logs") == stored
+    assert stats.last_error == "HTTP 308: redirected to https://elsewhere/v1/logs: give comet ship that URL"
+
+
 def test_partial_success_is_counted_not_retried(data: Path) -> None:
     stored = logs_in(data, 2)
     response = ExportLogsServiceResponse()
@@ -528,3 +539,35 @@ def test_a_stream_created_after_the_start_is_forwarded(data: Path, backend: Back
             runner.join(30)
             consumer.log.close()
     assert backend.records("logs") == stored and not runner.is_alive()
+
+
+def test_dead_letters_replay_as_the_records_they_hold(data: Path) -> None:
+    """`comet ship` of `<stream>.dlq` sends the events the dead letters hold,
+    as the stream's signal, with their original times."""
+    bodies = [logs_request().SerializeToString()]
+    with Log(data, CONFIG) as log:
+        store(log, "logs", bodies)
+        log.create_stream("app", 1)
+        log.append_batch("app", [b'{"n":1}', b'{"n":2.5}'], shard=0)
+        stamps = list(log.read("app", 0, 0, 10).timestamps)
+    with Backend(lambda seen: Step(400, {}, b"no")) as refusing:
+        forward(data, "otel-logs", refusing, "logs")
+        forward(data, "app", refusing, "logs", plain=b"")
+    with Log(data, CONFIG) as log:  # and an entry that is no dead letter
+        log.append_batch("app.dlq", [b'{"not":"a letter"}'], shard=0)
+    with Backend() as backend:
+        forward(data, "otel-logs.dlq", backend, "logs")
+        [replayed] = backend.stored.values()
+        assert as_received("logs", replayed) == as_sent("logs", bodies)
+    with Backend() as backend:
+        from consumers.cli import plain_resource
+        stats = forward(data, "app.dlq", backend, "logs", plain=plain_resource("app"))
+        [replayed] = backend.stored.values()
+        records = ExportLogsServiceRequest.FromString(replayed).resource_logs[0].scope_logs[0].log_records
+        assert [r.time_unix_nano for r in records] == stamps
+        assert [r.body.kvlist_value.values[0].value.WhichOneof("value") for r in records] == \
+            ["int_value", "double_value"]
+        assert stats.dead_lettered == 1  # the entry that is no dead letter, with why
+    with Log(data, Config.reader()) as log:
+        [again] = [orjson.loads(p) for p in log.read("app.dlq.dlq", 0, 0, 10).payloads]
+        assert again["error"].startswith("not an OTLP logs event: not a dead letter (KeyError")
