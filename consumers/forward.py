@@ -160,8 +160,15 @@ class Batch:
     """The entries the batch stands for, ``ack_to`` included."""
     ack_to: int
     key: str
-    read: ReadBatch | None
-    """None: nothing to send (entries retention deleted or damaged: acknowledged in turn)."""
+    entries: array | None
+    """The entries read (None: nothing to send: entries retention deleted or
+    damaged, acknowledged in turn)."""
+    request: bytes = b""
+    """The export request of the entries (protobuf)."""
+    count: int = 0
+    """Records in ``request``."""
+    rejected: dict[int, str] = field(default_factory=dict)
+    """Entries (by index) not in the layout of the signal: not in ``request``."""
     outcome: str | None = None
     error: BaseException | None = None
 
@@ -206,6 +213,8 @@ class Forwarder:
         self._last_offsets_sync = 0.0
         self._synced_offsets: dict[int, int] = {}
         self._failing_logged = 0.0
+        self._buffer = bytearray(self.config.max_batch_bytes)
+        """Where batches are read (the bytes limit cuts them before it is full)."""
 
     # ---- the loop ----------------------------------------------------------------------
 
@@ -271,7 +280,7 @@ class Forwarder:
                         break
                     self.state[shard].batches.append(batch)
                     cut += 1
-                    if batch.read is None:
+                    if batch.entries is None:
                         batch.outcome = SKIPPED
                     else:
                         pool.submit(self._deliver, batch, stopped).add_done_callback(self._done)
@@ -310,9 +319,12 @@ class Forwarder:
             read = log.read(stream, shard, p, nxt.last - p + 1, INTENT_READ_BYTES)
             return self._batch(shard, read, nxt.last, recorded=nxt)
         limit = cfg.max_batch_records if nxt is None else min(cfg.max_batch_records, nxt.first - p)
-        read = log.read(stream, shard, p, limit, cfg.max_batch_bytes, durable_only=True)
+        # into the read buffer: _batch encodes from it before the next read
+        read = log.read(stream, shard, p, limit, cfg.max_batch_bytes, durable_only=True,
+                        into=self._buffer)
         if not len(read) and not read.skipped and self._sync_if_stalled(shard, st):
-            read = log.read(stream, shard, p, limit, cfg.max_batch_bytes, durable_only=True)
+            read = log.read(stream, shard, p, limit, cfg.max_batch_bytes, durable_only=True,
+                            into=self._buffer)
         if not len(read):
             if read.skipped:
                 return self._batch(shard, read, read.next_entry - 1)
@@ -332,6 +344,8 @@ class Forwarder:
 
     def _batch(self, shard: int, read: ReadBatch, ack_to: int,
                recorded: Intent | None = None) -> Batch:
+        """The batch of ``read``, encoded here: ``read`` may be a view of the
+        read buffer, which the next read overwrites."""
         st = self.state[shard]
         first = st.position
         st.position = ack_to + 1
@@ -340,7 +354,17 @@ class Forwarder:
         key = self.key(shard, read.entries[0], read.entries[-1])
         if recorded is not None and recorded.first == read.entries[0] and recorded.last == read.entries[-1]:
             key = recorded.key
-        return Batch(shard, first, ack_to, ack_to, key, read)
+        if self.dead_letters:
+            data, offsets, stamps, where, wrong = unwrap_dead_letters(read)
+            encoded = otlp.encode(self.signal, data, offsets, stamps, plain_resource=self.plain_resource)
+            rejected = {where[j]: why for j, why in encoded.rejected.items()}
+            rejected.update(wrong)
+        else:
+            encoded = otlp.encode(self.signal, read.data, read.offsets, read.timestamps,
+                                  plain_resource=self.plain_resource)
+            rejected = encoded.rejected
+        return Batch(shard, first, ack_to, ack_to, key, array("q", read.entries), encoded.request,
+                     encoded.count, rejected)
 
     def _record(self, shard: int, st: ShardState, intent: Intent) -> None:
         """Adds a batch cut by age to the shard's durable record, dropping the
@@ -435,35 +459,25 @@ class Forwarder:
             batch.outcome = ABANDONED
 
     def _send(self, batch: Batch, stopped: Callable[[], bool]) -> str:
-        read = batch.read
-        assert read is not None
-        if self.dead_letters:
-            data, offsets, stamps, where, wrong = unwrap_dead_letters(read)
-            encoded = otlp.encode(self.signal, data, offsets, stamps, plain_resource=self.plain_resource)
-            rejected = {where[j]: why for j, why in encoded.rejected.items()}
-            rejected.update(wrong)
-            encoded = replace(encoded, rejected=rejected)
-        else:
-            encoded = otlp.encode(self.signal, read.data, read.offsets, read.timestamps,
-                                  plain_resource=self.plain_resource)
-        if encoded.rejected:
-            self._dead_letter(read, ((i, {"error": f"not an OTLP {self.signal} event: {why}"})
-                                     for i, why in sorted(encoded.rejected.items())))
-            event(log, "events_not_in_layout", logging.WARNING, stream=read.stream, shard=read.shard,
-                  count=len(encoded.rejected), first_reason=next(iter(encoded.rejected.values())),
-                  dlq=f"{read.stream}.dlq")
-        if not encoded.count:
+        if batch.rejected:
+            why = {i: {"error": f"not an OTLP {self.signal} event: {reason}"}
+                   for i, reason in batch.rejected.items()}
+            self._dead_letter(batch, why)
+            event(log, "events_not_in_layout", logging.WARNING, stream=self.consumer.stream,
+                  shard=batch.shard, count=len(why), first_reason=next(iter(batch.rejected.values())),
+                  dlq=f"{self.consumer.stream}.dlq")
+        if not batch.count:
             return DELIVERED
-        body = self.sink.body(encoded.request)
+        body = self.sink.body(batch.request)
         retry = 0
         while True:
             outcome = self.sink.send(body, batch.key)
             if outcome.delivered:
                 cut_point("ship.delivered")
-                self._delivered(batch, encoded.count, len(body), outcome)
+                self._delivered(batch, len(body), outcome)
                 return DELIVERED
             if outcome.permanent:
-                self._refused(batch, read, encoded.rejected, outcome)
+                self._refused(batch, outcome)
                 return DEAD_LETTERED
             limit = self.config.max_retries
             if limit is None and self._once:
@@ -485,7 +499,8 @@ class Forwarder:
                 sleep_unless(stopped, delay)
             retry += 1
 
-    def _delivered(self, batch: Batch, count: int, size: int, outcome: Outcome) -> None:
+    def _delivered(self, batch: Batch, size: int, outcome: Outcome) -> None:
+        count = batch.count
         event(log, "delivered", logging.DEBUG, stream=self.consumer.stream, shard=batch.shard,
               key=batch.key, records=count)
         with self._lock:
@@ -525,11 +540,13 @@ class Forwarder:
                   error=outcome.describe(), retry=retry, failing=self.stats.failing,
                   retry_after_s=outcome.retry_after_s)
 
-    def _refused(self, batch: Batch, read: ReadBatch, not_sent: dict[int, str], outcome: Outcome) -> None:
+    def _refused(self, batch: Batch, outcome: Outcome) -> None:
         """A permanent answer: the batch's records go to dead letters."""
         fields = {"error": outcome.describe(), "status": outcome.status, "answer": outcome.answer,
                   "endpoint": self.sink.describe()}
-        count = self._dead_letter(read, ((i, fields) for i in range(len(read)) if i not in not_sent))
+        assert batch.entries is not None
+        count = self._dead_letter(batch, {i: fields for i in range(len(batch.entries))
+                                          if i not in batch.rejected})
         with self._lock:
             self.stats.permanent_failures += 1
             self.stats.last_error = outcome.describe()
@@ -538,8 +555,17 @@ class Forwarder:
               key=batch.key, endpoint=self.sink.describe(), status=outcome.status,
               answer=outcome.answer, records=count, dlq=f"{self.consumer.stream}.dlq")
 
-    def _dead_letter(self, read: ReadBatch, items: Any) -> int:
-        count = store_dead_letters(self.consumer.log, self.consumer.group, read, items)
+    def _dead_letter(self, batch: Batch, items: dict[int, dict[str, Any]]) -> int:
+        """Stores entries of the batch (by index, with what went wrong) in
+        ``<stream>.dlq``; the entries are read again (the batch keeps only
+        its request), those retention deleted meanwhile are gone."""
+        assert batch.entries is not None
+        entries = batch.entries
+        read = self.consumer.log.read(self.consumer.stream, batch.shard, entries[0], len(entries),
+                                      INTENT_READ_BYTES)
+        index = {entry: i for i, entry in enumerate(entries)}
+        found = [(k, items[index[e]]) for k, e in enumerate(read.entries) if index.get(e) in items]
+        count = store_dead_letters(self.consumer.log, self.consumer.group, read, found)
         with self._lock:
             self.stats.dead_lettered += count
         return count

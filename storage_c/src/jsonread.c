@@ -174,14 +174,21 @@ int jr_number(jreader *r, jnum *out)
     if (*p == '0') {
         p++;
     } else {
-        while (p < end && digit(*p)) {
-            uint64_t d = (uint64_t)(*p - '0');
-            if (out->magnitude > (UINT64_MAX - d) / 10)
+        /* 19 digits always fit 64 bits; a 20th may, a 21st never */
+        const uint8_t *digits = p;
+        uint64_t m = 0;
+        while (p < end && digit(*p) && p - digits < 19)
+            m = m * 10 + (uint64_t)(*p++ - '0');
+        if (p < end && digit(*p)) {
+            uint64_t d = (uint64_t)(*p++ - '0');
+            if (m > (UINT64_MAX - d) / 10 || (p < end && digit(*p)))
                 out->overflow = 1;
             else
-                out->magnitude = out->magnitude * 10 + d;
-            p++;
+                m = m * 10 + d;
+            while (p < end && digit(*p))
+                p++;
         }
+        out->magnitude = m;
     }
     if (p < end && *p == '.') {
         out->integer = 0;

@@ -78,7 +78,11 @@ class ScriptedServer:
             protocol_version = "HTTP/1.1"  # keep-alive, as the gateway
 
             def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers.get("content-length", 0)))
+                length = int(self.headers.get("content-length", 0))
+                body = self.rfile.read(length)
+                if len(body) < length:  # the client went away mid-body: no request
+                    self.close_connection = True
+                    return
                 seen = Seen(time.monotonic(), self.path,
                             {k.lower(): v for k, v in self.headers.items()}, body)
                 with owner._lock:
