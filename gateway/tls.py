@@ -11,6 +11,11 @@ failing every new worker.
 
 OpenSSL loads a certificate chain and key only from a path: the bytes are
 handed to it through anonymous memory files (memfd), closed right after.
+
+TLS 1.2 connections get only AEAD suites with forward secrecy (no CBC); a
+handshake the server refuses (a client certificate of another CA, an old
+protocol, no shared cipher) is reported to ``handshake_failures``: the event
+loop drops it without a word (asyncio and uvloop log it only in debug mode).
 """
 
 from __future__ import annotations
@@ -19,8 +24,41 @@ import os
 import ssl
 from contextlib import ExitStack
 from dataclasses import dataclass
+from typing import Any
 
 TLS_FLOOR = ssl.TLSVersion.TLSv1_2
+TLS12_CIPHERS = "ECDHE+AESGCM:ECDHE+CHACHA20"
+"""TLS 1.2 suites: ECDHE key exchange, AES-GCM or ChaCha20-Poly1305 (TLS 1.3's are all AEAD)."""
+
+
+class HandshakeFailures:
+    """Where refused handshakes are reported: ``refusals`` (gateway.limits.Refusals,
+    set by the worker) counts and logs them; None: nowhere."""
+
+    refusals: Any = None
+
+    def failed(self, exc: ssl.SSLError) -> None:
+        if self.refusals is not None:
+            reason = exc.reason or type(exc).__name__
+            self.refusals.refused("tls_handshake", None, cause=reason, error=reason,
+                                  detail=getattr(exc, "verify_message", None) or str(exc))
+
+
+handshake_failures = HandshakeFailures()
+
+
+class ReportingSSLObject(ssl.SSLObject):
+    """The SSLObject of every server connection (SSLContext.sslobject_class):
+    a handshake that fails is reported before the loop drops the connection."""
+
+    def do_handshake(self) -> None:
+        try:
+            super().do_handshake()
+        except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
+            raise
+        except ssl.SSLError as exc:
+            handshake_failures.failed(exc)
+            raise
 
 
 class TlsError(ValueError):
@@ -47,6 +85,8 @@ class TlsMaterial:
         certificate signed by it required at the handshake."""
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         ctx.minimum_version = TLS_FLOOR
+        ctx.set_ciphers(TLS12_CIPHERS)
+        ctx.sslobject_class = ReportingSSLObject
         with ExitStack() as files:
             cert = files.enter_context(_memory_file("comet-tls-cert", self.cert))
             key = files.enter_context(_memory_file("comet-tls-key", self.key))

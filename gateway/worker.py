@@ -26,8 +26,10 @@ from uvicorn_worker import UvicornWorker
 
 from storage_c.jsonlog import event
 
+from .limits import Limits, Refusals
 from .listeners import master_holds, refuse_new_connections, take_queued
 from .protocol import CometHttpProtocol
+from .tls import handshake_failures
 
 log = logging.getLogger("comet.gateway.worker")
 
@@ -47,6 +49,25 @@ class CometServer(Server):
     what is queued and closes, back to back."""
 
     HANDSHAKE_S = 0.2
+
+    def __init__(self, config: Any, limits: Limits | None = None) -> None:
+        super().__init__(config=config)
+        self.limits = limits or Limits()
+        self.server_state.limits = self.limits  # type: ignore[attr-defined]  # ours, read by getattr
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        """uvicorn's startup, whose listeners also bound the TLS handshake
+        (header_timeout_s: asyncio's default keeps a silent TLS connection 60 s)."""
+        if sockets is None:
+            await super().startup(sockets)
+            return
+        await super().startup(sockets=[])  # the lifespan; no listener yet
+        loop = asyncio.get_running_loop()
+        tls = self.config.ssl
+        for sock in sockets:
+            self.servers.append(await loop.create_server(
+                self._protocol, sock=sock, ssl=tls, backlog=self.config.backlog,
+                ssl_handshake_timeout=self.limits.header_timeout_s if tls is not None else None))
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         self.server_state.draining = True  # type: ignore[attr-defined]  # ours, read by getattr
@@ -92,10 +113,14 @@ class CometWorker(UvicornWorker):
         # Cancel what still runs a little before gunicorn's SIGKILL, so that the
         # lifespan shutdown (sync, release the slot) always runs.
         self.config.timeout_graceful_shutdown = max(1, int(self.cfg.graceful_timeout) - 5)
+        self.config.server_header = False  # which server and version: nothing a client needs
 
     async def _serve(self) -> None:
         self.config.app = self.wsgi
-        server = CometServer(config=self.config)
+        runtime = self.wsgi.runtime  # gateway.app.GatewayApp
+        refusals = Refusals(lambda: runtime.metrics)
+        handshake_failures.refusals = refusals
+        server = CometServer(config=self.config, limits=Limits.of(runtime.config, refusals))
         self._install_sigquit_handler()
         await server.serve(sockets=self.sockets)
         if not server.started:
