@@ -23,6 +23,7 @@ from storage_c.jsonlog import event
 
 from .config import GatewayConfig
 from .metrics import WorkerMetrics
+from .tenants import Creators, IdempotencyShards
 
 log = logging.getLogger("comet.gateway.runtime")
 
@@ -34,6 +35,7 @@ class Runtime:
         self.metrics: WorkerMetrics | None = None
         self.draining = False
         self.inflight = 0
+        self.tenants: dict[str, int] = {}  # in-flight bytes by tenant (one entry per tenant in flight)
         self._slot: int | None = None
         self.storage_full: str | None = None
         """Why the last write failed with storage full; None once a write
@@ -42,6 +44,8 @@ class Runtime:
         """Why the storage refused a write until an operator acts (a removed directory, a
         read-only filesystem, a failed sync): the shard stays refused in this worker until
         it restarts, and readiness says so meanwhile."""
+        self.creators = Creators(config.data_dir)
+        self.idempotency_shards = IdempotencyShards(config.data_dir)
         self._claiming: threading.Thread | None = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -106,6 +110,7 @@ class Runtime:
             if self.log is not None:
                 self.log.sync()
                 self.log.close()
+            self.idempotency_shards.close()
             self._slot = None
         if self.metrics is not None:
             self.metrics.close()
@@ -134,14 +139,24 @@ class Runtime:
 
     # ---- the in-flight budget --------------------------------------------------------
 
-    def reserve(self, nbytes: int) -> bool:
-        """Takes nbytes of the worker's in-flight budget (always allowed when
-        nothing is in flight, so one large request can pass)."""
-        if self.inflight and self.inflight + nbytes > self.config.inflight_bytes:
-            return False
+    def reserve(self, nbytes: int, tenant: str, own: int = 0) -> str | None:
+        """Takes nbytes more of the worker's in-flight budget for a request of
+        ``tenant`` that holds ``own`` bytes already, or says which budget is
+        spent: "tenant" (its share, tenant_inflight_bytes) or "worker"
+        (inflight_bytes).  A request alone in flight for its tenant may grow
+        however large, and so may one alone in the worker."""
+        held = self.tenants.get(tenant, 0)
+        if held > own and held + nbytes > self.config.tenant_inflight_bytes:
+            return "tenant"
+        if self.inflight > own and self.inflight + nbytes > self.config.inflight_bytes:
+            return "worker"
         self.inflight += nbytes
-        return True
+        self.tenants[tenant] = held + nbytes
+        return None
 
-    def release(self, nbytes: int) -> None:
+    def release(self, nbytes: int, tenant: str) -> None:
         self.inflight -= nbytes
+        left = self.tenants.pop(tenant, 0) - nbytes
+        if left > 0:
+            self.tenants[tenant] = left
 
