@@ -291,9 +291,17 @@ class GatewayConfig:
         """The storage settings every worker uses: one slot per worker.  The
         gateway opens each stream itself (create or not, by may_create)
         before it writes; the storage never creates one on its own."""
-        reserved = len(self.reserved_streams()) if self.max_streams else 0
         return dataclasses.replace(self.storage, process_count=self.worker_count,
-                                   auto_create_streams=False, max_streams=self.max_streams + reserved)
+                                   auto_create_streams=False, max_streams=self.max_streams)
+
+    def worker_storage_config(self) -> Config:
+        """What a worker opens the storage with: storage_config(), whose
+        max_streams leaves room for the streams the operator named on top (the
+        worker counts the others against max_streams itself, gateway.tenants)."""
+        config = self.storage_config()
+        if not self.max_streams:
+            return config
+        return dataclasses.replace(config, max_streams=self.max_streams + len(self.reserved_streams()))
 
 
 def is_loopback(host: str) -> bool:

@@ -133,8 +133,11 @@ class Head:
         return head
 
 
-TOO_MANY_STREAMS = ("creating another stream would pass max_streams; write to a stream that "
-                    "exists, or ask for one to be deleted")
+def too_many_streams(stream: str, limit: int) -> str:
+    """The detail of a 409 at max_streams: the limit, never how many streams exist."""
+    return (f"cannot create stream {stream!r}: max_streams is {limit} (write to a stream that "
+            "exists, or have one deleted or the limit raised)")
+
 
 IDEMPOTENCY_KEY = re.compile(r"[\x20-\x7e]{1,255}")
 REPLAYED = {"Idempotent-Replayed": "true"}
@@ -310,7 +313,7 @@ class Ingest:
                     "auto_create allows only names matching " + ", ".join(
                         config.auto_create if isinstance(config.auto_create, tuple) else ()))
             elif isinstance(exc, StreamLimit):  # its message counts the streams: not for clients
-                detail = TOO_MANY_STREAMS
+                detail = too_many_streams(stream, config.max_streams)
             raise storage_error(exc, config.retry_after_s, detail) from None
         self.opened.add(stream)  # as many as the storage's own handles: one per stream
 
@@ -326,13 +329,15 @@ class Ingest:
             existing = set(log.streams())
             if stream not in existing and stream not in reserved:
                 if config.max_streams and len(existing - reserved) >= config.max_streams:
-                    raise HTTPError(409, "too_many_streams", TOO_MANY_STREAMS)
+                    raise HTTPError(409, "too_many_streams",
+                                    too_many_streams(stream, config.max_streams))
                 quota = config.streams_per_token
                 if (quota and token is not None and not token.admin
                         and runtime.creators.count(token.name, existing) >= quota):
-                    raise HTTPError(409, "too_many_streams", f"token {token.name!r} has created "
-                                    f"the streams it may (max_streams_per_token: {quota}); write "
-                                    "to one of them, or ask for one to be deleted")
+                    raise HTTPError(409, "too_many_streams", f"cannot create stream {stream!r}: "
+                                    f"token {token.name!r} created as many streams as "
+                                    f"max_streams_per_token allows ({quota}); write to one of them, "
+                                    "or have one deleted")
             log.open_stream(stream, create=True)
             if stream not in existing:
                 runtime.creators.record(token.name if token is not None else None, stream)

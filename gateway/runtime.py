@@ -56,7 +56,7 @@ class Runtime:
         with self._lock:
             if self.log is None:
                 missing = not os.path.exists(self.config.data_dir)
-                self.log = Log(self.config.data_dir, self.config.storage_config())
+                self.log = Log(self.config.data_dir, self.config.worker_storage_config())
                 if missing:  # a first start, or one after the directory was removed: say so
                     event(log, "data_directory_created", logging.INFO,
                           path=self.config.data_dir)
