@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 import threading
 import time
 
 from storage_c import Log, NoFreeSlot
+from storage_c.files import share_data_dir
 from storage_c.jsonlog import event
 
 from .config import GatewayConfig
@@ -56,10 +58,20 @@ class Runtime:
         with self._lock:
             if self.log is None:
                 missing = not os.path.exists(self.config.data_dir)
+                if self.config.data_group:
+                    share_data_dir(self.config.data_dir, self.config.data_group)
                 self.log = Log(self.config.data_dir, self.config.worker_storage_config())
                 if missing:  # a first start, or one after the directory was removed: say so
                     event(log, "data_directory_created", logging.INFO,
                           path=self.config.data_dir)
+                mode = stat.S_IMODE(os.stat(self.config.data_dir).st_mode)
+                if mode & 0o007:  # the storage takes these away from a directory it owns
+                    event(log, "data_directory_open_to_others", logging.WARNING,
+                          path=self.config.data_dir, mode=f"{mode:04o}",
+                          risk="other local users can read the events and lock the storage's "
+                               "files against the gateway",
+                          action=f"chmod o-rwx {self.config.data_dir}, or run the gateway as "
+                                 "the directory's owner")
 
     def claim_slot(self) -> None:
         """Claims a slot now, or keeps trying in the background."""
@@ -72,23 +84,25 @@ class Runtime:
             self._claiming.start()
 
     def _claim_loop(self) -> None:
-        waited = 0.0
+        started = time.monotonic()
+        told = False
         while not self._stop.is_set():
             try:
                 assert self.log is not None
                 slot = self.log.claim_slot()
             except NoFreeSlot:
-                if waited == 0.0:
+                if not told:
                     event(log, "waiting_for_slot", slots=self.config.worker_count)
+                    told = True
                 self._stop.wait(0.1)
-                waited += 0.1
                 continue
             except Exception as exc:  # a closed log or an I/O error: say it, stop trying
                 event(log, "slot_claim_failed", logging.ERROR, error=str(exc))
                 return
             self._slot = slot
             self.metrics = WorkerMetrics.open(self.config.data_dir, slot)
-            event(log, "slot_claimed", slot=slot, waited_s=round(waited, 1))
+            # the time a claim blocked inside the storage (another opener of .slots) counts too
+            event(log, "slot_claimed", slot=slot, waited_s=round(time.monotonic() - started, 1))
             return
 
     @property

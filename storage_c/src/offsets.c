@@ -102,7 +102,8 @@ static int offsets_map(shard *sh, int create)
     char path[COMET_PATH_MAX];
     if (path_format(path, "%s/%s", sh->dir, OFFSETS_NAME))
         return set_error(COMET_E_INVALID, "path too long in %s", sh->dir);
-    int fd = sys_open(path, O_RDWR | O_CLOEXEC | (create ? O_CREAT : 0), 0644);
+    int fd = create ? open_new(path, O_RDWR | O_CLOEXEC | O_CREAT, sh->dir)
+                    : sys_open(path, O_RDWR | O_CLOEXEC, 0);
     if (fd < 0 && errno == ENOENT && !create)
         return OFFSETS_NONE;
     if (fd < 0)
