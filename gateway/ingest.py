@@ -105,6 +105,7 @@ class Head:
     length: int | None = None
     key: str | None = None
     authorization: str = ""
+    authorizations: int = 0
     idempotency_key: str | None = None
 
     @classmethod
@@ -122,6 +123,7 @@ class Head:
                 head.key = value.decode("utf-8", "replace")
             elif name == b"authorization":
                 head.authorization = value.decode("latin-1")
+                head.authorizations += 1
             elif name == b"idempotency-key":
                 head.idempotency_key = value.decode("latin-1")
         query = scope.get("query_string", b"")
@@ -262,14 +264,14 @@ class Ingest:
         head = Head.parse(scope)
         outcome = Outcome()
         try:
-            outcome.token = auth.identify(head.authorization, self.runtime.config)
+            outcome.token = auth.identify(head.authorization, self.runtime.config,
+                                          head.authorizations)
             auth.require(outcome.token, self.runtime.config, WRITE, head.stream)
             body, headers = await self.handle(head, receive, outcome)
             outcome.status = 202
         except HTTPError as exc:
             outcome.status, body, headers = exc.status, exc.body(), exc.headers
-            errors_answered.answered(exc.status, exc.code, exc.detail, scope["path"],
-                                     self.runtime.slot)
+            self.runtime.answered(exc, scope)
         except ClientGone:
             return
         except Exception:  # a bug, not the client's fault: say so, answer (and count) a 500

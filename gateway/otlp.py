@@ -216,14 +216,14 @@ class OtlpIngest:
         outcome = Outcome()
         headers: dict[str, str] = {}
         try:
-            outcome.token = auth.identify(head.authorization, runtime.config)
+            outcome.token = auth.identify(head.authorization, runtime.config, head.authorizations)
             auth.require(outcome.token, runtime.config, WRITE, head.stream)
             body = await self.handle(signal, head, receive, outcome)
             outcome.status = 200
         except HTTPError as exc:
             exc = retriable(exc, runtime.config.retry_after_s)
             outcome.status, headers = exc.status, exc.headers
-            errors_answered.answered(exc.status, exc.code, exc.detail, scope["path"], runtime.slot)
+            runtime.answered(exc, scope)
             body, media_type = status_body(exc, media_type)
         except ClientGone:
             return

@@ -19,11 +19,16 @@ import stat
 import threading
 import time
 
+from starlette.types import Scope
+
 from storage_c import Log, NoFreeSlot
 from storage_c.files import share_data_dir
 from storage_c.jsonlog import event
 
+from .auth import AuthFailed
 from .config import GatewayConfig
+from .errors import HTTPError, clipped, errors_answered
+from .limits import Refusals
 from .metrics import WorkerMetrics
 from .tenants import Creators, IdempotencyShards
 
@@ -46,6 +51,7 @@ class Runtime:
         """Why the storage refused a write until an operator acts (a removed directory, a
         read-only filesystem, a failed sync): the shard stays refused in this worker until
         it restarts, and readiness says so meanwhile."""
+        self.refusals = Refusals(lambda: self.metrics)
         self.creators = Creators(config.data_dir)
         self.idempotency_shards = IdempotencyShards(config.data_dir)
         self._claiming: threading.Thread | None = None
@@ -104,6 +110,18 @@ class Runtime:
             # the time a claim blocked inside the storage (another opener of .slots) counts too
             event(log, "slot_claimed", slot=slot, waited_s=round(time.monotonic() - started, 1))
             return
+
+    def answered(self, exc: HTTPError, scope: Scope) -> None:
+        """An error answer of any route: logged if it names a fault the operator
+        must hear of (errors.ErrorLog), counted and logged if it refused a token."""
+        path = scope["path"]
+        errors_answered.answered(exc.status, exc.code, exc.detail, path, self.slot)
+        if isinstance(exc, AuthFailed):
+            client = scope.get("client")
+            address = client[0] if client else None
+            # one line a minute per client and status: a guesser shows, its guesses do not flood
+            self.refusals.refused("auth_failed", address, cause=f"{exc.status} {address}",
+                                  status=exc.status, detail=exc.detail, path=clipped(path))
 
     @property
     def slot(self) -> int | None:

@@ -26,7 +26,7 @@ from uvicorn_worker import UvicornWorker
 
 from storage_c.jsonlog import event
 
-from .limits import Limits, Refusals
+from .limits import Limits
 from .listeners import master_holds, refuse_new_connections, take_queued
 from .protocol import CometHttpProtocol
 from .tls import handshake_failures
@@ -118,9 +118,8 @@ class CometWorker(UvicornWorker):
     async def _serve(self) -> None:
         self.config.app = self.wsgi
         runtime = self.wsgi.runtime  # gateway.app.GatewayApp
-        refusals = Refusals(lambda: runtime.metrics)
-        handshake_failures.refusals = refusals
-        server = CometServer(config=self.config, limits=Limits.of(runtime.config, refusals))
+        handshake_failures.refusals = runtime.refusals
+        server = CometServer(config=self.config, limits=Limits.of(runtime.config, runtime.refusals))
         self._install_sigquit_handler()
         await server.serve(sockets=self.sockets)
         if not server.started:
