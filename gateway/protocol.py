@@ -551,12 +551,13 @@ class CometHttpProtocol(HttpToolsProtocol):
                                 "connection_limit"))
             return
         self.limits.refusals.refused("connection_limit", victim.client, status=None)
-        if victim.in_message:
-            victim.refuse(Refusal(408, "header_timeout", "the connection was closed for a new one "
-                                  "while its request's headers were arriving"))
-        else:
-            victim.discard = True
-            victim.close_gracefully(IDLE_LINGER_S)
+        # Closed at once, not lingering: a flood of new connections must not pile
+        # up half-closed ones, whose descriptors count against the file limit too.
+        victim.closing = victim.discard = True
+        victim._cancel(drain=True, linger=True, deadline=True)
+        victim._unset_keepalive_if_required()
+        if victim.raw is not None:
+            victim.raw.close()
 
     def _eviction_rank(self) -> tuple[int, float] | None:
         """How readily this connection gives way to a new one (lowest first),
