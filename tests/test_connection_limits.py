@@ -188,11 +188,11 @@ def test_silent_connections_at_the_file_limit_do_not_shut_out_other_clients(tmp_
         server.wait_ready()
         silent = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(1000)]
         try:
-            statuses = [post_json(server, "crowded") for _ in range(40)]  # type: ignore[arg-type]
+            statuses = [post_json(server, "crowded") for _ in range(40)]
         finally:
             for sock in silent:
                 sock.close()
         assert statuses == [202] * 40, statuses
-        lines = log_records(server, "connection_refused")  # type: ignore[arg-type]
+        lines = log_records(server, "connection_refused")
         assert any(r["reason"] == "connection_limit" for r in lines), lines
         assert server.stop() == 0

@@ -116,7 +116,7 @@ def test_another_user_cannot_hold_the_slots_over_a_reload(open_dir: Path) -> Non
             server.proc.send_signal(1)  # HUP: new workers claim the slots
             time.sleep(0.5)
             deadline = time.monotonic() + 15
-            statuses = []
+            statuses: list[int] = []
             while time.monotonic() < deadline and statuses[-5:] != [202] * 5:
                 statuses.append(post_json(server, "ev", timeout=5))
             assert statuses[-5:] == [202] * 5, statuses

@@ -15,7 +15,6 @@ import pytest
 from starlette.testclient import TestClient
 
 from gateway.app import create_app
-from gateway.tokens import Token, digest_of
 
 from .support.attacks import response_of
 from .support.faulty_load import log_records
@@ -24,8 +23,6 @@ from .support.server import SMALL, GatewayProcess
 from .support.tls import Pki
 
 PIPE_BUF = 4096
-TOKENS = (Token("edge", digest_of(b"edge-secret"), write=("*",), read=("*",), admin=True),
-          Token("other", digest_of(b"other-secret"), read=("*",)))
 
 
 def test_access_lines_stay_within_one_pipe_write_however_long_the_path(tmp_path: Path) -> None:
@@ -135,7 +132,9 @@ def test_tls_1_2_offers_only_aead_suites(tmp_path: Path, pki: Pki) -> None:
             ctx.set_ciphers(ciphers)
             with socket.create_connection(("127.0.0.1", server.port), timeout=10) as raw:
                 with ctx.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
-                    return str(tls.cipher()[0])
+                    cipher = tls.cipher()
+                    assert cipher is not None
+                    return cipher[0]
 
         for cbc in ("ECDHE-ECDSA-AES128-SHA", "ECDHE-ECDSA-AES256-SHA384", "ECDHE-ECDSA-AES128-SHA256"):
             with pytest.raises(ssl.SSLError):

@@ -8,7 +8,7 @@ import socket
 import time
 from pathlib import Path
 
-from .server import GatewayProcess, ServerProcess
+from .server import ServerProcess
 
 
 def rss_kib(pid: int) -> int:
@@ -64,7 +64,7 @@ def send_slowly(sock: socket.socket, data: bytes, every_s: float, until: float) 
         time.sleep(every_s)
 
 
-def post_json(server: GatewayProcess, stream: str, token: str | None = None,
+def post_json(server: ServerProcess, stream: str, token: str | None = None,
               timeout: float = 10) -> int:
     """The status of one small JSON POST on a new connection (0: no answer)."""
     headers = {"content-type": "application/json"}
