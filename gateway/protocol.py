@@ -208,10 +208,8 @@ class CometHttpProtocol(HttpToolsProtocol):
         self.used = False                   # a request has begun on this connection
         self.idle_since = 0.0               # loop time it last had no request under way
         self.in_body = False                # a request's head is complete and its body is not
-        self.body_left: int | None = None   # of a body with a Content-Length: bytes to come
         self.body_received = 0
         self.head_fed = 0                   # bytes fed to the parser since this head began (to a slice)
-        self.header_count = 0
         self.phase: str | None = None       # HEAD or BODY while its deadline runs
         self.phase_started = 0.0
         self.deadline_timer: asyncio.TimerHandle | None = None
@@ -275,7 +273,8 @@ class CometHttpProtocol(HttpToolsProtocol):
         view = memoryview(data)
         while view and self.refusal is None and not self.discard and self.parser is not None:
             if self.in_body:  # to the body's end when its length is known: a head after it is counted
-                n = len(view) if self.body_left is None else max(1, self.body_left)
+                length = _content_length(self.headers)
+                n = len(view) if length is None else max(1, length - self.body_received)
             else:
                 n = HEAD_SLICE
             piece = view[:n]
@@ -312,26 +311,21 @@ class CometHttpProtocol(HttpToolsProtocol):
         self.in_message = True
         self.used = True
         self.head_fed = 0
-        self.header_count = 0
         self._deadline(HEAD)
         super().on_message_begin()
 
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self.header_count += 1
-        if self.header_count > self.limits.max_headers:
+    def on_headers_complete(self) -> None:
+        # Counted here, not per field: max_header_bytes already bounds how many there can be.
+        if len(self.headers) > self.limits.max_headers:
             self.refusal = Refusal(431, "too_many_headers", f"the request has more than "
                                    f"max_headers ({self.limits.max_headers}) header fields",
                                    "too_many_headers")
             raise HeadRefused()
-        super().on_header(name, value)
-
-    def on_headers_complete(self) -> None:
         previous = self.cycle
         super().on_headers_complete()
         self.in_message = False
         self.in_body = True
         self.body_received = 0
-        self.body_left = _content_length(self.headers)
         self._deadline(BODY)
         cycle = self.cycle
         if cycle is previous or not (self.draining or self.eof):
@@ -350,8 +344,6 @@ class CometHttpProtocol(HttpToolsProtocol):
 
     def on_body(self, body: bytes) -> None:
         self.body_received += len(body)
-        if self.body_left is not None:
-            self.body_left -= len(body)
         super().on_body(body)
 
     def on_message_complete(self) -> None:
