@@ -56,29 +56,28 @@ static void check_tree(const char *data, mode_t dir_mode, mode_t file_mode)
     CHECK(wrong == 0);
 }
 
-static void test_what_the_core_creates_is_its_users_alone(void)
+/* A data directory made by the core (made_as 0) or by hand with mode made_as,
+ * filled under umask mask: every directory dir_mode, every file file_mode. */
+static void check_made(mode_t made_as, mode_t mask, mode_t dir_mode, mode_t file_mode)
 {
     char *dir = scratch_dir();
     char data[512];
     snprintf(data, sizeof data, "%s/data", dir);
-    mode_t old = umask(022);
+    if (made_as)
+        CHECK(mkdir(data, 0700) == 0 && chmod(data, made_as) == 0);
+    mode_t old = umask(mask);
     fill_data_dir(data);
     umask(old);
-    check_tree(data, 0700, 0600);
+    check_tree(data, dir_mode, file_mode);
     rm_tree(dir);
 }
 
+static void test_what_the_core_creates_is_its_users_alone(void) { check_made(0, 022, 0700, 0600); }
+
+/* The umask would take the group's write, and more: undone. */
 static void test_a_shared_data_directory_gives_its_group_read_and_write(void)
 {
-    char *dir = scratch_dir();
-    char data[512];
-    snprintf(data, sizeof data, "%s/data", dir);
-    CHECK(mkdir(data, 0700) == 0 && chmod(data, 02770) == 0);
-    mode_t old = umask(027); /* would take the group's write, and more */
-    fill_data_dir(data);
-    umask(old);
-    check_tree(data, 02770, 0660);
-    rm_tree(dir);
+    check_made(02770, 027, 02770, 0660);
 }
 
 static void test_a_data_directory_open_to_others_is_closed_at_open(void)
