@@ -32,6 +32,7 @@ import hashlib
 import mmap
 import os
 import struct
+import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -95,7 +96,9 @@ class IdempotencyShards:
 
     def __init__(self, data_dir: str | os.PathLike[str]) -> None:
         self.path = metrics_dir(data_dir) / "idempotency-shards"
+        self._fd = -1
         self._map: mmap.mmap | None = None
+        self._lock = threading.Lock()  # the flock is the file description's: threads share it
 
     def _mapped(self) -> mmap.mmap:
         if self._map is None:
@@ -105,25 +108,33 @@ class IdempotencyShards:
                 if os.fstat(fd).st_size != SLOTS * RECORD.size:
                     os.ftruncate(fd, SLOTS * RECORD.size)
                 self._map = mmap.mmap(fd, SLOTS * RECORD.size)
-            finally:
+            except BaseException:
                 os.close(fd)
+                raise
+            self._fd = fd
         return self._map
 
     def shard_of(self, key: bytes, shard: int, shards: int, window_s: float) -> int:
         """The shard the first attempt of ``key`` (16 bytes, the stream's and the
         scoped key's hash) went to within ``window_s``, else ``shard``, which
         this attempt claims for the key."""
-        table = self._mapped()
         at = int.from_bytes(key[:8], "little") % SLOTS * RECORD.size
         now = time.time_ns()
-        with _flocked(self.path):
-            held, plus_one, _, expires = RECORD.unpack_from(table, at)
-            if held == key and expires > now and 0 < plus_one <= shards:
-                return int(plus_one) - 1
-            RECORD.pack_into(table, at, key, shard + 1, 0, now + int(window_s * 1e9))
+        with self._lock:
+            table = self._mapped()
+            fcntl.flock(self._fd, fcntl.LOCK_EX)
+            try:
+                held, plus_one, _, expires = RECORD.unpack_from(table, at)
+                if held == key and expires > now and 0 < plus_one <= shards:
+                    return int(plus_one) - 1
+                RECORD.pack_into(table, at, key, shard + 1, 0, now + int(window_s * 1e9))
+            finally:
+                fcntl.flock(self._fd, fcntl.LOCK_UN)
         return shard
 
     def close(self) -> None:
-        if self._map is not None:
-            self._map.close()
-            self._map = None
+        with self._lock:
+            if self._map is not None:
+                self._map.close()
+                os.close(self._fd)
+                self._map, self._fd = None, -1
