@@ -93,7 +93,11 @@ def describe_group(runtime: Runtime, stream: str, group: str) -> dict[str, Any]:
     return {"stream": stream, **groups[group]}
 
 
-def parse_reset(body: bytes) -> tuple[ResetTo, int | None]:
+MAX_RESET_BYTES = 4096
+"""The largest body of a group reset (PUT); larger is 413."""
+
+
+def parse_reset(body: bytes | bytearray) -> tuple[ResetTo, int | None]:
     try:
         spec = orjson.loads(body or b"{}")
     except orjson.JSONDecodeError as exc:
@@ -121,7 +125,7 @@ def parse_reset(body: bytes) -> tuple[ResetTo, int | None]:
         raise HTTPError(400, "bad_parameter", str(exc)) from None
 
 
-def reset(runtime: Runtime, stream: str, group: str, body: bytes) -> dict[str, Any]:
+def reset(runtime: Runtime, stream: str, group: str, body: bytes | bytearray) -> dict[str, Any]:
     _require_admin(runtime, "resetting a consumer group")
     _checked_group(runtime, stream, group)
     target, shard = parse_reset(body)

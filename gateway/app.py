@@ -217,7 +217,12 @@ def create_app(config: GatewayConfig) -> GatewayApp:
                                                   request.path_params["group"]))
 
     async def put_group(request: Request) -> Response:
-        body = await request.body()
+        body = bytearray()
+        async for chunk in request.stream():  # a reset is a few bytes of JSON
+            body += chunk
+            if len(body) > admin.MAX_RESET_BYTES:
+                raise HTTPError(413, "body_too_large", f"a group reset's body is at most "
+                                f"{admin.MAX_RESET_BYTES} bytes")
         return reads.json(await run_in_threadpool(admin.reset, runtime, name(request),
                                                   request.path_params["group"], body))
 

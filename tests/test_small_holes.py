@@ -97,6 +97,14 @@ def test_a_bad_group_name_is_400_on_every_group_route(tmp_path: Path, group: str
         assert server.stop() == 0
 
 
+def test_a_group_reset_reads_no_more_than_a_reset_needs(data_dir: Path) -> None:
+    """Every body is bounded: the ingest paths' by max_body_bytes, a group reset's by 4 KiB."""
+    with TestClient(create_app(config(data_dir, admin=True))) as c:
+        assert c.post("/streams/ev", content=b"{}", headers=JSON).status_code == 202
+        r = c.put("/streams/ev/groups/g", content=b'{"to": "earliest", "pad": "' + b"p" * (8 << 20) + b'"}')
+        assert r.status_code == 413 and r.json()["error"] == "body_too_large", r.text
+
+
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
     return Pki.make(tmp_path_factory.mktemp("pki"))
