@@ -472,7 +472,7 @@ class CometHttpProtocol(HttpToolsProtocol):
         if not self.closing and self._idle() and not self.in_message:
             self._close_idle()
             if self.closing and not self.used:
-                self.limits.refusals.refused("idle_connection", self.client)
+                self.limits.refusals.refused("idle_connection", self.client, status=None)
 
     # ---- deadlines and the connection budget -----------------------------------------
 
