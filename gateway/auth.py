@@ -86,7 +86,7 @@ class AuthFailed(HTTPError):
     """401 (no bearer token) or 403 (a token that is not accepted).  The answer
     closes the connection: a client guessing tokens pays a new connection (and
     TLS handshake) per guess; each failure is counted and logged
-    (Runtime.auth_failed)."""
+    (Runtime.answered)."""
 
 
 def identify(header: str, config: GatewayConfig, count: int = 1) -> Token | None:

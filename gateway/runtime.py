@@ -1,5 +1,7 @@
 """What one gateway worker holds: the opened data directory, its process slot,
-the in-flight byte budget, and whether it is starting, serving or draining.
+the in-flight byte budget (and each tenant's part of it), what tenants share
+(gateway.tenants), the refusals it counts and logs (gateway.limits), and
+whether it is starting, serving or draining.
 
 The slot is claimed from gunicorn's ``post_worker_init`` hook (in the worker,
 after its signal handlers are set up).  When every slot is still held - a
