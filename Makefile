@@ -2,7 +2,9 @@
 # Everything else is installed on demand (the venv, system packages the build needs).
 
 SHELL := /bin/bash
-PYTHON ?= python3
+# The venv's interpreter: the first python3 every user can run (scripts/pick-python), so
+# that a service's own user can run the venv too (docs/operations.md).
+PYTHON ?= $(shell scripts/pick-python)
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
@@ -16,10 +18,11 @@ CTESTS := $(patsubst storage_c/tests/%.c,$(BUILD)/%,$(wildcard storage_c/tests/t
 
 .PHONY: test check serve system-deps test-deps docker-deps venv ctest pytest bench clean locust-venv loadtest soak
 
-test: system-deps test-deps $(STAMP) locust-venv ctest tsan coverage typecheck pytest
+test: system-deps test-deps $(STAMP) locust-venv ctest tsan append-budget coverage typecheck pytest
 
 # The quick tier, for a change under way (under 3 minutes on 2 cores with a warm .venv and
-# build): the C tests under ASan/UBSan, mypy, and every pytest test that needs no Java,
+# build): the C tests under ASan/UBSan, the append's instruction budget, mypy, and every
+# pytest test that needs no Java,
 # Docker, FUSE or Swift and is no long crash, multi-process or load test (the marks are
 # assigned in tests/conftest.py).  It installs none of those; `make test` runs everything.
 # The C tests' scratch directories are on /dev/shm when it has 2 GiB free: they sync
@@ -29,19 +32,33 @@ check: system-deps $(STAMP)
 	@scratch=$$(df --output=avail -k /dev/shm 2>/dev/null | awk 'NR == 2 && $$1 > 2097152 {print "/dev/shm"}'); \
 	scratch=$$(mktemp -d "$${scratch:-$${TMPDIR:-/tmp}}/comet-ctest.XXXXXX") || exit 1; \
 	COMET_TEST_TMP=$$scratch $(MAKE) --no-print-directory ctest; rc=$$?; rm -rf "$$scratch"; exit $$rc
+	@$(MAKE) --no-print-directory append-budget
 	@$(MAKE) --no-print-directory typecheck
 	$(PY) -m pytest -m "$(QUICK_TESTS)" $(PYTEST_ARGS)
 
+# `make serve PORT=8081 HOST=0.0.0.0 DATA=/srv/comet`: taken from make's command line
+# only, never from the environment, where HOST is often the machine's name.
+command_line = $(if $(filter command line,$(origin $(1))),$($(1)),$(2))
+SERVE_PORT = $(call command_line,PORT,8080)
+SERVE_HOST = $(call command_line,HOST,127.0.0.1)
+SERVE_DATA = $(call command_line,DATA,./data)
 serve: system-deps $(STAMP)
-	$(VENV)/bin/comet serve --data-dir ./data --host 127.0.0.1 --port 8080
+	$(VENV)/bin/comet serve --data-dir $(SERVE_DATA) --host $(SERVE_HOST) --port $(SERVE_PORT)
 
-# Debian packages the C core builds against (idempotent; needs root or sudo).
+# Debian packages the C core builds against, and valgrind, which counts the append's
+# instructions (append-budget) (idempotent; needs root or sudo).
 system-deps:
 	@if [ ! -f /usr/include/zstd.h ]; then \
 	  echo "installing libzstd-dev"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get install -y -q libzstd-dev >/dev/null 2>&1 || \
 	  { $$SUDO apt-get update -q >/dev/null && $$SUDO apt-get install -y -q libzstd-dev >/dev/null; }; \
+	fi
+	@if [ ! -f /usr/include/valgrind/callgrind.h ]; then \
+	  echo "installing valgrind"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get install -y -q valgrind >/dev/null 2>&1 || \
+	  { $$SUDO apt-get update -q >/dev/null && $$SUDO apt-get install -y -q valgrind >/dev/null; }; \
 	fi
 
 # What only the tests need (idempotent; scripts/apt-install.sh installs what is missing):
@@ -60,10 +77,18 @@ docker-deps:
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml setup.py storage_c/_build.py storage_c/_fastpath.c $(CSRC) $(CHDR)
+# libzstd-dev first, whatever asks for the venv (`make venv` as much as `make serve`).
+# EXTRAS: the optional dependencies installed with the project (pyproject.toml):
+# dev (everything the tests need, the default), spark (comet spark-ship), or none
+# (EXTRAS=: the gateway, comet ship and the inspection commands), for a service.
+# PYTHON (above): the interpreter the venv links to; a service's user must be able to
+# run it (scripts/venv-reach.py says when it cannot).
+EXTRAS ?= dev
+$(STAMP): pyproject.toml setup.py storage_c/_build.py storage_c/_fastpath.c $(CSRC) $(CHDR) | system-deps
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip setuptools wheel cffi
-	$(PY) -m pip install -q --no-build-isolation -e '.[dev]'
+	$(PY) -m pip install -q --no-build-isolation -e '.$(if $(EXTRAS),[$(EXTRAS)])'
+	@$(PY) scripts/venv-reach.py
 	@touch $(STAMP)
 
 # C tests of the core, under AddressSanitizer and UndefinedBehaviorSanitizer.  Each
@@ -98,6 +123,29 @@ build/obj/tsan/%.o: storage_c/src/%.c $(CHDR)
 $(TSAN_BUILD)/%: storage_c/tests/%.c $(call objects,tsan) $(TEST_HDR)
 	@mkdir -p $(TSAN_BUILD)
 	$(CC) $(CFLAGS_COMMON) $(TSAN) $(call objects,tsan) $< -o $@ -lzstd -lpthread
+
+# Instructions per append call of 1, 10, 100 and 1000 entries (loadtests/c/bench_append.c,
+# counted by callgrind: deterministic, not a timed test) against the budgets committed in
+# storage_c/tests/append_budget.txt: more than its tolerance over one fails with the figures.
+# The core is compiled as the cffi module compiles it (storage_c/_build.py and CPython's flags).
+# `make append-budget APPEND_BUDGET_ARGS=--update` rewrites the budgets from this run.
+BENCH_BUILD := build/bench
+BENCH_CFLAGS := -std=c11 -D_GNU_SOURCE -O2 -g -fwrapv -fPIC -fvisibility=hidden -DNDEBUG \
+  -Wall -Wextra -Werror -Istorage_c/include -Istorage_c/src
+APPEND_BUDGET_ARGS ?=
+.PHONY: append-budget
+.SECONDARY: $(call objects,bench)
+append-budget: system-deps $(BENCH_BUILD)/bench_append
+	@$(PYTHON) storage_c/tests/append_budget.py $(BENCH_BUILD)/bench_append \
+	  storage_c/tests/append_budget.txt $(APPEND_BUDGET_ARGS)
+
+build/obj/bench/%.o: storage_c/src/%.c $(CHDR)
+	@mkdir -p $(@D)
+	$(CC) $(BENCH_CFLAGS) -c $< -o $@
+
+$(BENCH_BUILD)/bench_append: loadtests/c/bench_append.c $(call objects,bench)
+	@mkdir -p $(@D)
+	$(CC) $(BENCH_CFLAGS) $(call objects,bench) $< -o $@ -lzstd -lpthread
 
 # Line coverage of storage_c/src by the C tests (gcov), printed as one figure per
 # file and a total; the report is build/coverage/summary.txt.  The core is compiled
@@ -159,6 +207,7 @@ bench: system-deps bench-deps $(STAMP)
 	$(PY) loadtests/bench_gateway.py
 	$(PY) loadtests/bench_spark.py
 	$(PY) loadtests/bench_otlp.py
+	$(PY) loadtests/bench_forward.py
 	$(PY) loadtests/report.py
 
 # The docs site from README.md and docs/ (mkdocs.yml) into site/: open site/index.html.

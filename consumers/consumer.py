@@ -124,6 +124,11 @@ class Consumer:
                   shard=batch.shard, offset=group.offset)
             return group.offset
 
+    def count_delivery(self, shard: int, *, delivered: int = 0, retries: int = 0,
+                       failed: int = 0) -> None:
+        """Adds to the group's delivery counters of ``shard`` (``Group.count``)."""
+        self._group(shard).count(delivered, retries, failed)
+
     def ack_range(self, shard: int, first: int, last: int) -> int:
         return self._group(shard).ack_range(first, last)
 

@@ -73,7 +73,7 @@ class ShipError(Exception):
     ``comet ship`` exits with.  Nothing was acknowledged for the object."""
 
     def __init__(self, sink: str, failure: SinkFailure, *, attempts: int,
-                 max_retries: int | None, key: str = "") -> None:
+                 max_retries: int | None, key: str = "", action: str = "store objects in") -> None:
         self.sink = sink
         self.failure = failure
         self.attempts = attempts
@@ -85,7 +85,7 @@ class ShipError(Exception):
         else:
             what = (f"{failure.kind} error, still failing after {attempts} attempts "
                     f"(--max-retries {max_retries})")
-        super().__init__(f"comet ship: cannot store objects in {sink}: {failure.code} "
+        super().__init__(f"comet ship: cannot {action} {sink}: {failure.code} "
                          f"({failure.detail}): {what}. {failure.hint[:1].upper()}{failure.hint[1:]}, "
                          f"then run again; "
                          f"{NOTHING_LOST}.")

@@ -15,7 +15,7 @@ import random
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Callable, Iterable, Mapping, Protocol
 
 import orjson
 
@@ -81,27 +81,38 @@ def backoff(retry: int, base: float, cap: float) -> float:
 
 
 def dead_letter(consumer: GroupReader, batch: ReadBatch, error: BaseException, attempts: int) -> None:
-    """Stores every entry of the batch in <stream>.dlq with where it came from;
+    """Stores every entry of the batch in <stream>.dlq with where it came from
+    (``store_dead_letters``)."""
+    fields = {"attempts": attempts, "error": repr(error)}
+    store_dead_letters(consumer.log, consumer.group, batch, ((i, fields) for i in range(len(batch))))
+
+
+def store_dead_letters(log: Log, group: str, batch: ReadBatch,
+                       items: Iterable[tuple[int, Mapping[str, object]]]) -> int:
+    """Stores entries of the batch (by index, each with fields that say what
+    went wrong) in ``<stream>.dlq``, durably, in the shard they came from;
     ``payload`` is the entry's JSON as stored, or the envelope
-    ``{"base64": ...}`` of a payload that is not JSON (storage_c.export)."""
+    ``{"base64": ...}`` of a payload that is not JSON (storage_c.export).
+    Returns how many."""
+    payloads = batch.payloads
     records = [
         orjson.dumps({
-            "id": f"{batch.shard}-{entry}",
+            "id": f"{batch.shard}-{batch.entries[i]}",
             "stream": batch.stream,
             "shard": batch.shard,
-            "entry": entry,
-            "timestamp": ts,
-            "group": consumer.group,
-            "attempts": attempts,
-            "error": repr(error),
-            "payload": json_value(payload),
+            "entry": batch.entries[i],
+            "timestamp": batch.timestamps[i],
+            "group": group,
+            **fields,
+            "payload": json_value(payloads[i]),
         })
-        for entry, ts, payload in zip(batch.entries, batch.timestamps, batch.payloads)
+        for i, fields in items
     ]
     if records:
         dlq = f"{batch.stream}.dlq"
-        consumer.log.create_stream(dlq, consumer.log.shard_count(batch.stream))
-        consumer.log.append_batch(dlq, records, shard=batch.shard, durability="always")
+        log.create_stream(dlq, log.shard_count(batch.stream))
+        log.append_batch(dlq, records, shard=batch.shard, durability="always")
+    return len(records)
 
 
 HANDLED, DEAD_LETTERED, INTERRUPTED = "handled", "dead-lettered", "interrupted"

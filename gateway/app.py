@@ -34,7 +34,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from storage_c import CometError, check_group_name
 from storage_c.jsonlog import event
 
-from . import admin, auth, entries, logs, metrics, openapi, reads, stalls
+from . import admin, auth, entries, logs, losses, metrics, openapi, reads, stalls
 from .config import GatewayConfig
 from .errors import HTTPError, check_name, clipped, storage_error
 from .ingest import PREFIX, Ingest
@@ -143,13 +143,15 @@ def create_app(config: GatewayConfig) -> GatewayApp:
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         runtime.claim_slot()  # already under way when gunicorn's post_worker_init ran
         deadline = time.monotonic() + config.slot_wait_s
-        while runtime.metrics is None and time.monotonic() < deadline:
+        while runtime.metrics is None and not runtime.stopping and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
-        watch = asyncio.create_task(stalls.watch_loop(runtime))
+        watchers = [asyncio.create_task(stalls.watch_loop(runtime)),
+                    asyncio.create_task(losses.watch_losses(runtime))]
         yield
-        watch.cancel()  # before the metrics file is unmapped
-        with suppress(asyncio.CancelledError):
-            await watch
+        for watch in watchers:  # before the metrics file is unmapped and the log closed
+            watch.cancel()
+            with suppress(asyncio.CancelledError):
+                await watch
         await run_in_threadpool(runtime.drain_and_close)
         if access is not None:
             access.flush()

@@ -5,8 +5,11 @@ the command line's options, which win) and runs gunicorn in this process
 (gateway.server.GatewayServer), so signals reach the master directly: HUP
 reloads the configuration and the workers gracefully, TERM drains and stops.
 It first checks that the installed uvicorn, gunicorn and uvicorn-worker are
-versions the gateway is tested with (gateway.versions), and stops with one
-line if not, before any process starts.
+versions the gateway is tested with (gateway.versions), then the
+configuration, then what the master checks before it forks
+(gateway.startup: the data directory, that no other gateway serves it, the
+port), and stops with one line at the first that fails, exit status 1,
+before any worker starts.
 
 ``serve`` is this package's ``comet`` command, found by ``comet`` through the
 ``comet.commands`` entry points (pyproject.toml).  This module imports no
@@ -54,15 +57,17 @@ def serve(config_file: str | None, data_dir: str | None, host: str | None, port:
           workers: int | None) -> None:
     """Runs the HTTP ingest gateway (gunicorn + uvicorn workers).
 
-    HUP reloads the workers gracefully; TERM drains and stops."""
+    HUP reloads the workers gracefully; TERM, INT (Ctrl-C) and QUIT drain and stop."""
     unsupported = versions.check()
     if unsupported is not None:
         raise click.ClickException(unsupported)
     read = config_reader(config_file, {"data_dir": data_dir, "host": host, "port": port,
                                        "workers": workers})
     from .server import GatewayServer  # the web stack, only for this command
+    from .startup import StartError
     try:
-        server = GatewayServer(read)
-    except ConfigError as exc:
+        GatewayServer(read).run()
+    except (ConfigError, StartError) as exc:
         raise click.ClickException(str(exc)) from None
-    server.run()
+    except KeyboardInterrupt:  # Ctrl-C before the master took the signal over: nothing runs yet
+        raise SystemExit(130) from None

@@ -258,15 +258,38 @@ STORAGE_METRICS: tuple[tuple[str, str, Callable[[StreamStats], float], str], ...
 )
 
 
-def _stream_row(log: Log, name: str) -> tuple[str, list[float], list[tuple[str, int]]] | None:
-    """A stream's values for STORAGE_METRICS and its groups' lag; None when
-    it was deleted since it was listed."""
+GROUP_METRICS = (
+    ("comet_consumer_lag", "gauge", "Entries committed but not acknowledged, per group."),
+    ("comet_consumer_lag_bytes", "gauge",
+     "Bytes of those entries (estimated: each shard's lag times its mean entry size)."),
+    ("comet_consumer_oldest_unacked_age_seconds", "gauge",
+     "Age of the oldest entry the group has not acknowledged (0: none)."),
+    ("comet_consumer_delivered_records_total", "counter",
+     "Records the group's shipper delivered (comet ship: a 2xx from the endpoint)."),
+    ("comet_consumer_retries_total", "counter", "Failed deliveries the group's shipper retried."),
+    ("comet_consumer_failed_records_total", "counter",
+     "Records the group's shipper gave up on (refused for good: in the stream's dead letters)."),
+    ("comet_consumer_last_delivery_timestamp_seconds", "gauge",
+     "When the group's shipper last delivered (unix seconds; 0: never)."),
+)
+
+GroupRow = tuple[str, list[float]]
+
+
+def _stream_row(log: Log, name: str) -> tuple[str, list[float], list[GroupRow]] | None:
+    """A stream's values for STORAGE_METRICS and its groups' for
+    GROUP_METRICS; None when it was deleted since it was listed."""
     try:
         s = log.stats(name, oldest=False)
+        backlogs = log.backlogs(s) if s.groups else {}
     except StreamNotFound:
         return None
-    return (name, [value(s) for _, _, value, _ in STORAGE_METRICS],
-            [(g.name, g.lag) for g in s.group_lag().values()])
+    now = time.time_ns()
+    groups = [(g.name, [g.lag, backlogs[g.name].bytes,
+                        (now - backlogs[g.name].oldest_ns) / 1e9 if backlogs[g.name].oldest_ns else 0,
+                        g.delivered, g.retries, g.failed, g.last_delivery_ns / 1e9])
+              for g in s.group_lag().values()]
+    return (name, [value(s) for _, _, value, _ in STORAGE_METRICS], groups)
 
 
 def render(log: Log, data_dir: str | os.PathLike[str],
@@ -324,8 +347,9 @@ def render(log: Log, data_dir: str | os.PathLike[str],
         family(metric, kind, help_text)
         for name, values, _ in rows:
             lines.append(_line(metric, {"stream": name}, values[i]))
-    family("comet_consumer_lag", "gauge", "Entries committed but not acknowledged, per group.")
-    for name, _, lags in rows:
-        for group, lag in lags:
-            lines.append(_line("comet_consumer_lag", {"stream": name, "group": group}, lag))
+    for i, (metric, kind, help_text) in enumerate(GROUP_METRICS):
+        family(metric, kind, help_text)
+        for name, _, groups in rows:
+            for group, values in groups:
+                lines.append(_line(metric, {"stream": name, "group": group}, values[i]))
     return "\n".join(lines) + "\n"

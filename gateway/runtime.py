@@ -93,15 +93,23 @@ class Runtime:
 
     def _claim_loop(self) -> None:
         started = time.monotonic()
-        told = False
+        told = warned = False
         while not self._stop.is_set():
             try:
                 assert self.log is not None
                 slot = self.log.claim_slot()
             except NoFreeSlot:
+                waited = time.monotonic() - started
                 if not told:
                     event(log, "waiting_for_slot", slots=self.config.worker_count)
                     told = True
+                elif not warned and waited >= self.config.slot_wait_s:
+                    # serving by now, with 503s: say why, once
+                    warned = True
+                    event(log, "still_waiting_for_slot", logging.WARNING, waited_s=round(waited, 1),
+                          action="answering 503 until a slot is free: old workers still drain "
+                                 "after a reload, or another process holds slots of "
+                                 f"{self.config.data_dir} (fuser -v {self.config.data_dir}/.slots)")
                 self._stop.wait(0.1)
                 continue
             except Exception as exc:  # a closed log or an I/O error: say it, stop trying
@@ -124,6 +132,15 @@ class Runtime:
             # one line a minute per client and status: a guesser shows, its guesses do not flood
             self.refusals.refused("auth_failed", address, cause=f"{exc.status} {address}",
                                   status=exc.status, detail=exc.detail, path=clipped(path))
+
+    def stop_waiting(self) -> None:
+        """A stop signal came: a worker still waiting for its slot gives up
+        (and stops at once instead of after slot_wait_s)."""
+        self._stop.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
 
     @property
     def slot(self) -> int | None:

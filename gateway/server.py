@@ -18,26 +18,40 @@ under the uvicorn worker.
 HUP reloads: the configuration is read again from the same file and
 environment and new workers start with it (TLS certificates included: each
 worker builds its SSLContext from the files' contents the master read, see
-gateway/tls.py).  A file that no longer loads is
-logged and the running configuration kept; stopping the gateway on a typo
-would lose the service for no gain.
+gateway/tls.py), and one line says what it loaded (``reloaded``).  A file
+that no longer loads is logged and the running configuration kept; stopping
+the gateway on a typo would lose the service for no gain.  The settings a
+running master cannot change (``RESTART_ONLY``: the data directory it
+holds, its address, the number of slots) keep their running values, with a
+warning naming them.
+
+Before the master forks, ``run`` checks what it can (gateway.startup): the
+data directory, that no other gateway serves it, the address; a failure is
+one line (StartError).  Every stop signal (TERM, INT, QUIT) stops the same
+way, draining (``CometArbiter``).
 """
 
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import logging
 import os
 import resource
 import signal
 import ssl
 import stat
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
+from gunicorn import systemd
 from gunicorn.app.base import BaseApplication
+from gunicorn.arbiter import Arbiter
+from gunicorn.sock import BaseSocket, TCP6Socket, TCPSocket
+from gunicorn.util import is_ipv6
 
 from storage_c.jsonlog import capture_stray_output, dict_config, event
 
+from . import startup
 from .app import GatewayApp, create_app
 from .config import ConfigError, GatewayConfig, is_loopback
 from .tls import TlsMaterial
@@ -61,14 +75,32 @@ class GatewayServer(BaseApplication):
         self._read_config = load_config
         self.config = load_config()  # a bad configuration fails here, before any process starts
         self._config_is_fresh = True
+        self._claim: startup.DataDirClaim | None = None
+        super().__init__(prog="comet serve")
+
+    def run(self) -> None:
+        """gunicorn's master, in this process, once what it can check before
+        forking is right (StartError otherwise, nothing started)."""
+        startup.check_workers(self.config)
+        claim = startup.claim_data_dir(self.config.data_dir, self.config.host, self.config.port)
         capture_stray_output()  # inherited by the workers, which are forked from here
         raise_file_limit()  # inherited too: each worker's open-shard budget derives from it
-        super().__init__(prog="comet serve")
+        arbiter = CometArbiter(self)  # sets up the logging
+        try:
+            # gunicorn binds only when it has no listeners yet (Arbiter.start)
+            arbiter.LISTENERS = listening_sockets(arbiter)  # type: ignore[misc]  # per instance, as gunicorn sets it
+        except startup.StartError:
+            claim.abandon()
+            raise
+        self._claim = claim  # held (and inherited by every worker) until the process exits
+        if claim.created:
+            event(log, "data_directory_created", path=self.config.data_dir)
+        arbiter.run()
 
     def load_config(self) -> None:
         if not self._config_is_fresh:  # a reload (HUP): read the configuration again
             try:
-                self.config = self._read_config()
+                self.config = reloaded(self.config, self._read_config())
             except ConfigError as exc:
                 event(log, "reload_config_invalid", logging.ERROR, error=str(exc),
                       action="keeping the running configuration")
@@ -78,6 +110,66 @@ class GatewayServer(BaseApplication):
 
     def load(self) -> GatewayApp:
         return create_app(self.config)
+
+
+def listening_sockets(arbiter: Arbiter) -> list[BaseSocket]:
+    """The master's listening sockets, bound once (StartError: one line); none
+    under systemd's socket activation, whose sockets gunicorn takes itself."""
+    if systemd.listen_fds(unset_environment=False):
+        return []
+
+    def bound(address: Any) -> BaseSocket:  # a (host, port) tuple, which the stubs miss
+        kind = TCP6Socket if is_ipv6(address[0]) else TCPSocket
+        return kind(address, arbiter.cfg, cast(Any, arbiter.log))
+
+    return startup.listen(arbiter.cfg.address, bound)
+
+
+class CometArbiter(Arbiter):
+    """gunicorn's master, where INT (Ctrl-C) and QUIT stop as TERM does: the
+    workers drain, sync and release their slots.  gunicorn's own INT and QUIT
+    send the workers QUIT, which the uvicorn worker ignores until the graceful
+    timeout's SIGKILL, 30 s later.  A second INT or QUIT while the workers
+    drain still cuts the drain short (gunicorn's stop)."""
+
+    def handle_int(self) -> None:
+        self.handle_term()
+
+    def handle_quit(self) -> None:
+        self.handle_term()
+
+
+RESTART_ONLY = ("data_dir", "host", "port", "workers")
+"""Settings a HUP cannot change: the master holds the data directory and the
+listening sockets, and every worker's slot is one of ``workers``."""
+
+
+def reloaded(running: GatewayConfig, new: GatewayConfig) -> GatewayConfig:
+    """The configuration a HUP read, but with the running values of
+    RESTART_ONLY, logged: one line of what was loaded (``reloaded``), and a
+    warning for restart-only settings that changed (``reload_needs_restart``)."""
+    pinned = {name: getattr(running, name) for name in RESTART_ONLY
+              if getattr(new, name) != getattr(running, name)}
+    if pinned:
+        event(log, "reload_needs_restart", logging.WARNING, settings=sorted(pinned),
+              action="kept their running values; stop and start the gateway to change them")
+        new = dataclasses.replace(new, **pinned)
+    changed = sorted(f.name for f in dataclasses.fields(GatewayConfig)
+                     if f.compare and getattr(new, f.name) != getattr(running, f.name))
+    if new.tls != running.tls:
+        changed.append("tls")
+    event(log, "reloaded", changed=changed, tokens=len(new.access), **tls_summary(new.tls))
+    return new
+
+
+def tls_summary(tls: TlsMaterial | None) -> dict[str, Any]:
+    """What a log line says of the listener's certificate: its serial and expiry."""
+    if tls is None:
+        return {"tls": False}
+    about = tls.certificate()
+    return {"tls": True, "tls_cert_serial": about.get("serialNumber"),
+            "tls_cert_not_after": about.get("notAfter"),
+            "tls_client_ca": tls.client_ca is not None}
 
 
 NOFILE_WHEN_UNLIMITED = 1 << 20  # the kernel refuses an unlimited RLIMIT_NOFILE

@@ -12,10 +12,14 @@ failing every new worker.
 OpenSSL loads a certificate chain and key only from a path: the bytes are
 handed to it through anonymous memory files (memfd), closed right after.
 
-TLS 1.2 connections get only AEAD suites with forward secrecy (no CBC); a
-handshake the server refuses (a client certificate of another CA, an old
-protocol, no shared cipher) is reported to ``handshake_failures``: the event
-loop drops it without a word (asyncio and uvloop log it only in debug mode).
+A handshake that fails (no client certificate where mutual TLS wants one, a
+client CA the gateway does not trust, a TLS version below the floor) sends
+the client OpenSSL's alert before the connection closes
+(``AlertingSSLObject``), so that the client reports why, not an empty reply.
+
+TLS 1.2 connections get only AEAD suites with forward secrecy (no CBC); every
+failed handshake is also reported to ``handshake_failures``: the event loops
+drop it without a word (asyncio and uvloop log it only in debug mode).
 """
 
 from __future__ import annotations
@@ -47,20 +51,6 @@ class HandshakeFailures:
 handshake_failures = HandshakeFailures()
 
 
-class ReportingSSLObject(ssl.SSLObject):
-    """The SSLObject of every server connection (SSLContext.sslobject_class):
-    a handshake that fails is reported before the loop drops the connection."""
-
-    def do_handshake(self) -> None:
-        try:
-            super().do_handshake()
-        except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
-            raise
-        except ssl.SSLError as exc:
-            handshake_failures.failed(exc)
-            raise
-
-
 class TlsError(ValueError):
     """A file that cannot be read, or a certificate, key or CA that does not load."""
 
@@ -83,10 +73,9 @@ class TlsMaterial:
     def context(self) -> ssl.SSLContext:
         """The server context: TLS 1.2 or later, and with a client CA, a client
         certificate signed by it required at the handshake."""
-        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx = AlertingContext(ssl.PROTOCOL_TLS_SERVER)
         ctx.minimum_version = TLS_FLOOR
         ctx.set_ciphers(TLS12_CIPHERS)
-        ctx.sslobject_class = ReportingSSLObject
         with ExitStack() as files:
             cert = files.enter_context(_memory_file("comet-tls-cert", self.cert))
             key = files.enter_context(_memory_file("comet-tls-key", self.key))
@@ -102,6 +91,64 @@ class TlsMaterial:
                 raise TlsError(f"client CA {self.client_ca_file} does not load: {exc}") from None
             ctx.verify_mode = ssl.CERT_REQUIRED
         return ctx
+
+    def certificate(self) -> dict[str, Any]:
+        """The listener's certificate as the ssl module decodes one
+        (``serialNumber``, ``notAfter``, ``subject``...), for log lines; empty
+        where this Python cannot decode it."""
+        decode = getattr(getattr(ssl, "_ssl", None), "_test_decode_cert", None)
+        if decode is None:
+            return {}
+        with _memory_file("comet-tls-cert", self.cert) as path:
+            try:
+                return dict(decode(path))
+            except (ssl.SSLError, ValueError):
+                return {}
+
+
+class AlertingSSLObject(ssl.SSLObject):
+    """An SSLObject whose failed handshake is reported (handshake_failures),
+    and first lets its alert out.
+
+    The event loops' TLS layers (asyncio's and uvloop's alike) close the
+    connection as soon as ``do_handshake`` raises, before they send what
+    OpenSSL wrote meanwhile: the alert saying why (``certificate required``,
+    ``unknown ca``...).  The client then sees an empty reply or a reset.  So
+    a failure that left bytes to send is first reported as "want read", on
+    which the layers send them and wait; the next call, when the client
+    answers or closes, raises the failure itself.  A failure with nothing to
+    send (plain HTTP on the TLS port) is raised at once."""
+
+    outgoing: ssl.MemoryBIO | None = None
+    _failure: ssl.SSLError | None = None
+
+    def do_handshake(self) -> None:
+        if self._failure is not None:
+            raise self._failure
+        try:
+            super().do_handshake()
+        except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
+            raise
+        except ssl.SSLError as exc:
+            handshake_failures.failed(exc)
+            if self.outgoing is None or not self.outgoing.pending:
+                raise
+            self._failure = exc
+            raise ssl.SSLWantReadError("the handshake failed: its alert goes out first") from None
+
+
+class AlertingContext(ssl.SSLContext):
+    """A server context whose TLS objects are AlertingSSLObjects, each told
+    where its outgoing bytes wait."""
+
+    sslobject_class = AlertingSSLObject
+
+    def wrap_bio(self, incoming: ssl.MemoryBIO, outgoing: ssl.MemoryBIO, *args: Any,
+                 **kwargs: Any) -> ssl.SSLObject:
+        wrapped = super().wrap_bio(incoming, outgoing, *args, **kwargs)
+        if isinstance(wrapped, AlertingSSLObject):
+            wrapped.outgoing = outgoing
+        return wrapped
 
 
 def read_material(cert_file: str, key_file: str, client_ca_file: str) -> TlsMaterial | None:

@@ -10,15 +10,24 @@ its docstring), so that closing the listener resets nobody.  A handshake
 slower than ``CometServer.HANDSHAKE_S`` can still be reset (or, without
 Linux's /proc and socket filters, one completing between the last accept()
 and the close(), a few microseconds).
+
+Every stop signal a worker may get stops it the same way: TERM (from its
+master), INT (Ctrl-C reaches the whole process group) and QUIT (Ctrl-\\, or
+the master's quick stop) start the drain; a second INT or QUIT cuts it
+short.  A stopped worker exits with status 0, which its master logs as
+nothing unusual (uvicorn re-raises the signal it caught, and gunicorn logs a
+worker killed by INT or QUIT as a warning).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 import socket
 import sys
-from typing import Any
+from types import FrameType
+from typing import Any, Callable
 
 from gunicorn.arbiter import Arbiter
 from uvicorn.server import Server
@@ -49,11 +58,20 @@ class CometServer(Server):
     what is queued and closes, back to back."""
 
     HANDSHAKE_S = 0.2
+    FORCING = (signal.SIGINT, signal.SIGQUIT)
 
-    def __init__(self, config: Any, limits: Limits | None = None) -> None:
-        super().__init__(config=config)
+    def __init__(self, config: Any, on_stop: Callable[[], None] = lambda: None,
+                 limits: Limits | None = None) -> None:
+        super().__init__(config)
+        self.on_stop = on_stop
         self.limits = limits or Limits()
         self.server_state.limits = self.limits  # type: ignore[attr-defined]  # ours, read by getattr
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self.should_exit and sig in self.FORCING:
+            self.force_exit = True
+        self.should_exit = True
+        self.on_stop()
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         """uvicorn's startup, whose listeners also bound the TLS handshake
@@ -119,8 +137,14 @@ class CometWorker(UvicornWorker):
         self.config.app = self.wsgi
         runtime = self.wsgi.runtime  # gateway.app.GatewayApp
         handshake_failures.refusals = runtime.refusals
-        server = CometServer(config=self.config, limits=Limits.of(runtime.config, runtime.refusals))
-        self._install_sigquit_handler()
+        server = CometServer(self.config, on_stop=runtime.stop_waiting,
+                             limits=Limits.of(runtime.config, runtime.refusals))
+        # uvicorn-worker's own QUIT handler only marks gunicorn's worker as
+        # stopping, which the uvicorn server never looks at.  A plain handler,
+        # as uvicorn's for INT and TERM: Python runs pending ones in signal
+        # number order, so a QUIT to the process group (Ctrl-\) is seen before
+        # the TERM its master sends on, and does not count as a second signal.
+        signal.signal(signal.SIGQUIT, server.handle_exit)
         await server.serve(sockets=self.sockets)
         if not server.started:
             sys.exit(Arbiter.WORKER_BOOT_ERROR)

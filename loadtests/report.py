@@ -46,6 +46,8 @@ AREAS = (
          ("streams_events", "streams_all_202", "streams_fds_0", "streams_rss_0", "streams_disk_per_shard")),
     Area("paced", "Paced latency (issue 27)", "loadtests/bench_gateway.py --paced-only",
          ("gateway_single_paced", "gateway_ndjson_paced")),
+    Area("forward", "Forwarding to an OTLP backend (issue 35)", "loadtests/bench_forward.py",
+         ("drain", "catch_up")),
 )
 LOADTEST = Area("loadtest", "Load test with locust (issue 6)", "make loadtest")
 SOAK = Area("soak", "Soak test (issue 6)", "make soak")

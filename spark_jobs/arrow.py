@@ -29,7 +29,7 @@ import pyarrow.json as pajson
 from storage_c import Log, ReadBatch
 from storage_c.records import NdjsonBatch
 
-from .evolve import conform, grow, mismatch
+from .evolve import conform, grow, mismatch, no_object
 
 TIMESTAMP = pa.timestamp("us", tz="UTC")
 META_FIELDS: list[pa.Field] = [
@@ -40,6 +40,11 @@ META_FIELDS: list[pa.Field] = [
 ]
 RAW_SCHEMA = pa.schema(META_FIELDS + [pa.field("value", pa.binary())])
 RAW_DDL = "stream string, shard int, entry long, timestamp timestamp, value binary"
+NULL_HEAD = re.compile(rb"[ \t\r]*null")
+"""A line that starts with the JSON value null: pyarrow's JSON reader (26)
+crashes the process on one (a segmentation fault, not an error), so such a
+line never reaches it."""
+LINE_HEADS = np.array([ord(c) for c in "n \t\r"], dtype=np.uint8)
 ROW_SUFFIX = re.compile(r" in row \d+$")
 """pyarrow's position of a parse error: row 0 of a one-entry parse says nothing."""
 ERROR_FIELDS: list[pa.Field] = [pa.field("_error", pa.string()), pa.field("_corrupt_record", pa.binary())]
@@ -158,6 +163,8 @@ class JsonParser:
         objects are expected)."""
         if isinstance(data, bytes) and not data.strip():  # a view: the parser finds out
             return "empty payload" if count == 1 else "empty lines"
+        if starts_with_null(data):
+            return "a value is null, not a JSON object" if single else "a line is null"
         while True:
             try:
                 table = self._table(data, self._one_options if single else self._options)
@@ -227,7 +234,7 @@ class JsonParser:
                 corrupt.extend([None] * (hi - lo))
             elif single:
                 pieces.append(pa.nulls(1, self.value_type))
-                errors.append(mismatch(payloads[lo], self.value_type) or got)
+                errors.append(no_object(payloads[lo]) or mismatch(payloads[lo], self.value_type) or got)
                 corrupt.append(payloads[lo])
             else:
                 mid = (lo + hi) // 2
@@ -240,6 +247,18 @@ class JsonParser:
         return pa.RecordBatch.from_arrays(
             meta + [value, pa.array(errors, pa.string()), pa.array(corrupt, pa.binary())],
             schema=self.schema)
+
+
+def starts_with_null(data: bytes | memoryview) -> bool:
+    """Whether a line of ``data`` starts with null (NULL_HEAD).  A vector pass
+    finds the lines that start with "n" or a blank (JSON objects start with
+    "{"), and only those are looked at."""
+    text = np.frombuffer(data, dtype=np.uint8)
+    if not len(text):
+        return False
+    heads = np.concatenate(([0], np.flatnonzero(text[:-1] == ord("\n")) + 1))
+    suspects = heads[np.isin(text[heads], LINE_HEADS)]
+    return any(NULL_HEAD.match(data, int(at)) for at in suspects)
 
 
 class BatchParser(Protocol):

@@ -177,6 +177,7 @@ def convert(lake: Lake, data_dir: str | None, gone: frozenset[str] = frozenset()
                                f"{', '.join(strangers)} that the conversion did not convert: "
                                "ship them into a lake of their own")
     metadata, value_schema = done
+    rejects.ensure(rejects_schema())  # after the main commit: a redo must find no table but its own
     write_plans(lake, metadata, value_schema)
     crash_point("convert-planned")
     archived = [archive(lake, stream) for stream in streams]

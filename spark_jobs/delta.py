@@ -206,6 +206,21 @@ class LakeTable:
                 return int(after.version())
         raise RuntimeError(f"could not commit to {self.uri}: other writers kept committing")
 
+    def ensure(self, schema: pa.Schema) -> None:
+        """Creates the table, empty, unless it exists: readers are told to read
+        it (the rejects table) from the lake's first run on, rejects or not."""
+        from deltalake import CommitProperties
+
+        for _ in range(COMMIT_ATTEMPTS):
+            try:
+                with self._writing() as (uri, options):
+                    if _open(uri, options) is not None or \
+                            self._commit(uri, options, None, [], schema, CommitProperties()) is not None:
+                        return
+            except LogMoved:
+                continue
+        raise RuntimeError(f"could not create {self.uri}: other writers kept committing")
+
     def _commit(self, uri: str, options: dict[str, str] | None, table: DeltaTable | None,
                 adds: list[Any], schema: pa.Schema, props: Any) -> DeltaTable | None:
         """One attempt of commit: the table after it (None: another commit came first)."""

@@ -25,8 +25,9 @@ inferred by pyarrow's JSON reader and becomes a new nullable column:
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, cast
+from typing import Any, Callable, Iterable, cast
 
+import orjson
 import pyarrow as pa
 import pyarrow.json as pajson
 
@@ -190,6 +191,26 @@ def conform(array: pa.Array, to: pa.DataType) -> pa.Array:
     if pa.types.is_integer(array.type) and pa.types.is_floating(to):
         return array.cast(to)  # parsed as long before the field became double
     return array
+
+
+def json_type(value: Any) -> str:
+    """What a parsed JSON value is, as a reject's error says it."""
+    if value is None:
+        return "null"
+    return {bool: "a boolean", int: "a number", float: "a number", str: "a string",
+            list: "an array", dict: "an object"}.get(type(value), type(value).__name__)
+
+
+def no_object(payload: bytes) -> str | None:
+    """Why one entry is no JSON object (None: it is one): not JSON (two values
+    in one entry included), or JSON of another kind."""
+    try:
+        value = orjson.loads(payload)
+    except orjson.JSONDecodeError as exc:
+        return f"not JSON: {exc}"
+    if type(value) is not dict:
+        return f"not a JSON object but {json_type(value)}"
+    return None
 
 
 def mismatch(payload: bytes, known: pa.StructType) -> str | None:

@@ -33,7 +33,7 @@ from storage_c import Log
 from storage_c.records import NdjsonBatch
 
 from .arrow import ERROR_FIELDS, int64s, meta_columns, parsed_schema
-from .evolve import type_name
+from .evolve import json_type, type_name
 
 Convert = Callable[[Any], Any]
 """One field's conversion: the event's object in, the field's row value out."""
@@ -166,7 +166,7 @@ def why_unfit(value: Any, t: pa.DataType, path: str = "") -> str | None:
     where = f"field {path[1:]!r}" if path else "the value"
     if pa.types.is_struct(t):
         if type(value) is not dict:
-            return f"{where} is {_json_type(value)}, not an object"
+            return f"{where} is {json_type(value)}, not an object"
         for f in t:
             if f.name not in value:
                 continue
@@ -176,7 +176,7 @@ def why_unfit(value: Any, t: pa.DataType, path: str = "") -> str | None:
         return None
     if pa.types.is_list(t):
         if type(value) is not list:
-            return f"{where} is {_json_type(value)}, the lake's column is {type_name(t)}"
+            return f"{where} is {json_type(value)}, the lake's column is {type_name(t)}"
         for i, v in enumerate(value):
             problem = why_unfit(v, t.value_type, f"{path}[{i}]")
             if problem:
@@ -201,14 +201,7 @@ def why_unfit(value: Any, t: pa.DataType, path: str = "") -> str | None:
         ok = True
     if ok:
         return None
-    return f"{where} is {_json_type(value)} here, the lake's column is {type_name(t)}"
-
-
-def _json_type(value: Any) -> str:
-    if value is None:
-        return "null"
-    return {bool: "a boolean", int: "a number", float: "a number", str: "a string",
-            list: "an array", dict: "an object"}.get(type(value), type(value).__name__)
+    return f"{where} is {json_type(value)} here, the lake's column is {type_name(t)}"
 
 
 class OtlpParser:
@@ -274,7 +267,7 @@ class OtlpParser:
         except orjson.JSONDecodeError as exc:
             return None, f"not JSON: {exc}"
         if type(event) is not dict:
-            return None, f"not a JSON object but {_json_type(event)}"
+            return None, f"not a JSON object but {json_type(event)}"
         try:
             return self._convert(event), None
         except Unfit as exc:

@@ -24,12 +24,10 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
+from storage_c.otlp import SIGNALS, STREAM_SIGNALS
+
 if TYPE_CHECKING:
     import pyarrow as pa
-
-SIGNALS = ("logs", "traces", "metrics")
-STREAMS = {"otel-logs": "logs", "otel-traces": "traces", "otel-metrics": "metrics"}
-"""The gateway's default stream of each signal: shipped with its schema unless --schema is given."""
 
 ATTRIBUTES = "map<string, string>"
 RESOURCE = ("struct<attributes: map<string, string>, dropped_attributes_count: long, "
@@ -110,7 +108,7 @@ def signal_of(stream: str, otlp: str | None, value_schema: str | None) -> str | 
         if value_schema:
             raise ValueError("give a value schema or an OTLP signal, not both")
         return check_signal(otlp)
-    return None if value_schema else STREAMS.get(stream)
+    return None if value_schema else STREAM_SIGNALS.get(stream)
 
 
 def value_type(signal: str) -> pa.StructType:

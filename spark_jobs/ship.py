@@ -352,6 +352,8 @@ def _execute(spark: Any, opts: ShipOptions, plan: RunPlan) -> RunOutcome:
     if rejects:  # first: the main table's commit is the run's
         LakeTable.rejects(opts.lake).commit(rejects, rejects_schema(), plan.shipper.app_id,
                                             plan.run, metadata)
+    else:
+        LakeTable.rejects(opts.lake).ensure(rejects_schema())
     crash_point("committing")
     if main.commit(data, main_schema(schema), plan.shipper.app_id, plan.run, metadata) is None:
         # Committed by another run of this shipper since this one read the

@@ -108,11 +108,13 @@ def stat(data_dir: str, only: str | None, shards: bool, as_json: bool) -> None:
         try:
             names = [only] if only else log.streams()
             all_stats = [log.stats(name) for name in names]
+            backlogs = {s.stream: log.backlogs(s) for s in all_stats}
         except CometError as exc:
             raise click.ClickException(str(exc)) from None
     if as_json:
         click.echo(json.dumps({s.stream: {"shards": [asdict(x) for x in s.shards],
-                                          "groups": [asdict(g) for g in s.groups]}
+                                          "groups": [asdict(g) for g in s.groups],
+                                          "backlogs": {k: asdict(b) for k, b in backlogs[s.stream].items()}}
                                for s in all_stats}, indent=2))
         return
     if not all_stats:
@@ -127,10 +129,14 @@ def stat(data_dir: str, only: str | None, shards: bool, as_json: bool) -> None:
     if shards:
         click.echo()
         click.echo(render(shard_rows(all_stats)))
-    group_rows = [["STREAM", "GROUP", "SHARDS", "LAG", "LAST ACK"]]
+    group_rows = [["STREAM", "GROUP", "SHARDS", "LAG", "LAG BYTES", "OLDEST UNACKED", "LAST ACK",
+                   "DELIVERED", "RETRIES", "FAILED", "LAST DELIVERY"]]
     for s in all_stats:
         for g in s.group_lag().values():
-            group_rows.append([s.stream, g.name, str(g.shards), str(g.lag), iso(g.last_ack_ns)])
+            b = backlogs[s.stream][g.name]
+            group_rows.append([s.stream, g.name, str(g.shards), str(g.lag), human(b.bytes),
+                               iso(b.oldest_ns), iso(g.last_ack_ns), str(g.delivered),
+                               str(g.retries), str(g.failed), iso(g.last_delivery_ns)])
     if len(group_rows) > 1:
         click.echo()
         click.echo(render(group_rows))

@@ -56,6 +56,14 @@ class Group:
             raise_for(rc)
         return rc
 
+    def count(self, delivered: int = 0, retries: int = 0, failed: int = 0) -> None:
+        """Adds to the group's delivery counters in this shard (what
+        ``comet stat`` and ``/metrics`` show): records delivered, failed
+        attempts retried, records given up on."""
+        rc = lib.comet_group_count(self._ptr, delivered, retries, failed)
+        if rc < 0:
+            raise_for(rc)
+
     @property
     def offset(self) -> int:
         rc = lib.comet_group_offset(self._ptr)

@@ -29,6 +29,7 @@ from .groups import Group
 from .records import (
     BatchResult,
     Buffer,
+    GroupBacklog,
     GroupInfo,
     IdempotencyKey,
     NdjsonBatch,
@@ -532,7 +533,7 @@ class Log(Appender):
                                         into)
         n = res.count
         return ReadBatch(stream, shard, data, scratch.offsets[: n + 1], scratch.entries[:n],
-                         scratch.timestamps[:n], res.next_entry, res.skipped)
+                         scratch.timestamps[:n], res.next_entry, res.skipped, res.limit_entry)
 
     def read_ndjson(self, stream: str, shard: int, from_entry: int = 0, max_entries: int = 1000,
                     max_bytes: int = DEFAULT_READ_BYTES, *, into: Any = None) -> NdjsonBatch:
@@ -608,7 +609,37 @@ class Log(Appender):
             self._raise(stream, rc)
         return rc
 
+    def entry_timestamp(self, stream: str, shard: int, entry: int) -> int:
+        """When ``entry`` was stored (the oldest stored entry's time when it was
+        deleted); 0 when it does not exist (yet)."""
+        s = self._streams.get(stream) or self._open_stream(stream, create=False)
+        rc = lib.comet_entry_timestamp(s.ptr, shard, entry)
+        if rc < 0:
+            self._raise(stream, rc)
+        return rc
+
     # ---- consumer groups and retention ---------------------------------------------
+
+    def backlogs(self, stats: StreamStats) -> dict[str, GroupBacklog]:
+        """What each group of a stream has not acknowledged (``stats`` from
+        ``stats()``): entries, bytes (each shard's lag times its mean entry
+        size, as appended: an estimate that costs no read) and the time of
+        the oldest such entry (read from its header: this opens the shards
+        where a group lags)."""
+        shards = {s.shard: s for s in stats.shards}
+        out: dict[str, GroupBacklog] = {}
+        for g in stats.groups:
+            seen = out.get(g.name) or GroupBacklog(0, 0, 0)
+            oldest, size = 0, 0
+            shard = shards.get(g.shard)
+            if g.lag and shard is not None:
+                oldest = self.entry_timestamp(stats.stream, g.shard, g.offset)
+                if shard.appended_entries:
+                    size = g.lag * shard.appended_raw_bytes // shard.appended_entries
+            out[g.name] = GroupBacklog(
+                seen.entries + g.lag, seen.bytes + size,
+                min(x for x in (seen.oldest_ns, oldest) if x) if seen.oldest_ns or oldest else 0)
+        return out
 
     def group(self, stream: str, shard: int, name: str, *, create: bool = True) -> Group:
         """The offset of group ``name`` in one shard, registering it there when
@@ -636,7 +667,8 @@ class Log(Appender):
             for k in range(min(n, lib.COMET_MAX_GROUPS)):
                 g = buf[k]
                 out.append(GroupInfo(ffi.string(g.name).decode(), i, g.offset, g.lag, g.last_ack_ns,
-                                     g.registered_ns, g.acks))
+                                     g.registered_ns, g.acks, g.delivered, g.retries, g.failed,
+                                     g.last_delivery_ns))
         return out
 
     def delete_group(self, stream: str, name: str) -> None:
@@ -668,6 +700,13 @@ class Log(Appender):
                                out.protected_segments)
 
     # ---- durability and inspection -------------------------------------------------
+
+    def retention_lost_entries(self) -> int:
+        """Entries this process's retention deleted before every registered
+        group had them (``retention_force_delete_after_ms``), since it opened
+        the directory (per stream: ``ShardStats.retention_lost_entries``)."""
+        self._check_open()
+        return int(lib.comet_retention_lost(self._db))
 
     def sync(self, stream: str | None = None, shard: int | None = None) -> None:
         """fdatasync what is committed (one stream, one shard, or everything open)."""

@@ -6,12 +6,16 @@ GIL while the C code runs."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from ._comet import ffi, lib
 from .errors import InvalidOTLP, raise_for
 from .records import Buffer
 
 SIGNALS = ("logs", "traces", "metrics")
+STREAM_SIGNALS = {"otel-logs": "logs", "otel-traces": "traces", "otel-metrics": "metrics"}
+"""The gateway's default stream of each signal: shipped as that signal
+(``comet ship``, ``comet spark-ship``) unless told otherwise."""
 _CODES = {"logs": lib.COMET_OTLP_LOGS, "traces": lib.COMET_OTLP_TRACES,
           "metrics": lib.COMET_OTLP_METRICS}
 MAX_DEPTH: int = lib.COMET_OTLP_MAX_DEPTH
@@ -68,3 +72,51 @@ def decode(signal: str, body: Buffer, max_event_bytes: int, max_output_bytes: in
                        key)
     finally:
         lib.comet_otlp_free(res)
+
+
+@dataclass(frozen=True)
+class Encoded:
+    """An export request rebuilt from stored events (``encode``)."""
+
+    request: bytes
+    """The Export*ServiceRequest, protobuf."""
+    count: int
+    """Records in ``request``."""
+    rejected: dict[int, str]
+    """Events left out (not in the layout of the signal): index in the input -> why."""
+
+
+def encode(signal: str, data: Buffer, offsets: Any, timestamps: Any = None, *,
+           plain_resource: bytes | None = None) -> Encoded:
+    """The export request of ``signal`` holding the events ``data[offsets[i]:
+    offsets[i + 1]]`` (the layout of ``ReadBatch``: int32 offsets, int64
+    timestamps), by the core's encoder (storage_c/src/otlp_encode.c), which
+    releases the GIL.  Consecutive events of one resource and scope are one
+    group.  With ``plain_resource`` (the fields of a Resource message,
+    protobuf) the events are any payloads, each the body of a log record
+    stamped with its timestamp."""
+    try:
+        code = _CODES[signal]
+    except KeyError:
+        raise ValueError(f"signal {signal!r} is not one of {', '.join(SIGNALS)}") from None
+    count = len(offsets) - 1 if len(offsets) else 0
+    plain = plain_resource is not None
+    if plain and signal != "logs":
+        raise ValueError("plain events are forwarded as log records only")
+    res = ffi.new("comet_otlp_encoded *")
+    resource = plain_resource or b""
+    rc = lib.comet_otlp_encode(
+        code, lib.COMET_OTLP_PLAIN if plain else 0, ffi.from_buffer("uint8_t[]", data),
+        ffi.from_buffer("int32_t[]", offsets) if count else ffi.NULL,
+        ffi.from_buffer("int64_t[]", timestamps) if plain and count else ffi.NULL,
+        count, resource, len(resource), res)
+    try:
+        if rc < 0:
+            raise_for(rc)
+        request = ffi.buffer(res.data, res.len)[:] if res.len else b""
+        rejected = {int(res.rejected_index[i]): ffi.string(
+                        res.reasons + i * lib.COMET_OTLP_REASON_BYTES).decode("utf-8", "replace")
+                    for i in range(res.rejected)}
+        return Encoded(request, int(res.count), rejected)
+    finally:
+        lib.comet_otlp_encoded_free(res)

@@ -96,10 +96,10 @@ class ReadBatch:
     """
 
     __slots__ = ("stream", "shard", "data", "offsets", "entries", "timestamps", "next_entry",
-                 "skipped", "_payloads")
+                 "skipped", "limit_entry", "_payloads")
 
     def __init__(self, stream: str, shard: int, data: bytes | memoryview, offsets: array, entries: array,
-                 timestamps: array, next_entry: int, skipped: int) -> None:
+                 timestamps: array, next_entry: int, skipped: int, limit_entry: int = -1) -> None:
         self.stream = stream
         self.shard = shard
         self.data = data
@@ -108,6 +108,9 @@ class ReadBatch:
         self.timestamps = timestamps
         self.next_entry = next_entry
         self.skipped = skipped
+        self.limit_entry = next_entry if limit_entry < 0 else limit_entry
+        """The committed (``durable_only``: durable) end the read was bounded by:
+        below it, the read stopped at ``max_entries`` or ``max_bytes``."""
         self._payloads: list[bytes] | None = None
 
     @classmethod
@@ -233,10 +236,12 @@ class StreamStats:
         ``comet_consumer_lag`` metric report."""
         out: dict[str, GroupLag] = {}
         for g in sorted(self.groups, key=lambda g: (g.name, g.shard)):
-            seen = out.get(g.name)
-            out[g.name] = GroupLag(g.name, 1, g.lag, g.last_ack_ns) if seen is None else \
-                GroupLag(g.name, seen.shards + 1, seen.lag + g.lag,
-                         max(seen.last_ack_ns, g.last_ack_ns))
+            seen = out.get(g.name) or GroupLag(g.name, 0, 0, 0)
+            out[g.name] = GroupLag(g.name, seen.shards + 1, seen.lag + g.lag,
+                                   max(seen.last_ack_ns, g.last_ack_ns),
+                                   seen.delivered + g.delivered, seen.retries + g.retries,
+                                   seen.failed + g.failed,
+                                   max(seen.last_delivery_ns, g.last_delivery_ns))
         return out
 
 
@@ -252,6 +257,12 @@ class GroupInfo:
     last_ack_ns: int
     registered_ns: int
     acks: int
+    delivered: int = 0
+    """Records the group's consumer reported delivered (``Group.count``)."""
+    retries: int = 0
+    failed: int = 0
+    """Records it gave up on (dead letters)."""
+    last_delivery_ns: int = 0
 
 
 @dataclass(frozen=True)
@@ -265,6 +276,21 @@ class GroupLag:
     """Entries committed in those shards and not yet acknowledged by the group."""
     last_ack_ns: int
     """The latest acknowledgement in any of them (0: none yet)."""
+    delivered: int = 0
+    retries: int = 0
+    failed: int = 0
+    last_delivery_ns: int = 0
+
+
+@dataclass(frozen=True)
+class GroupBacklog:
+    """What a consumer group has not acknowledged, over its shards."""
+
+    entries: int
+    bytes: int
+    """Estimated: each shard's lag times its mean entry size as appended."""
+    oldest_ns: int
+    """When the oldest unacknowledged entry was stored (0: none)."""
 
 
 @dataclass(frozen=True)

@@ -132,6 +132,13 @@ def cut_point_names() -> list[str]:
     return names
 
 
+def cut_point(name: str) -> None:
+    """Code above the core reaching its named cut point (cutpoint.h, ``ship.*``):
+    armed (``COMET_CUT_POINT``), the nth hit ends the process there."""
+    if lib.comet_cut_reached(name.encode()) != 0:
+        raise ValueError(f"no cut point named {name!r}; see storage_c/src/cutpoint.h")
+
+
 def arm_cut_point(name: str | None, nth: int = 1) -> None:
     """The ``nth`` hit of cut point ``name`` ends this process (``_exit(CUT_EXIT)``);
     None disarms.  Subprocesses: ``COMET_CUT_POINT=name:nth`` in their environment."""

@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-from tests.support.docs import code_blocks
+from tests.support.docs import code_blocks, fenced_blocks
 from tests.support.server import SMALL, GatewayProcess
 
 REPO = Path(__file__).resolve().parent.parent
@@ -78,13 +78,17 @@ def test_the_link_checker_reports_what_is_broken(tmp_path: Path) -> None:
 SPARK_PAGE = DOCS / "spark-and-the-lake.md"
 READERS = "### Reading the lake"
 SHOWN_LAKE = "/srv/lake"
-# What each example prints for a lake of stream "events" with 5 rows and 1 reject, in page order.
-READER_OUTPUTS = [r"5 1", r"5 \d+", r"\[\('events', 5\)\]", r"5 1"]
 
 
-def small_lake(tmp_path: Path) -> Path:
-    """A lake that ``comet spark-ship``'s real tasks wrote (in this process, no JVM):
-    5 rows and 1 reject of stream "events"."""
+def reader_outputs(rejects: int) -> list[str]:
+    """What each example prints for a lake of stream "events" with 5 rows and
+    ``rejects`` rejects, in page order."""
+    return [rf"5 {rejects}", r"5 \d+", r"\[\('events', 5\)\]", rf"5 {rejects}"]
+
+
+def small_lake(tmp_path: Path, rejects: int) -> Path:
+    """A lake that ``comet spark-ship``'s real tasks wrote (in this process, no JVM)
+    in one run: 5 rows and ``rejects`` rejects of stream "events"."""
     from spark_jobs.lakefs import Lake
     from spark_jobs.ship import ShipOptions, ship
     from storage_c import Config, Log
@@ -94,25 +98,212 @@ def small_lake(tmp_path: Path) -> Path:
     with Log(data, Config(shards=2)) as log:
         for n in range(5):
             log.append("events", json.dumps({"device": f"d{n}", "temp": 20.5 + n}).encode())
-        log.append("events", b"not json")
+        for _ in range(rejects):
+            log.append("events", b"not json")
     report = ship(ShipOptions(str(data), "events", Lake(str(lake))), in_process)
-    assert (report.rows, report.rejects) == (5, 1)
+    assert (report.rows, report.rejects) == (5, rejects)
     return lake
 
 
-def test_the_lake_reader_examples_run_as_written(tmp_path: Path) -> None:
-    """Each Python example of the Spark page's "Reading the lake", run in a fresh
-    Python against a real lake (its path put in place of /srv/lake), prints what a
-    reader of that lake must see: the committed rows and rejects, each once."""
+@pytest.mark.parametrize("rejects", [1, 0], ids=["a-reject", "a-fresh-lake-without-rejects"])
+def test_the_lake_reader_examples_run_as_written(tmp_path: Path, rejects: int) -> None:
+    """Each Python example of the Spark page's "Reading the lake" (Polars, pandas,
+    DuckDB, this project's reader), run in a fresh Python against a real lake (its
+    path put in place of /srv/lake), prints what a reader of that lake must see:
+    the committed rows and rejects, each once; on a lake fresh from its first
+    run, the rejects table is there and empty."""
     examples = code_blocks(SPARK_PAGE, READERS)
-    assert len(examples) == len(READER_OUTPUTS), f"{len(examples)} Python examples under {READERS}"
-    lake = small_lake(tmp_path)
-    for example, shown in zip(examples, READER_OUTPUTS):
+    outputs = reader_outputs(rejects)
+    assert len(examples) == len(outputs), f"{len(examples)} Python examples under {READERS}"
+    lake = small_lake(tmp_path, rejects)
+    for example, shown in zip(examples, outputs):
         assert SHOWN_LAKE in example, example
         out = subprocess.run([sys.executable, "-c", example.replace(SHOWN_LAKE, str(lake))],
                              cwd=REPO, capture_output=True, text=True, timeout=120)
         assert out.returncode == 0, f"{example}\nfailed:\n{out.stderr[-3000:]}"
         assert re.fullmatch(shown, out.stdout.strip()), f"{example}\nprinted {out.stdout!r}"
+
+
+# --- how the pages write commands ----------------------------------------------------------
+
+CONVENTION = "**How the pages write commands.**"
+VENV_COMET = ".venv/bin/comet"
+SHELL_BLOCKS = ("", "sh", "bash", "console", "shell")
+LEADING = re.compile(r"^(?:\$\s+|[A-Za-z_][A-Za-z0-9_]*=\S*\s+"   # a prompt, variables
+                     r"|(?:sudo|runuser|env|exec|nohup|time)\s+"       # what runs a command, with
+                     r"(?:-[ug]\s+\S+\s+|--?[\w-]+(?:=\S+)?\s+)*(?:--\s+)?)*")  # its options
+CODE_SPAN = re.compile(r"`([^`]+)`")
+IN_CONTAINERS = {"docker.md"}
+"""Pages whose text runs commands inside the images, where `comet` is on the PATH."""
+
+
+def command_paths() -> set[tuple[str, ...]]:
+    """Every command of `comet`, as the words that name it: ("stat",), ("lake", "check")..."""
+    import click
+
+    from storage_c.cli import main
+
+    ctx = click.Context(main)
+    paths: set[tuple[str, ...]] = set()
+    for name in main.list_commands(ctx):
+        command = main.get_command(ctx, name)
+        paths.add((name,))
+        if isinstance(command, click.Group):
+            paths |= {(name, sub) for sub in command.list_commands(click.Context(command))}
+    return paths
+
+
+def typed_comet(words: list[str], paths: set[tuple[str, ...]]) -> bool:
+    """Whether ``comet ...`` in running text is a command line to type (a command
+    and an argument), rather than a command's name or one of its options."""
+    rest = words[1:]
+    named = max((len(p) for p in paths if tuple(rest[:len(p)]) == p), default=0)
+    return any(not w.startswith("-") for w in rest[named:])
+
+
+def comet_violations(page: Path, paths: set[tuple[str, ...]]) -> list[str]:
+    """The places of a page that call bare ``comet``: a command line of a shell
+    block (each command of it, after a prompt, sudo or variables), or a command
+    line in the text."""
+    found = []
+    for language, start, lines in fenced_blocks(page):
+        if language not in SHELL_BLOCKS:
+            continue
+        for offset, line in enumerate(lines):
+            for command in re.split(r"&&|\|\||;|\||\$\(", line):
+                words = LEADING.sub("", command.strip()).split()
+                if words[:1] == ["comet"]:
+                    found.append(f"{page.name}:{start + offset}: {line.strip()}")
+    if page.name not in IN_CONTAINERS:
+        for number, line in enumerate(prose_lines(page.read_text(encoding="utf-8")), 1):
+            for span in CODE_SPAN.findall(line):
+                words = span.split()
+                if words[:1] == ["comet"] and typed_comet(words, paths):
+                    found.append(f"{page.name} (text): `{span}`")
+    return found
+
+
+def test_every_page_writes_commands_as_the_readme_says() -> None:
+    """The README states once how the pages call `comet` (`.venv/bin/comet`, from
+    the repository's root): no page calls bare `comet` in a command line."""
+    pages = [README, *sorted(DOCS.glob("*.md"))]
+    stated = [p.name for p in pages for _ in range(p.read_text(encoding="utf-8").count(CONVENTION))]
+    assert stated == ["README.md"], stated
+    assert VENV_COMET in README.read_text(encoding="utf-8")
+    paths = command_paths()
+    assert {("serve",), ("ship",), ("lake", "check"), ("group", "reset")} <= paths
+    violations = [v for page in pages for v in comet_violations(page, paths)]
+    assert violations == [], "\n".join(violations)
+
+
+def test_the_command_check_finds_bare_comet(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text("Run `comet stat ./data`, or see `comet ship`, `comet stat --json`.\n\n"
+                    "```\n$ comet verify ./data\nsudo FOO=1 comet ship a b c\n"
+                    "cd x && comet tail ./data ev\n.venv/bin/comet stat ./data\n"
+                    "sudo -u comet comet stat ./data\nsudo runuser -u comet -- /opt/bin/comet stat\n```\n"
+                    "```toml\ncomet = 1\n```\n")
+    assert comet_violations(page, command_paths()) == [
+        "page.md:4: $ comet verify ./data", "page.md:5: sudo FOO=1 comet ship a b c",
+        "page.md:6: cd x && comet tail ./data ev", "page.md:8: sudo -u comet comet stat ./data",
+        "page.md (text): `comet stat ./data`"]
+
+
+# --- what the examples leave in the checkout -----------------------------------------------
+
+CREATES = (re.compile(r"-(?:keyout|out)\s+(\w[\w./-]*)"),     # openssl's outputs
+           re.compile(r"(?:^|\s)>>?\s*(\.?\w[\w./-]*)"),        # a redirection's file
+           re.compile(r"(?:^|\s)\./(\w[\w.-]*)"))               # a data directory, a sink
+NAMED_FILE = re.compile(r"^# ([\w.-]+\.(?:toml|ya?ml|json))$")  # "# comet.toml" atop a file's block
+
+
+def example_outputs(page: Path) -> set[str]:
+    """The relative paths a page's examples create when run from the repository's
+    root: the files and directories their command lines write (after a `cd`, under
+    it), and the files their blocks are named as."""
+    out: set[str] = set()
+    for language, _, lines in fenced_blocks(page):
+        if language not in SHELL_BLOCKS:
+            named = NAMED_FILE.match(lines[0]) if lines else None
+            if named:
+                out.add(named.group(1))
+            continue
+        prompted = any(line.startswith("$ ") for line in lines)
+        cwd = ""
+        for line in lines:
+            if prompted and not line.startswith("$ "):
+                continue  # what a command printed
+            command = line.removeprefix("$ ").split(" #")[0]
+            if command.startswith("cd "):
+                cwd = command.split()[1]
+                continue
+            for pattern in CREATES:
+                out |= {os.path.normpath(os.path.join(cwd, path)) for path in pattern.findall(command)}
+    return out
+
+
+def test_what_the_examples_create_is_ignored_by_git() -> None:
+    """A key, a certificate or a configuration file made by copying a page's
+    example into the checkout cannot be committed by a `git add .`."""
+    outputs = sorted(set().union(*(example_outputs(p) for p in [README, *DOCS.glob("*.md")])))
+    assert {"cert.pem", "key.pem", "clients-ca.key", "comet.toml", "outbox", "data",
+            "blob.bin", "docker/.env"} <= set(outputs), outputs
+    checked = subprocess.run(["git", "check-ignore", "--no-index", "--verbose", "--non-matching",
+                              "--", *outputs], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert checked.returncode in (0, 1) and len(checked.stdout.splitlines()) == len(outputs), checked
+    unignored = [line.split("\t")[1] for line in checked.stdout.splitlines() if line.startswith("::")]
+    assert unignored == [], f"not in .gitignore: {unignored}"
+    tracked = subprocess.run(["git", "ls-files", "--cached", "--ignored", "--exclude-standard"],
+                             cwd=REPO, capture_output=True, text=True, timeout=60).stdout.split()
+    assert tracked == [], f"tracked files .gitignore now names: {tracked}"
+
+
+# --- the metrics table ------------------------------------------------------------------------
+
+OPERATIONS = DOCS / "operations.md"
+TYPE_LINE = re.compile(r"^# TYPE (\S+) (\S+)$", re.M)
+
+
+def documented_metrics() -> dict[str, str]:
+    """operations.md's metrics table: each name with its type (a row naming
+    ``x_sum``, ``_count`` names both)."""
+    lines = OPERATIONS.read_text(encoding="utf-8").splitlines()
+    start = lines.index("| metric | type | labels | meaning |")
+    out: dict[str, str] = {}
+    for row in lines[start + 2:]:
+        if not row.startswith("|"):
+            break
+        names_cell, kind = [c.strip() for c in row.strip("|").split("|")][:2]
+        names = CODE_SPAN.findall(names_cell)
+        for name in names:
+            full = names[0].rsplit("_", 1)[0] + name if name.startswith("_") else name
+            out[full] = kind
+    return out
+
+
+def test_the_metrics_table_lists_what_metrics_serves(tmp_path: Path) -> None:
+    """Every metric /metrics serves (a stream with a consumer group: every family
+    there is) is in operations.md's table with its type, and the table names no
+    metric gateway/metrics.py does not make."""
+    from starlette.testclient import TestClient
+
+    from gateway import metrics
+    from gateway.app import create_app
+    from storage_c import Log
+    from tests.support.gateway_app import JSON, STORAGE, config
+
+    with TestClient(create_app(config(tmp_path / "data"))) as client:
+        assert client.post("/streams/ev", content=b'{"a":1}', headers=JSON).status_code == 202
+        with Log(tmp_path / "data", STORAGE) as log:
+            log.group("ev", 0, "readers")
+        served = dict(TYPE_LINE.findall(client.get("/metrics").text))
+    documented = documented_metrics()
+    assert len(served) > 20
+    assert {name: documented.get(name) for name in served} == served, "served but not in the table"
+    source = Path(metrics.__file__).read_text(encoding="utf-8")
+    made = {name for name in documented
+            if f'"{name}"' in source or f'"{re.sub(r"_(sum|count|bucket)$", "", name)}"' in source}
+    assert sorted(set(documented) - made) == [], "in the table, but gateway/metrics.py makes no such metric"
 
 
 DATE = re.compile(r"\b20\d\d-[01]\d-[0-3]\d\b")

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from pathlib import Path
 from typing import Any
 
@@ -41,14 +40,6 @@ def records(path: Path) -> list[dict[str, Any]]:
     return out
 
 
-def wait_for_line(server: GatewayProcess, text: str, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while text not in server.tail(1 << 20):
-        assert time.monotonic() < deadline, f"no {text!r} in the log:\n{server.tail()}"
-        assert server.proc.poll() is None, f"the gateway exited:\n{server.tail()}"
-        time.sleep(0.02)
-
-
 def test_every_line_of_a_gateway_run_is_json(tmp_path: Path) -> None:
     data = tmp_path / "data"
     with Log(data, Config(shards=1, segment_bytes=SEGMENT, process_count=2)) as log:
@@ -64,7 +55,7 @@ def test_every_line_of_a_gateway_run_is_json(tmp_path: Path) -> None:
         holder.close()
         raise
     with server:
-        wait_for_line(server, '"event":"waiting_for_slot"')  # one worker has no slot yet
+        server.wait_for_log('"event":"waiting_for_slot"')  # one worker has no slot yet
         holder.close()
         server.wait_ready()
         statuses = {server.request(method, path, body, headers)[0] for method, path, body, headers in [

@@ -366,6 +366,21 @@ def test_convert_a_format_1_lake_then_ship_on(data_dir: Path, lake: Lake) -> Non
         convert(lake, str(data_dir))
 
 
+def test_convert_a_lake_without_rejects_makes_its_rejects_table_empty(data_dir: Path, lake: Lake) -> None:
+    """As after a first spark-ship run: the rejects table readers are told to
+    read exists, empty, when the runs converted had no reject."""
+    import polars as pl
+
+    with Log(data_dir, CFG) as log:
+        fill(log, "ev", [orjson.dumps({"id": i, "device": "d"}) for i in range(10)], shards=2, batch=5)
+        write_run(Path(lake.root), log, "ev", 1, {s: log.shard_stats("ev", s).next_entry for s in range(2)})
+    convert(lake, str(data_dir))
+    assert read_table(lake, "ev").num_rows == 10
+    assert read_table(lake, "ev", kind="rejects").num_rows == 0
+    assert pl.read_delta(lake.path("_rejects")).height == 0
+    assert check(lake, str(data_dir)).ok
+
+
 def test_convert_refuses_what_it_cannot_convert_and_changes_nothing(data_dir: Path, lake: Lake) -> None:
     root = Path(lake.root)
     format_1_lake(data_dir, root)

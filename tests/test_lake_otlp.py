@@ -23,7 +23,7 @@ from spark_jobs.cli import spark_ship
 from spark_jobs.delta import LakeTable
 from spark_jobs.lake import read_table
 from spark_jobs.lakefs import Lake
-from spark_jobs.otlp_schema import DDL, STREAMS, ddl, signal_of, value_type
+from spark_jobs.otlp_schema import DDL, STREAM_SIGNALS, ddl, signal_of, value_type
 from spark_jobs.ship import ShipOptions, ShipReport, ship
 from storage_c import Config, Log
 
@@ -263,7 +263,7 @@ def test_a_repeated_key_keeps_the_last_value_and_what_does_not_fit_is_a_reject(
 
 
 def test_the_signal_comes_from_the_stream_name_or_otlp_and_a_schema_wins() -> None:
-    assert [signal_of(stream, None, None) for stream in STREAMS] == ["logs", "traces", "metrics"]
+    assert [signal_of(stream, None, None) for stream in STREAM_SIGNALS] == ["logs", "traces", "metrics"]
     assert signal_of("events", None, None) is None
     assert signal_of("otel-logs", None, "id long") is None  # an explicit schema wins
     assert signal_of("app-spans", "traces", None) == "traces"

@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from spark_jobs import ship as ship_module
-from spark_jobs.delta import LakeTable
+from spark_jobs.delta import LakeTable, arrow_schema
 from spark_jobs.lake import read_table
 from spark_jobs.lakefs import Lake
 from spark_jobs.lock import LakeBusy, run_lock
@@ -274,6 +274,45 @@ def test_a_run_is_one_commit_per_table_with_its_app_transaction_and_stats(
         assert action["num_records"] == data.num_rows
         assert (action["min._comet_entry"], action["max._comet_entry"]) == (lo.as_py(), hi.as_py())
         assert action["min._comet_shard"] == action["max._comet_shard"] == data.column("_comet_shard")[0].as_py()
+    check_exactly_once(lake, data_dir, "ev", CFG)
+
+
+def test_an_entry_that_is_no_json_object_is_a_reject_saying_what_it_is(data_dir: Path,
+                                                                     tmp_path: Path) -> None:
+    """A bare 42 (or any JSON that is no object) is refused as such, not with
+    the JSON parser's words ("Column() changed from object to number")."""
+    lake = Lake(str(tmp_path / "lake"))
+    bad = {b"42": "not a JSON object but a number", b'"text"': "not a JSON object but a string",
+           b"[1, 2]": "not a JSON object but an array", b"null": "not a JSON object but null",
+           b"true": "not a JSON object but a boolean", b"3.5e2": "not a JSON object but a number",
+           b"not json": "not JSON: ", b'{"a": 1} {"b": 2}': "not JSON: "}
+    put(data_dir, [{"id": 0}, *bad, {"id": 9}], shard=0)
+    report = run(data_dir, lake)
+    assert (report.rows, report.rejects) == (2, len(bad))
+    rejects = sorted(read_table(lake, "ev", kind="rejects").to_pylist(), key=lambda r: r["entry"])
+    for n, (reject, (value, says)) in enumerate(zip(rejects, bad.items()), 1):
+        assert reject["value"] == value and reject["error"].startswith(f"shard 0 entry {n}: {says}"), reject
+        assert "changed from object" not in reject["error"], reject
+
+
+def test_the_rejects_table_exists_empty_from_the_first_run(data_dir: Path, tmp_path: Path) -> None:
+    """Readers are told to read <lake>/_rejects: a first run without a reject
+    creates it, empty, and a later run's rejects commit to it as usual."""
+    import polars
+
+    lake = Lake(str(tmp_path / "lake"))
+    put(data_dir, [{"id": i} for i in range(8)])
+    assert run(data_dir, lake).rejects == 0
+    rejects = LakeTable.rejects(lake).open()
+    assert rejects is not None and rejects.version() == 0
+    assert polars.read_delta(lake.path("_rejects")).height == 0
+    assert duckdb_table(lake.path("_rejects")).num_rows == 0
+    assert read_table(lake, "ev", kind="rejects").num_rows == 0
+    assert [f.name for f in arrow_schema(rejects)] == \
+        ["shard", "entry", "timestamp", "value", "error", "stream", "dt", "hour"]
+    put(data_dir, [{"id": 8}, b"42"])
+    assert run(data_dir, lake).rejects == 1
+    assert committed_runs(lake, "rejects") == [2]
     check_exactly_once(lake, data_dir, "ev", CFG)
 
 

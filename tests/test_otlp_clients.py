@@ -18,6 +18,7 @@ import platform
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -46,6 +47,7 @@ from opentelemetry.trace import Link, SpanKind, Status as SpanStatus, StatusCode
 from storage_c import Config, Log
 
 from .support import otlp
+from .support.docs import code_blocks
 from .support.otlp_http import (
     PROTOBUF,
     Attempt,
@@ -87,6 +89,31 @@ def check_stored(server: GatewayProcess, signal_name: str, before: list[Entry],
     entries = [e.entry for e in added]
     assert entries == list(range(entries[0], entries[0] + len(entries)))
     return [e.value for e in added]
+
+
+# ---- the page's example -----------------------------------------------------------------
+
+OTEL_PAGE = Path(__file__).resolve().parent.parent / "docs" / "opentelemetry.md"
+SHOWN_GATEWAY = "http://127.0.0.1:8080"
+
+
+def test_the_pages_python_example_exports_every_signal(server: GatewayProcess) -> None:
+    """The OpenTelemetry page's Python example, run as written in a plain Python
+    (its gateway's address replaced): its span, its counter's data point and its
+    log record are stored, each in its signal's stream, with the resource."""
+    [example] = code_blocks(OTEL_PAGE, "## Pointing a client at the gateway")
+    assert SHOWN_GATEWAY in example
+    before = {s: read_stream(server, s) for s in ("otel-logs", "otel-traces", "otel-metrics")}
+    out = subprocess.run([sys.executable, "-c", example.replace(SHOWN_GATEWAY, server.url)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    added = {s: [e.value for e in new_entries(old, read_stream(server, s))] for s, old in before.items()}
+    ours = {s: [v for v in values if v["resource"]["attributes"].get("service.name") == "checkout"]
+            for s, values in added.items()}
+    assert [v["name"] for v in ours["otel-traces"]] == ["place-order"], added["otel-traces"]
+    assert [(v["metric"]["name"], v["value"]) for v in ours["otel-metrics"]] == [("orders", 1)], \
+        added["otel-metrics"]
+    assert [v["body"] for v in ours["otel-logs"]] == ["order placed"], added["otel-logs"]
 
 
 # ---- the SDK's exporters ----------------------------------------------------------------

@@ -159,7 +159,7 @@ def test_report_tables_ratios_verdicts_and_chart(tmp_path: Path) -> None:
     head = section(text, "Headline figures")
     assert "Measured 2030-01-02 on 2 CPUs (Test CPU), 8 GiB RAM" in head
     assert "Targets met: 1 of 2." in head
-    assert "Targets met overall: 1 of 3 (consumers, spark, otlp, streams, paced not run)." in head
+    assert "Targets met overall: 1 of 3 (consumers, spark, otlp, streams, paced, forward not run)." in head
     assert "Consumers (issue 3): not run (missing)." in head
     assert "C core 10.00 M → 20.00 M; Python append_batch 0.50 M → 10.00 M" in head
     assert "31% of the CPU during Gateway (issue 4)" in head   # other programs were busy
@@ -218,7 +218,7 @@ def test_unreadable_file_is_not_run(tmp_path: Path) -> None:
     assert "Spark (issue 5): not run (unreadable: " in text
     assert "Not run: unreadable" in section(text, "Consumers (issue 3)")
     assert done["chart"] is None and not (results / "storage_batch.png").exists()
-    assert "Targets met overall: 1 of 2 (consumers, gateway, spark, otlp, streams, paced not run)" in text
+    assert "Targets met overall: 1 of 2 (consumers, gateway, spark, otlp, streams, paced, forward not run)" in text
 
 
 def test_loadtest_files_when_present(tmp_path: Path) -> None:

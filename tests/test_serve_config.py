@@ -5,11 +5,13 @@ serving instead of stopping on a typo)."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
-from .support.server import SMALL, GatewayProcess
+from .support.server import COMET, SMALL, GatewayProcess, ServerProcess, free_port
 
 JSON = {"content-type": "application/json"}
 
@@ -39,6 +41,35 @@ def test_hup_rereads_the_file_and_keeps_the_running_config_when_it_is_broken(tmp
         assert server.stop() == 0
     log = server.log_path.read_text()
     assert "reload_config_invalid" in log and "keeping the running configuration" in log
+
+
+def events(log: Path, name: str) -> list[dict[str, Any]]:
+    return [r for r in map(json.loads, log.read_text().splitlines()) if r.get("event") == name]
+
+
+def test_hup_says_what_it_reloaded_and_keeps_what_needs_a_restart(tmp_path: Path) -> None:
+    """The `reloaded` line names the settings that changed and the tokens; the
+    data directory, address and workers keep their running values, with a warning."""
+    conf, port = tmp_path / "comet.toml", free_port()
+    conf.write_text(f'data_dir = "{tmp_path}/data"\nport = {port}\nworkers = 1\n'
+                    'auth = "on"\ntokens = ["first"]\n')
+    with ServerProcess([str(COMET), "serve", "--config", str(conf)], port, workers=1,
+                       log_path=tmp_path / "serve.log", env=SMALL) as server:
+        server.wait_ready()
+        conf.write_text(f'data_dir = "{tmp_path}/other"\nport = {free_port()}\nworkers = 2\n'
+                        'auth = "on"\ntokens = ["first", "second"]\nmax_body_bytes = 4096\n')
+        server.reload_workers()
+        assert len(server.worker_pids()) == 1
+        status, _, _ = server.request("POST", "/streams/ev", b"{}",
+                                      {**JSON, "authorization": "Bearer second"})
+        assert status == 202
+        assert server.stop() == 0
+    [warning] = events(server.log_path, "reload_needs_restart")
+    assert warning["level"] == "warning" and warning["settings"] == ["data_dir", "port", "workers"]
+    [reloaded] = events(server.log_path, "reloaded")
+    assert reloaded["changed"] == ["max_body_bytes", "tokens"] and reloaded["tokens"] == 2
+    assert reloaded["tls"] is False
+    assert not (tmp_path / "other").exists()
 
 
 def test_a_bad_config_stops_serve_before_any_process_starts(tmp_path: Path) -> None:

@@ -138,9 +138,10 @@ def test_a_tls_1_1_client_is_refused_at_the_handshake(tls_server: GatewayProcess
         t.start()
         assert handshake_version(client, listener.getsockname()[1]) == "TLSv1.1"
         t.join(timeout=10)
-    # ...and the gateway refuses it
-    with pytest.raises(ssl.SSLError):
+    # ...and the gateway refuses it, saying why
+    with pytest.raises(ssl.SSLError) as refused:
         handshake_version(client, tls_server.port)
+    assert refused.value.reason == "TLSV1_ALERT_PROTOCOL_VERSION", refused.value
     assert_serves(tls_server)
 
 
@@ -177,18 +178,39 @@ def stored_events(server: GatewayProcess, stream: str) -> list[Any]:
     return [e["value"] for e in orjson.loads(body)["entries"]]
 
 
+# What the client hears from the handshake the gateway refuses: OpenSSL's alert.
+ALERTS = {("no certificate", ssl.TLSVersion.TLSv1_2): "SSLV3_ALERT_HANDSHAKE_FAILURE",
+          ("no certificate", ssl.TLSVersion.TLSv1_3): "TLSV13_ALERT_CERTIFICATE_REQUIRED",
+          ("another CA's certificate", ssl.TLSVersion.TLSv1_2): "TLSV1_ALERT_UNKNOWN_CA",
+          ("another CA's certificate", ssl.TLSVersion.TLSv1_3): "TLSV1_ALERT_UNKNOWN_CA"}
+
+
 @pytest.mark.parametrize("who", ["no certificate", "another CA's certificate"])
 def test_mutual_tls_refuses_a_client_without_a_valid_certificate(mtls_server: GatewayProcess, pki: Pki,
                                                                  who: str) -> None:
+    """No HTTP status: the handshake fails, and the client is told why by the
+    handshake's alert (1.2 in the handshake, 1.3 on the first read), never an
+    empty reply or a reset."""
     cert: Issued | None = pki.stranger if who == "another CA's certificate" else None
     for version in (ssl.TLSVersion.TLSv1_2, ssl.TLSVersion.TLSv1_3):
         context = pki.client_context(cert)
-        context.maximum_version = version  # 1.2 fails in the handshake, 1.3 on the first read
-        # no HTTP status: the server ends the connection at the handshake (asyncio's
-        # TLS sends no alert, so the client sees an EOF)
-        with pytest.raises((ssl.SSLError, ConnectionError)):
+        context.maximum_version = version
+        with pytest.raises(ssl.SSLError) as refused:
             post_with(mtls_server, context, {"who": who, "tls": str(version)})
+        assert refused.value.reason == ALERTS[who, version], (version, refused.value)
     assert {"who": who} not in [{"who": e.get("who")} for e in stored_events(mtls_server, "mtls")]
+
+
+def test_curl_without_a_client_certificate_shows_the_handshake_error(mtls_server: GatewayProcess,
+                                                                    pki: Pki) -> None:
+    """The TLS page's promise, as curl shows it."""
+    for limit, code, says in ((["--tls-max", "1.2"], 35, "alert handshake failure"),
+                              ([], 56, "alert certificate required")):
+        out = subprocess.run(["curl", "-sS", *limit, "--cacert", str(pki.ca.cert), "-X", "POST",
+                              "-H", "content-type: application/json", "--data", "{}",
+                              f"{mtls_server.url}/streams/mtls"],
+                             capture_output=True, text=True, timeout=30)
+        assert out.returncode == code and says in out.stderr, (out.returncode, out.stderr)
 
 
 def test_mutual_tls_takes_a_client_certificate_of_its_ca(mtls_server: GatewayProcess, pki: Pki) -> None:
@@ -343,6 +365,10 @@ def test_a_half_done_renewal_at_hup_keeps_the_running_certificate(tmp_path: Path
         assert server.stop() == 0
     log = server.log_path.read_text()
     assert log.count("reload_config_invalid") == 1 and "do not load as a pair" in log
+    # the reload that took the renewal says so, with the new certificate's serial
+    [reloaded] = [r for r in map(orjson.loads, log.splitlines()) if r.get("event") == "reloaded"]
+    assert reloaded["changed"] == ["tls"] and int(reloaded["tls_cert_serial"], 16) == new.serial
+    assert reloaded["tls_cert_not_after"].endswith("GMT") and reloaded["tls_client_ca"] is False
 
 
 # ---- the warning of a plaintext listener -------------------------------------------------------

@@ -221,6 +221,10 @@ typedef struct comet_group_info {
     int64_t last_ack_ns;    /* when the offset last moved (coarse clock), 0: never */
     int64_t registered_ns;
     uint64_t acks;          /* acks that moved the offset */
+    uint64_t delivered;     /* records the group's consumer delivered (comet_group_count) */
+    uint64_t retries;       /* attempts it retried */
+    uint64_t failed;        /* records it gave up on (dead letters) */
+    int64_t last_delivery_ns; /* when it last delivered (coarse clock), 0: never */
 } comet_group_info;
 
 typedef struct comet_retention_report {
@@ -471,11 +475,44 @@ int comet_otlp_decode(int32_t signal, const uint8_t *body, uint64_t len,
                       comet_otlp_result *out);
 void comet_otlp_free(comet_otlp_result *out);
 
+/* comet_otlp_encode is the way back (otlp_encode.c): stored events of
+ * `signal` into one export request (protobuf), for forwarding to an OTLP/HTTP
+ * backend.  Payload i is data[offsets[i], offsets[i + 1]) (the layout of
+ * comet_read).  Consecutive events with the same resource, scope (and
+ * metric) share one group, as the producer grouped them.  An event that is
+ * not in the layout of the signal (not a JSON object, a field of the wrong
+ * type or range, an id that is not hex of the right length, a string that
+ * has no UTF-8) is left out and named in rejected_index, with its reason.
+ * With COMET_OTLP_PLAIN (logs only), payloads are any events: each becomes
+ * a log record whose body is the event (JSON values keep their types; a
+ * payload that is not JSON is a string, or bytes when it is not UTF-8),
+ * whose time and observed time are its timestamp, under one resource: the
+ * Resource message `resource` (its encoded fields) and an empty scope.
+ * COMET_E_INVALID for a bad argument, COMET_E_NOMEM.  Call
+ * comet_otlp_encoded_free after every call, whatever it returned. */
+#define COMET_OTLP_PLAIN 0x1u
+#define COMET_OTLP_REASON_BYTES 128
+typedef struct {
+    uint8_t *data;            /* out: the export request (malloc'd) */
+    uint64_t len;
+    uint32_t count;           /* records in the request */
+    uint32_t rejected;        /* events left out */
+    uint32_t *rejected_index; /* their indexes (malloc'd) */
+    char *reasons;            /* COMET_OTLP_REASON_BYTES each, NUL-terminated (malloc'd) */
+} comet_otlp_encoded;
+int comet_otlp_encode(int32_t signal, uint32_t flags, const uint8_t *data, const int32_t *offsets,
+                      const int64_t *timestamps, uint32_t count, const uint8_t *resource,
+                      uint64_t resource_len, comet_otlp_encoded *out);
+void comet_otlp_encoded_free(comet_otlp_encoded *out);
+
 /* Reads (lock-free, any process). */
 int comet_read(comet_stream *s, uint32_t shard, const comet_read_request *req,
                comet_read_result *res);
 /* First entry whose timestamp is >= ts (next_entry when none). */
 int64_t comet_find_time(comet_stream *s, uint32_t shard, int64_t ts);
+/* The timestamp of entry (of the oldest stored one when it was deleted), or
+ * 0 when there is no such entry (not written yet, or damaged). */
+int64_t comet_entry_timestamp(comet_stream *s, uint32_t shard, uint64_t entry);
 
 /* Consumer groups: one offset per (group, shard), shared by every process.
  * comet_group_open registers the name in that shard when create is set (a
@@ -491,6 +528,11 @@ int64_t comet_group_ack_range(comet_group *g, uint64_t from, uint64_t to);
 int64_t comet_group_reset(comet_group *g, int64_t offset);
 int64_t comet_group_offset(comet_group *g);
 int64_t comet_group_lag(comet_group *g);
+/* A consumer that ships records somewhere adds what became of them to the
+ * group's counters in this shard (shared, kept with the offset): records
+ * delivered (stamping the time), failed attempts it retried, records it gave
+ * up on.  They are reports, not offsets: nothing depends on them. */
+int comet_group_count(comet_group *g, uint64_t delivered, uint64_t retries, uint64_t failed);
 int comet_group_delete(comet_stream *s, const char *name, size_t len); /* every shard */
 /* Registered groups of a shard (at most cap written); returns how many there are. */
 int comet_group_list(comet_stream *s, uint32_t shard, comet_group_info *out, uint32_t cap);
@@ -498,6 +540,10 @@ int comet_group_list(comet_stream *s, uint32_t shard, comet_group_info *out, uin
 /* Retention now, over every stream: the shards this process owns (all of them
  * when it holds no slot).  Reports are added up into out (may be NULL). */
 int comet_run_retention(comet_db *db, comet_retention_report *out);
+/* Entries this process's retention (its passes and the background one)
+ * deleted before every registered group had them (retention_force_delete_after_ms),
+ * since it opened the directory: for a process to log each loss as it happens. */
+uint64_t comet_retention_lost(comet_db *db);
 /* The same, deleting what the policy allows until `room` more bytes fit in
  * retention_max_total_bytes (readiness after a storage-full error). */
 int comet_run_retention_room(comet_db *db, uint64_t room, comet_retention_report *out);
@@ -589,6 +635,9 @@ void comet_clock_shift(int64_t ns);
  * comet_cut_hits counts hits of the armed point.  Process-wide, for tests. */
 #define COMET_CUT_EXIT 78
 int comet_cut_arm(const char *name, long nth);
+/* Code above the core (the shippers, in Python) reaching its own named cut
+ * point: the same arming, the same death.  COMET_E_INVALID for no such name. */
+int comet_cut_reached(const char *name);
 const char *comet_cut_point_name(int i);
 long comet_cut_hits(void);
 

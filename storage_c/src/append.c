@@ -107,10 +107,14 @@ static int over_shard_limit(shard *sh, uint64_t new_bytes)
 
 /* The per-shard size limit, applied before the shard takes new_bytes more of
  * segment space: its oldest segments go first (policy: it never fails for
- * lack of something to delete).  Deleted files may become the shard's spare. */
-static int enforce_shard_limit(shard *sh, uint64_t new_bytes)
+ * lack of something to delete).  Deleted files may become the shard's spare.
+ * Unless may_sleep, COMET_E_WOULD_BLOCK instead of deleting.  One walk of the
+ * shard's files (retention_shard_bytes) either way. */
+static int enforce_shard_limit(shard *sh, uint64_t new_bytes, int may_sleep)
 {
-    return over_shard_limit(sh, new_bytes) ? retention_shard(sh, 0, 1, now_ns(), NULL) : 0;
+    if (!over_shard_limit(sh, new_bytes))
+        return 0;
+    return may_sleep ? retention_shard(sh, 0, 1, now_ns(), NULL) : COMET_E_WOULD_BLOCK;
 }
 
 /* Keeps the data directory inside retention_max_total_bytes: new_bytes of
@@ -187,10 +191,8 @@ static int make_room(shard *sh, uint64_t total, int may_sleep)
     if (sh->active && (end + total <= limit || next == sh->active->base)) {
         uint64_t have = sh->active->capacity;
         uint64_t capacity = grown_capacity(cfg, have, end + total, limit);
-        if (!may_sleep && over_shard_limit(sh, capacity - have))
-            return COMET_E_WOULD_BLOCK;
         int reserved;
-        if ((rc = enforce_shard_limit(sh, capacity - have)) ||
+        if ((rc = enforce_shard_limit(sh, capacity - have, may_sleep)) ||
             (rc = reserve_budget(sh, capacity - have, &reserved)))
             return rc;
         int remap;
@@ -211,7 +213,7 @@ static int make_room(shard *sh, uint64_t total, int may_sleep)
         uint64_t coverage = limit > need ? limit : need;
         uint64_t index_bytes = index_bytes_for(cfg, coverage);
         uint64_t spare = recycle_spare_bytes(sh);
-        if ((rc = enforce_shard_limit(sh, (spare >= need ? spare : capacity) + index_bytes)))
+        if ((rc = enforce_shard_limit(sh, (spare >= need ? spare : capacity) + index_bytes, 1)))
             return rc;
         /* The spare (perhaps just made by the limit above) is disk the budget
          * counts already: only the new index needs room then. */
@@ -238,6 +240,12 @@ static int make_room(shard *sh, uint64_t total, int may_sleep)
         /* A recycled file's blocks are written already: no zero fill. */
         start_segment(st, next, taken > 0 ? (uint64_t)taken : SEGMENT_DATA_OFFSET);
         cut_point(CUT_ROTATE_STARTED);
+        /* A file the limit kept above becomes the spare once the flusher has
+         * synced the directory: now, after the spare was taken (a settle
+         * that still saw it would unlink the kept file, one spare being
+         * all a rotation takes), not at its next pass. */
+        if (recycle_pending(sh))
+            flusher_settle_soon(sh);
     }
     rc = writer_segment(sh);
     if (!rc && (!sh->active || atomic_load(&st->active_end) + total > sh->active->capacity))
@@ -395,12 +403,15 @@ static int64_t replay(shard *sh, int sync_mode, key_hit hit, uint32_t *replayed)
     return (int64_t)hit.first;
 }
 
-int64_t shard_append(shard *sh, const entry_ref *refs, uint32_t count, uint64_t total_bytes,
-                     uint64_t raw_bytes, int durability, int mode,
+int64_t shard_append(shard *sh, const entry_batch *b, int durability, int mode,
                      const comet_idempotency *idem, uint32_t *replayed)
 {
+    const entry_ref *refs = b->refs;
+    uint32_t count = b->count;
+    uint64_t total_bytes = b->total;
     state_file *st = sh->st;
     int64_t t0 = now_ns();
+    lru_stamp(sh, t0);
     int sync_mode = resolve_durability(sh, durability);
     int nowait = mode == COMET_APPEND_NOWAIT;
     int slow = count > 1, rc = shard_sync_refusal(sh);
@@ -448,35 +459,40 @@ int64_t shard_append(shard *sh, const entry_ref *refs, uint32_t count, uint64_t 
         keyed = ENTRY_FLAG_KEYED;
     }
 
-    uint64_t entry = first, compressed = 0;
+    /* Entries go four at a time.  Per entry only what the batch asks for:
+     * flags when it holds compressed entries, and a sparse index record once
+     * a group passes the offset where the next one is due (note_from). */
+    uint64_t entry = first, note_from = index_note_from(seg);
+    int cuts = cut_points_live();
     for (uint32_t i = 0; i < count; i += 4) {
-        uint32_t k = count - i < 4 ? count - i : 4, flags[4];
-        for (uint32_t j = 0; j < k; j++) {
-            const entry_ref *r = &refs[i + j];
-            flags[j] = (i + j + 1 == count) ? ENTRY_FLAG_BATCH_END | keyed : 0;
-            if (r->flags & COMET_ENTRY_COMPRESSED) {
-                flags[j] |= ENTRY_FLAG_ZSTD;
-                compressed++;
-            }
-        }
+        uint32_t k = count - i < 4 ? count - i : 4, flags[4] = {0, 0, 0, 0};
+        for (uint32_t j = 0; b->compressed && j < k; j++)
+            if (refs[i + j].flags & COMET_ENTRY_COMPRESSED)
+                flags[j] = ENTRY_FLAG_ZSTD;
+        if (i + k == count)
+            flags[k - 1] |= ENTRY_FLAG_BATCH_END | keyed;
         uint64_t at = off;
-        for (uint32_t j = 0; j < k; j++) {
-            index_note(seg, entry + j - seg->base, at, ts);
+        off += entry_write_group(seg->wmap + off, seg->version, refs + i, k, entry, ts, flags);
+        for (uint32_t j = 0; off > note_from && j < k; j++) {
+            if (at >= note_from) {
+                index_note(seg, entry + j - seg->base, at, ts);
+                note_from = index_note_from(seg);
+            }
             at += ENTRY_HEADER_BYTES + refs[i + j].len;
         }
-        off += entry_write_group(seg->wmap + off, seg->version, refs + i, k, entry, ts, flags);
         entry += k;
-        cut_point(entry < first + count ? CUT_APPEND_MID_BATCH : CUT_APPEND_WRITTEN);
+        if (cuts)
+            cut_point_hit(entry < first + count ? CUT_APPEND_MID_BATCH : CUT_APPEND_WRITTEN);
     }
     segment_release_behind(seg, end);
     atomic_store_explicit(&st->active_end, end, memory_order_relaxed);
     atomic_store_explicit(&st->last_ts, ts, memory_order_relaxed);
     wc_add(st, WC_APPENDS, 1);
     wc_add(st, WC_APPENDED_ENTRIES, count);
-    wc_add(st, WC_APPENDED_RAW_BYTES, raw_bytes);
+    wc_add(st, WC_APPENDED_RAW_BYTES, b->raw);
     wc_add(st, WC_APPENDED_STORED_BYTES, total_bytes);
-    if (compressed)
-        wc_add(st, WC_COMPRESSED_ENTRIES, compressed);
+    if (b->compressed)
+        wc_add(st, WC_COMPRESSED_ENTRIES, b->compressed);
     if (sync_mode != COMET_DURABILITY_ALWAYS) /* acknowledged as soon as it returns */
         atomic_store_explicit(&st->acked_end, entry, memory_order_relaxed);
     atomic_store_explicit(&st->next_entry, entry, memory_order_release);

@@ -29,8 +29,9 @@ typedef struct batch {
     entry_ref *refs;
     entry_ref local[STACK_REFS];
     uint32_t count, cap;
-    uint64_t total; /* bytes on disk, headers included */
-    uint64_t raw;   /* payload bytes before compression */
+    uint32_t compressed; /* entries flagged COMET_ENTRY_COMPRESSED */
+    uint64_t total;      /* bytes on disk, headers included */
+    uint64_t raw;        /* payload bytes before compression */
 } batch;
 
 static void batch_init(batch *b)
@@ -38,6 +39,7 @@ static void batch_init(batch *b)
     b->refs = b->local;
     b->count = 0;
     b->cap = STACK_REFS;
+    b->compressed = 0;
     b->total = 0;
     b->raw = 0;
 }
@@ -95,17 +97,10 @@ static int batch_add(batch *b, const comet_stream *s, const uint8_t *p, uint64_t
     if (b->count == b->cap && batch_reserve(b, (uint64_t)b->cap * 2))
         return COMET_E_NOMEM;
     b->refs[b->count++] = (entry_ref){p, (uint32_t)len, flags};
+    b->compressed += (flags & COMET_ENTRY_COMPRESSED) != 0;
     b->total += ENTRY_HEADER_BYTES + len;
     b->raw += raw;
     return 0;
-}
-
-/* The shard, entered (pair with shard_leave); one this process has opened
- * already with COMET_APPEND_NOWAIT. */
-static int enter_shard(comet_stream *s, uint32_t shard_id, int mode, shard **out)
-{
-    return mode == COMET_APPEND_NOWAIT ? shard_acquire_if_open(s, shard_id, out)
-                                       : shard_acquire(s, shard_id, out);
 }
 
 static int64_t batch_commit(batch *b, comet_stream *s, uint32_t shard_id, int durability,
@@ -117,11 +112,11 @@ static int64_t batch_commit(batch *b, comet_stream *s, uint32_t shard_id, int du
         return set_error(COMET_E_BATCH_TOO_LARGE, "batch of %" PRIu64 " bytes is above %" PRIu64,
                          b->total, (uint64_t)COMET_MAX_BATCH_BYTES);
     shard *sh;
-    int rc = enter_shard(s, shard_id, mode, &sh);
+    int rc = shard_acquire_to_append(s, shard_id, mode, &sh);
     if (rc)
         return rc;
-    int64_t r = shard_append(sh, b->refs, b->count, b->total, b->raw, durability, mode, idem,
-                             replayed);
+    entry_batch e = {b->refs, b->count, b->compressed, b->total, b->raw};
+    int64_t r = shard_append(sh, &e, durability, mode, idem, replayed);
     shard_leave(sh);
     return r;
 }
@@ -159,14 +154,13 @@ int64_t comet_append(comet_stream *s, uint32_t shard_id, const void *payload, ui
     if (!payload && len)
         return set_error(COMET_E_INVALID, "null payload");
     entry_ref r = {payload, len, flags & COMET_ENTRY_COMPRESSED};
-    uint64_t raw;
-    if ((rc = entry_raw_size(s, payload, len, r.flags, 0, &raw)))
+    entry_batch b = {&r, 1, r.flags != 0, ENTRY_HEADER_BYTES + (uint64_t)len, 0};
+    if ((rc = entry_raw_size(s, payload, len, r.flags, 0, &b.raw)))
         return rc;
     shard *sh;
-    if ((rc = enter_shard(s, shard_id, mode, &sh)))
+    if ((rc = shard_acquire_to_append(s, shard_id, mode, &sh)))
         return rc;
-    int64_t first = shard_append(sh, &r, 1, ENTRY_HEADER_BYTES + (uint64_t)len, raw, durability,
-                                 mode, NULL, NULL);
+    int64_t first = shard_append(sh, &b, durability, mode, NULL, NULL);
     shard_leave(sh);
     return first;
 }
@@ -193,6 +187,20 @@ int64_t comet_append_batch(comet_stream *s, uint32_t shard_id, const void *buf,
     return r;
 }
 
+/* Why item i of a vector is refused: null data, above the raw limit, or
+ * above max_entry_bytes, in that order. */
+static int item_error(const comet_stream *s, const comet_payload *item, uint32_t i,
+                      uint32_t raw_limit)
+{
+    if (!item->data && item->len)
+        return set_error(COMET_E_INVALID, "item %u: null data", i);
+    if (raw_limit && item->len > raw_limit)
+        return set_error(COMET_E_WANTS_COMPRESSION, "item %u is %" PRIu64
+                         " bytes, above the raw limit %u", i, item->len, raw_limit);
+    uint64_t raw;
+    return entry_raw_size(s, item->data, item->len, 0, i, &raw);
+}
+
 int64_t comet_append_vector(comet_stream *s, uint32_t shard_id, const comet_payload *items,
                             uint32_t count, uint32_t raw_limit, int durability, int mode)
 {
@@ -204,15 +212,22 @@ int64_t comet_append_vector(comet_stream *s, uint32_t shard_id, const comet_payl
     batch b;
     batch_init(&b);
     rc = batch_reserve(&b, count);
+    /* Items carry no flags (nothing compressed to measure): one bound per
+     * item, the sums once, the refusal's wording from item_error. */
+    uint64_t limit = s->db->cfg.max_entry_bytes, sum = 0;
+    if (raw_limit && raw_limit < limit)
+        limit = raw_limit;
     for (uint32_t i = 0; !rc && i < count; i++) {
         uint64_t n = items[i].len;
-        if (!items[i].data && n)
-            rc = set_error(COMET_E_INVALID, "item %u: null data", i);
-        else if (raw_limit && n > raw_limit)
-            rc = set_error(COMET_E_WANTS_COMPRESSION, "item %u is %" PRIu64
-                           " bytes, above the raw limit %u", i, n, raw_limit);
-        else
-            rc = batch_add(&b, s, items[i].data, n, 0);
+        if (n > limit || (!items[i].data && n))
+            rc = item_error(s, &items[i], i, raw_limit);
+        b.refs[i] = (entry_ref){items[i].data, (uint32_t)n, 0};
+        sum += n;
+    }
+    if (!rc) {
+        b.count = count;
+        b.total = sum + (uint64_t)count * ENTRY_HEADER_BYTES;
+        b.raw = sum;
     }
     int64_t r = rc ? rc : batch_commit(&b, s, shard_id, durability, mode, NULL, NULL);
     batch_free(&b);

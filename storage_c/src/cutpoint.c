@@ -99,6 +99,15 @@ int comet_cut_arm(const char *name, long nth)
     return 0;
 }
 
+int comet_cut_reached(const char *name)
+{
+    int id = name ? cut_lookup(name, strlen(name)) : -1;
+    if (id < 0)
+        return COMET_E_INVALID;
+    cut_point((cut_id)id);
+    return 0;
+}
+
 const char *comet_cut_point_name(int i)
 {
     return i >= 0 && i < CUT_COUNT ? cut_names[i] : NULL;

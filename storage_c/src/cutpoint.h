@@ -57,7 +57,15 @@
      * counters not */                                                                          \
     X(OFFSETS_ACKED, "offsets.acked")                                                              \
     /* offsets.c offsets_sync: the offsets file about to be fdatasynced */                      \
-    X(OFFSETS_SYNCING, "offsets.syncing")
+    X(OFFSETS_SYNCING, "offsets.syncing")                                                          \
+    /* The points of the shippers above the core, reached from Python through                   \
+     * comet_cut_reached (consumers/forward.py).  A batch cut by age recorded durably in the     \
+     * forwarder's intents, not sent: */                                                        \
+    X(SHIP_RECORDED, "ship.recorded")                                                              \
+    /* a batch delivered (the endpoint answered 2xx), the group's offset not moved */           \
+    X(SHIP_DELIVERED, "ship.delivered")                                                            \
+    /* the group's offset moved past delivered batches (in the mapping), not synced */          \
+    X(SHIP_ACKED, "ship.acked")
 
 typedef enum cut_id {
 #define COMET_CUT_ENUM(id, name) CUT_##id,
@@ -71,9 +79,15 @@ extern _Atomic int comet_cut_live;
 
 void cut_point_hit(cut_id id);
 
+/* Whether a cut point may fire: a loop over a batch loads it once. */
+static inline int cut_points_live(void)
+{
+    return atomic_load_explicit(&comet_cut_live, memory_order_relaxed);
+}
+
 static inline void cut_point(cut_id id)
 {
-    if (atomic_load_explicit(&comet_cut_live, memory_order_relaxed))
+    if (cut_points_live())
         cut_point_hit(id);
 }
 

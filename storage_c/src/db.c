@@ -127,8 +127,28 @@ static void flush_all(shard *sh, void *ctx)
         atomic_store(&sh->offsets_dirty, 1);
 }
 
+static void settle_if_wanted(shard *sh, void *ctx)
+{
+    (void)ctx;
+    if (atomic_exchange(&sh->settle_wanted, 0))
+        recycle_settle(sh, 0);
+}
+
+void flusher_settle_soon(shard *sh)
+{
+    comet_db *db = sh->stream->db;
+    atomic_store(&sh->settle_wanted, 1);
+    pthread_mutex_lock(&db->flusher_lock);
+    db->settle_wanted = 1;
+    pthread_cond_signal(&db->flusher_wake);
+    pthread_mutex_unlock(&db->flusher_lock);
+}
+
 /* The background thread: flushes (every fsync_interval_ms) and runs
- * retention (every retention_interval_ms). */
+ * retention (every retention_interval_ms).  Between passes it settles the
+ * files rotations kept (flusher_settle_soon): at sustained volume a rotation
+ * comes every few tens of milliseconds, and one that finds no spare writes a
+ * fresh file, whose first touch of each page costs twice a recycled one's. */
 static void *flusher_main(void *arg)
 {
     comet_db *db = arg;
@@ -141,8 +161,16 @@ static void *flusher_main(void *arg)
         deadline.tv_sec += (time_t)(ns / 1000000000);
         deadline.tv_nsec = (long)(ns % 1000000000);
         int rc = 0;
-        while (!db->stopping && rc != ETIMEDOUT)
+        while (!db->stopping && rc != ETIMEDOUT) {
+            if (db->settle_wanted) {
+                db->settle_wanted = 0;
+                pthread_mutex_unlock(&db->flusher_lock);
+                for_each_open_shard(db, settle_if_wanted, NULL);
+                pthread_mutex_lock(&db->flusher_lock);
+                continue;
+            }
             rc = pthread_cond_timedwait(&db->flusher_wake, &db->flusher_lock, &deadline);
+        }
         if (db->stopping)
             break;
         pthread_mutex_unlock(&db->flusher_lock);

@@ -54,11 +54,8 @@ static int lock_sync(state_file *st)
     return rc;
 }
 
-int shard_sync_refusal(shard *sh)
+int shard_sync_refused(shard *sh, uint32_t err)
 {
-    uint32_t err = atomic_load_explicit(&sh->st->sync_failed, memory_order_acquire);
-    if (!err)
-        return 0;
     return set_error(err == EROFS ? COMET_E_READ_ONLY : COMET_E_SYNC_FAILED, /* presence.c */
                      "a sync of %s failed earlier (%s): the kernel may have dropped data it could "
                      "not write, so the shard refuses appends until it is opened again (restart or "

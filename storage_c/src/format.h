@@ -272,7 +272,11 @@ typedef struct group_slot {
     _Atomic int64_t last_ack_ns;
     int64_t registered_ns;
     _Atomic uint64_t acks;
-    uint8_t reserved1[32];
+    /* What the group's consumer reports of its deliveries (comet_group_count). */
+    _Atomic uint64_t delivered;
+    _Atomic uint64_t retries;
+    _Atomic uint64_t failed;
+    _Atomic int64_t last_delivery_ns;
 } group_slot;
 static_assert(sizeof(group_slot) == 128, "a group slot is 128 bytes");
 

@@ -21,7 +21,6 @@
 #include "comet.h"
 #include "errors.h"
 
-int64_t now_ns(void) { return sys_clock_ns(CLOCK_REALTIME); }
 int64_t monotonic_ns(void) { return sys_clock_ns(CLOCK_MONOTONIC); }
 
 /* The value of a hex digit, -1 for any other character. */

@@ -262,14 +262,11 @@ int index_covers(const segment *seg, uint64_t capacity)
 
 void index_note(segment *seg, uint64_t rel_entry, uint64_t offset, int64_t ts)
 {
-    if (!seg->index_ok)
+    if (offset < index_note_from(seg))
         return;
     _Atomic uint32_t *countp = index_count_ptr(seg);
     uint32_t n = atomic_load_explicit(countp, memory_order_relaxed);
     index_record *r = index_records(seg);
-    uint64_t last = n ? r[n - 1].offset : SEGMENT_DATA_OFFSET;
-    if (offset - last < seg->index_interval || n >= seg->index_capacity)
-        return;
     r[n].rel_entry = (uint32_t)rel_entry;
     r[n].offset = (uint32_t)offset;
     r[n].timestamp = ts;

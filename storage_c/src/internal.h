@@ -75,6 +75,11 @@ segment *segment_new(uint64_t base);
  * 0 when there is no spare, or a negative COMET_E_* code.  The spare's size
  * (0: none), counted in the shard's disk use. */
 int recycle_keep(shard *sh, uint64_t base);
+/* db.c: the flusher settles the file sh kept (recycle_settle) at once, not
+ * at its next interval, so that the next rotation finds it the spare (a
+ * rotation calls it once it is done).  Without a flusher the shard's next
+ * sync settles it. */
+void flusher_settle_soon(shard *sh);
 int64_t recycle_take(shard *sh, uint64_t base, uint64_t need, uint64_t coverage,
                      uint32_t index_interval);
 uint64_t recycle_spare_bytes(const shard *sh);
@@ -103,8 +108,15 @@ void segment_free(segment *seg);
 int segment_fd(segment *seg, const char *dir);
 /* Maps seg->wmap (under the append lock). */
 int segment_writable(segment *seg, const char *dir);
-/* Unmaps written pages well behind off from wmap (see segment.c). */
-void segment_release_behind(segment *seg, uint64_t off);
+/* Unmaps written pages well behind off from wmap (see segment.c), in chunks
+ * of SEGMENT_RELEASE_CHUNK; the test is inline, as every append makes it. */
+#define SEGMENT_RELEASE_CHUNK ((uint64_t)1 << 20)
+void segment_release_to(segment *seg, uint64_t off);
+static inline void segment_release_behind(segment *seg, uint64_t off)
+{
+    if (off >= seg->zapped_to + 2 * SEGMENT_RELEASE_CHUNK)
+        segment_release_to(seg, off);
+}
 /* Grows the file to capacity; *remap is set when that passes the reserved
  * address space (every process must then map the file again). */
 int segment_grow(segment *seg, const char *dir, uint64_t capacity, int empty, int *remap);
@@ -146,6 +158,17 @@ int index_record_ok(const segment *seg, uint64_t rel, uint64_t offset);
 void index_lookup_time(const segment *seg, int64_t ts, uint64_t *rel, uint64_t *offset);
 /* Appends a record if offset is index_interval past the last one (under lock). */
 void index_note(segment *seg, uint64_t rel_entry, uint64_t offset, int64_t ts);
+/* The offset from which index_note adds a record (UINT64_MAX: it adds none):
+ * an append calls index_note only for the entries from there on. */
+static inline uint64_t index_note_from(const segment *seg)
+{
+    if (!seg->index_ok)
+        return UINT64_MAX;
+    uint32_t n = atomic_load_explicit(index_count_ptr(seg), memory_order_relaxed);
+    if (n >= seg->index_capacity)
+        return UINT64_MAX;
+    return (n ? index_records(seg)[n - 1].offset : SEGMENT_DATA_OFFSET) + seg->index_interval;
+}
 /* Drops records at or after rel_next (recovery). */
 void index_truncate(segment *seg, uint64_t rel_next);
 /* Rewrites the index from the entries in [SEGMENT_DATA_OFFSET, end_offset)
@@ -161,6 +184,15 @@ typedef struct entry_ref {
     uint32_t len;
     uint32_t flags; /* COMET_ENTRY_* */
 } entry_ref;
+
+/* A batch as an append takes it (batch.c builds it, append.c writes it). */
+typedef struct entry_batch {
+    const entry_ref *refs;
+    uint32_t count;
+    uint32_t compressed; /* entries flagged COMET_ENTRY_COMPRESSED */
+    uint64_t total;      /* bytes stored, headers included */
+    uint64_t raw;        /* payload bytes before compression */
+} entry_batch;
 
 /* Result of checking the entry header at an offset. */
 typedef enum entry_check {
@@ -196,7 +228,7 @@ struct shard {
     /* lru.c: SHARD_OPEN while its files are open here; the struct itself
      * stays published in stream->shards once made, closed or open. */
     atomic_int open;
-    _Atomic int64_t last_used; /* coarse monotonic ns of the last acquire */
+    _Atomic int64_t last_used; /* real-time ns of the last acquire or append (lru_stamp) */
     struct shard *lru_prev, *lru_next; /* the db's open shards, under db->lru_lock */
     int state_fd;
     state_file *st;
@@ -210,6 +242,9 @@ struct shard {
     uint64_t active_gen;
     /* set by appends of this process, cleared by the flusher */
     atomic_int dirty;
+    /* set when a rotation of this process left a kept file to settle,
+     * cleared by the flusher's pass that settles it (flusher_settle_soon) */
+    atomic_int settle_wanted;
     _Atomic int64_t state_synced_ns; /* when this process's last msync of the state ended */
     /* The stream's dir_made ticket this open drew after finding or making the
      * shard's directory: its name is durable once stream->dir_synced reaches
@@ -238,15 +273,28 @@ void shard_close(shard *sh);   /* frees it (only for a shard never published) */
 void shard_release(shard *sh); /* drops mappings and files; the struct stays */
 int shard_lock(shard *sh);   /* append lock; repairs the tail if its holder died */
 int shard_lock_noting_wait(shard *sh, int *waited);
-int shard_trylock_clean(shard *sh);
-void shard_unlock(shard *sh);
+/* The append lock if it is free now and the shard needs no repair; else
+ * nonzero (shard_trylock_refused, with the lock let go).  A dead holder found
+ * this way is left for a real locker to repair.  Inline: every append that
+ * must not wait tries it. */
+int shard_trylock_refused(shard *sh, int rc);
+static inline int shard_trylock_clean(shard *sh)
+{
+    int rc = pthread_mutex_trylock(&sh->st->append_lock.mutex);
+    if (rc || atomic_load(&sh->st->recovery_pending))
+        return shard_trylock_refused(sh, rc);
+    return 0;
+}
+static inline void shard_unlock(shard *sh)
+{
+    pthread_mutex_unlock(&sh->st->append_lock.mutex);
+}
 /* append.c: the append path (lock, room and budget, write, publish). */
 /* mode: COMET_APPEND_WAIT or COMET_APPEND_NOWAIT (comet.h, Appends). */
 /* idem: NULL, or the request's idempotency key; a replay returns the first
  * entry of the batch the key stored before, with *replayed set to its count
  * (0 when this call stored the batch). */
-int64_t shard_append(shard *sh, const entry_ref *refs, uint32_t count, uint64_t total_bytes,
-                     uint64_t raw_bytes, int durability, int mode,
+int64_t shard_append(shard *sh, const entry_batch *b, int durability, int mode,
                      const comet_idempotency *idem, uint32_t *replayed);
 /* keys.c: idempotency keys (FORMAT.md "Idempotency keys"). */
 #define KEYS_CAPACITY 65536u /* keys a shard remembers (a power of two) */
@@ -276,8 +324,14 @@ int shard_sync(shard *sh, uint64_t upto_entry);
  * before anything in the directory is called durable.  0 or an error code. */
 int shard_sync_stream_dir(shard *sh);
 /* durability.c: COMET_E_SYNC_FAILED (with the detail) once a sync of the shard
- * failed in any process and no opener has repaired it since; else 0. */
-int shard_sync_refusal(shard *sh);
+ * failed in any process and no opener has repaired it since; else 0.  The
+ * test is inline (every append makes it), the refusal is not. */
+int shard_sync_refused(shard *sh, uint32_t err);
+static inline int shard_sync_refusal(shard *sh)
+{
+    uint32_t err = atomic_load_explicit(&sh->st->sync_failed, memory_order_acquire);
+    return err ? shard_sync_refused(sh, err) : 0;
+}
 /* Marks the shard failed after a sync of one of its files (what: "fdatasync
  * of the offsets") failed with errno err; returns the COMET_E_SYNC_FAILED. */
 int shard_note_sync_failure(shard *sh, int err, const char *what);
@@ -311,8 +365,13 @@ int shard_list_segments(shard *sh, uint64_t **bases, size_t *count);
 /* Notes the shard directory's and state file's identity (shard_open). */
 void presence_note(shard *sh, int state_fd);
 /* COMET_E_GONE or COMET_E_READ_ONLY (the detail says which path and what to
- * do) once this process saw the shard's files go; else 0.  A load. */
-int presence_refusal(shard *sh);
+ * do) once this process saw the shard's files go; else 0.  A load, inline. */
+int presence_refused(shard *sh, int code);
+static inline int presence_refusal(shard *sh)
+{
+    int code = atomic_load_explicit(&sh->gone, memory_order_acquire);
+    return code ? presence_refused(sh, code) : 0;
+}
 /* Looks (a few stat calls): the refusal, or 0 when everything is in place.
  * At every sync and rotation. */
 int presence_check(shard *sh);
@@ -432,11 +491,16 @@ struct comet_stream {
     atomic_int released;
 };
 
-/* COMET_E_NO_STREAM, and the handle marked, when the shard's stream was
- * deleted (any process); 0 otherwise.  Call with the shard entered. */
-int shard_check_deleted(shard *sh);
 /* Marks a stream handle deleted in this process. */
 int stream_mark_deleted(comet_stream *s);
+/* COMET_E_NO_STREAM, and the handle marked, when the shard's stream was
+ * deleted (any process); 0 otherwise.  Call with the shard entered. */
+static inline int shard_check_deleted(shard *sh)
+{
+    if (sh->st && atomic_load_explicit(&sh->st->deleted, memory_order_acquire) == STATE_DELETED)
+        return stream_mark_deleted(sh->stream);
+    return 0;
+}
 /* Releases the mappings of deleted streams no thread is using (db->lock held). */
 void streams_sweep_deleted(comet_db *db);
 
@@ -452,8 +516,15 @@ int shard_acquire(comet_stream *s, uint32_t id, shard **out);
  * COMET_E_WOULD_BLOCK when this process has not opened it yet (opening takes
  * a file lock another process may hold and checks the shard's tail). */
 int shard_acquire_if_open(comet_stream *s, uint32_t id, shard **out);
+/* An append's way in: shard_acquire, or with COMET_APPEND_NOWAIT
+ * shard_acquire_if_open, leaving the recency stamp to shard_append, which
+ * stamps it with the clock read it makes anyway. */
+int shard_acquire_to_append(comet_stream *s, uint32_t id, int mode, shard **out);
 int shard_enter(shard *sh);
-void shard_leave(shard *sh);
+static inline void shard_leave(shard *sh)
+{
+    atomic_fetch_sub_explicit(&sh->users, 1, memory_order_release);
+}
 /* Unmaps and closes everything of a stream's shards; the structs stay. */
 void stream_release(comet_stream *s);
 
@@ -480,12 +551,15 @@ struct comet_db {
     pthread_mutex_t flusher_lock;
     pthread_cond_t flusher_wake;
     int stopping;
+    int settle_wanted; /* under flusher_lock: a shard kept a file to settle */
     struct comet_db *next_retired; /* closed handles, kept (see comet_close) */
     /* lru.c: the shards open in this process, most recently opened first */
     pthread_mutex_t lru_lock;
     shard *lru_head;
     uint32_t open_shards;  /* under lru_lock */
     uint32_t open_budget;  /* max_open_shards, or derived from the file limit */
+    /* retention.c: entries this process's retention deleted before every group had them */
+    _Atomic uint64_t lost_entries;
 };
 
 /* ---- lru.c ----------------------------------------------------------------- */
@@ -510,13 +584,17 @@ void lru_close_shard(shard *sh);
 /* Calls fn on each open shard, entered, one at a time (the rest may be
  * closed or opened meanwhile). */
 void lru_for_each_open(comet_db *db, void (*fn)(shard *sh, void *ctx), void *ctx);
-static inline void lru_touch(shard *sh)
+/* Recency stamps are the core's real-time clock (sys.h: moved by tests as
+ * the entries' timestamps are): an append stamps with the time its entries
+ * get, any other use with the coarse clock (one tick behind at most). */
+static inline void lru_stamp(shard *sh, int64_t now)
 {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC_COARSE, &t);
-    int64_t now = (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
     if (atomic_load_explicit(&sh->last_used, memory_order_relaxed) != now)
         atomic_store_explicit(&sh->last_used, now, memory_order_relaxed);
+}
+static inline void lru_touch(shard *sh)
+{
+    lru_stamp(sh, sys_clock_ns(CLOCK_REALTIME_COARSE));
 }
 
 /* ---- usage.c --------------------------------------------------------------- */

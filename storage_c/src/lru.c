@@ -19,7 +19,8 @@
  * thread backs off and reopens under open_lock (waiting for the evictor), or
  * the evictor gives up on that shard.
  *
- * Trade-offs: the recency is a coarse clock stamp per shard rather than a
+ * Trade-offs: the recency is a clock stamp per shard (lru_stamp, internal.h:
+ * an append's own clock read, the coarse clock for other uses) rather than a
  * list moved on every use (no shared cache line written per append), so the
  * victim is found by a scan of the open shards - at most the budget, and only
  * when a shard is opened over it.  Idle shards whose data is synced are
@@ -149,8 +150,8 @@ static int tried(shard *const *failed, int n, const shard *sh)
 
 /* The least recently used open shard nobody is inside and not tried yet,
  * preferring clean ones; NULL when there is none.  Under lru_lock.  Shards
- * used within one tick of the coarse clock (1-10 ms, by the kernel) share a stamp:
- * of those, the one opened first (the list runs newest first). */
+ * opened or read within one tick of the coarse clock (1-10 ms, by the kernel)
+ * share a stamp: of those, the one opened first (the list runs newest first). */
 static shard *pick_victim(comet_db *db, shard *const *failed, int nfailed)
 {
     shard *best = NULL;

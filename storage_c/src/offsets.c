@@ -301,6 +301,10 @@ static int64_t lookup(shard *sh, const char *name, size_t len, int create)
         atomic_store(&s->offset, atomic_load(&sh->st->first_entry));
         atomic_store(&s->last_ack_ns, 0);
         atomic_store(&s->acks, 0);
+        atomic_store(&s->delivered, 0);
+        atomic_store(&s->retries, 0);
+        atomic_store(&s->failed, 0);
+        atomic_store(&s->last_delivery_ns, 0);
         s->registered_ns = now_ns();
         atomic_fetch_add(&s->generation, 1);
         atomic_store_explicit(&s->state, 1, memory_order_release);
@@ -495,6 +499,24 @@ int64_t comet_group_offset(comet_group *g)
     return r;
 }
 
+int comet_group_count(comet_group *g, uint64_t delivered, uint64_t retries, uint64_t failed)
+{
+    int rc;
+    group_slot *s = group_enter(g, &rc);
+    if (!s)
+        return rc;
+    if (delivered) {
+        atomic_fetch_add_explicit(&s->delivered, delivered, memory_order_relaxed);
+        atomic_store_explicit(&s->last_delivery_ns, coarse_now_ns(), memory_order_relaxed);
+    }
+    if (retries)
+        atomic_fetch_add_explicit(&s->retries, retries, memory_order_relaxed);
+    if (failed)
+        atomic_fetch_add_explicit(&s->failed, failed, memory_order_relaxed);
+    shard_leave(g->sh);
+    return 0;
+}
+
 int64_t comet_group_lag(comet_group *g)
 {
     int64_t off = comet_group_offset(g);
@@ -581,6 +603,10 @@ int comet_group_list(comet_stream *s, uint32_t shard_id, comet_group_info *out, 
             info->last_ack_ns = atomic_load(&slot->last_ack_ns);
             info->registered_ns = slot->registered_ns;
             info->acks = atomic_load(&slot->acks);
+            info->delivered = atomic_load(&slot->delivered);
+            info->retries = atomic_load(&slot->retries);
+            info->failed = atomic_load(&slot->failed);
+            info->last_delivery_ns = atomic_load(&slot->last_delivery_ns);
         }
         n++;
     }

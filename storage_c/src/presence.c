@@ -75,11 +75,8 @@ static int refuse(shard *sh, int code, const char *fmt, ...)
     return presence_refusal(sh);
 }
 
-int presence_refusal(shard *sh)
+int presence_refused(shard *sh, int code)
 {
-    int code = atomic_load_explicit(&sh->gone, memory_order_acquire);
-    if (!code)
-        return 0;
     return set_error(code, "%s", sh->gone_detail ? sh->gone_detail : comet_strerror(code));
 }
 

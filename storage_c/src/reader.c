@@ -396,6 +396,22 @@ static int read_entered(shard *sh, const comet_read_request *req, comet_read_res
 
 static int64_t find_time_in(shard *sh, int64_t ts);
 
+int64_t comet_entry_timestamp(comet_stream *s, uint32_t shard_id, uint64_t entry)
+{
+    shard *sh;
+    int rc = shard_acquire(s, shard_id, &sh);
+    if (rc)
+        return rc;
+    uint64_t first = atomic_load_explicit(&sh->st->first_entry, memory_order_acquire);
+    uint32_t lf;
+    int64_t ts = 0;
+    rc = shard_entry_header(sh, entry < first ? first : entry, &lf, &ts);
+    shard_leave(sh);
+    if (rc < 0)
+        return rc;
+    return rc ? ts : 0;
+}
+
 int64_t comet_find_time(comet_stream *s, uint32_t shard_id, int64_t ts)
 {
     shard *sh;

@@ -192,6 +192,8 @@ int retention_shard(shard *sh, uint64_t need, int may_keep, int64_t now,
         wc_add(st, WC_RETENTION_DELETED_SEGMENTS, deleted);
         wc_add(st, WC_RETENTION_DELETED_BYTES, freed);
         wc_add(st, WC_RETENTION_LOST_ENTRIES, lost);
+        if (lost)
+            atomic_fetch_add_explicit(&sh->stream->db->lost_entries, lost, memory_order_relaxed);
         atomic_fetch_add_explicit(&st->active_gen, 1, memory_order_release);
         shard_refresh_segments(sh);
         if (rep) {
@@ -203,6 +205,11 @@ int retention_shard(shard *sh, uint64_t need, int may_keep, int64_t now,
     free(sizes);
     free(bases);
     return 0;
+}
+
+uint64_t comet_retention_lost(comet_db *db)
+{
+    return db ? atomic_load_explicit(&db->lost_entries, memory_order_relaxed) : 0;
 }
 
 static int owned(const comet_db *db, uint32_t shard_id)

@@ -298,8 +298,6 @@ uint64_t segment_refresh_capacity(segment *seg, const char *dir)
     return atomic_load(&seg->capacity);
 }
 
-#define RELEASE_CHUNK ((uint64_t)1 << 20)
-
 int segment_writable(segment *seg, const char *dir)
 {
     if (seg->wmap)
@@ -321,11 +319,9 @@ int segment_writable(segment *seg, const char *dir)
  * far behind the write position are never written again, so they are
  * unmapped from the writable mapping in 1 MiB chunks (one shootdown each);
  * readers use the read-only mapping, which writeback leaves alone. */
-void segment_release_behind(segment *seg, uint64_t off)
+void segment_release_to(segment *seg, uint64_t off)
 {
-    if (off < seg->zapped_to + 2 * RELEASE_CHUNK)
-        return;
-    uint64_t to = (off - RELEASE_CHUNK) & ~(RELEASE_CHUNK - 1);
+    uint64_t to = (off - SEGMENT_RELEASE_CHUNK) & ~(SEGMENT_RELEASE_CHUNK - 1);
     if (sys_madvise(seg->wmap + seg->zapped_to, to - seg->zapped_to, MADV_DONTNEED) == 0)
         seg->zapped_to = to;
 }

@@ -186,12 +186,9 @@ int shard_lock_noting_wait(shard *sh, int *waited)
     return 0;
 }
 
-/* The append lock if it is free now and the shard needs no repair; else
- * nonzero.  A dead holder found this way is left for a real locker to repair. */
-int shard_trylock_clean(shard *sh)
+int shard_trylock_refused(shard *sh, int rc)
 {
     state_file *st = sh->st;
-    int rc = pthread_mutex_trylock(&st->append_lock.mutex);
     if (rc == EOWNERDEAD) {
         sc_add(st, SC_LOCK_OWNER_DIED, 1);
         atomic_store(&st->recovery_pending, 1);
@@ -201,14 +198,6 @@ int shard_trylock_clean(shard *sh)
     }
     if (rc)
         return rc;
-    if (atomic_load(&st->recovery_pending)) {
-        pthread_mutex_unlock(&st->append_lock.mutex);
-        return EBUSY;
-    }
-    return 0;
-}
-
-void shard_unlock(shard *sh)
-{
-    pthread_mutex_unlock(&sh->st->append_lock.mutex);
+    pthread_mutex_unlock(&st->append_lock.mutex); /* taken, but a repair is pending */
+    return EBUSY;
 }

@@ -308,11 +308,37 @@ static int shard_open_in(comet_stream *s, uint32_t id)
     return rc;
 }
 
+/* Why a shard cannot be entered once the data directory is closing or the
+ * stream deleted (the user taken back). */
+static int enter_refused(shard *sh)
+{
+    atomic_fetch_sub(&sh->users, 1);
+    if (atomic_load(&sh->stream->db->closed))
+        return set_error(COMET_E_CLOSED, "data directory %s is closed", sh->stream->db->path);
+    return set_error(COMET_E_NO_STREAM, "stream '%s' was deleted", sh->stream->name);
+}
+
+/* Inline in the ways in below: every append enters a shard. */
+static inline int enter(shard *sh)
+{
+    /* users first, then the flags (sequentially consistent): a sweep that
+     * sees no user has marked the stream before, so this sees the mark. */
+    atomic_fetch_add(&sh->users, 1);
+    if (atomic_load(&sh->stream->db->closed) || atomic_load(&sh->stream->deleted))
+        return enter_refused(sh);
+    return 0;
+}
+
+int shard_enter(shard *sh)
+{
+    return enter(sh);
+}
+
 /* 1: entered (open); 0: not entered, the shard is closed or closing;
  * a COMET_E_* code when the data directory is closing or the stream gone. */
-static int shard_try_enter(shard *sh)
+static inline int shard_try_enter(shard *sh)
 {
-    int rc = shard_enter(sh);
+    int rc = enter(sh);
     if (rc)
         return rc;
     if (atomic_load(&sh->open) == SHARD_OPEN) /* after users: see lru.c */
@@ -321,33 +347,10 @@ static int shard_try_enter(shard *sh)
     return 0;
 }
 
-int shard_enter(shard *sh)
-{
-    /* users first, then the flags (sequentially consistent): a sweep that
-     * sees no user has marked the stream before, so this sees the mark. */
-    atomic_fetch_add(&sh->users, 1);
-    if (atomic_load(&sh->stream->db->closed)) {
-        atomic_fetch_sub(&sh->users, 1);
-        return set_error(COMET_E_CLOSED, "data directory %s is closed", sh->stream->db->path);
-    }
-    if (atomic_load(&sh->stream->deleted)) {
-        atomic_fetch_sub(&sh->users, 1);
-        return set_error(COMET_E_NO_STREAM, "stream '%s' was deleted", sh->stream->name);
-    }
-    return 0;
-}
-
 int stream_mark_deleted(comet_stream *s)
 {
     atomic_store(&s->deleted, 1);
     return set_error(COMET_E_NO_STREAM, "stream '%s' was deleted", s->name);
-}
-
-int shard_check_deleted(shard *sh)
-{
-    if (sh->st && atomic_load_explicit(&sh->st->deleted, memory_order_acquire) == STATE_DELETED)
-        return stream_mark_deleted(sh->stream);
-    return 0;
 }
 
 void streams_sweep_deleted(comet_db *db)
@@ -435,11 +438,6 @@ int comet_stream_delete(comet_db *db, const char *name, size_t name_len)
     return rc;
 }
 
-void shard_leave(shard *sh)
-{
-    atomic_fetch_sub_explicit(&sh->users, 1, memory_order_release);
-}
-
 int stream_check_shard(const comet_stream *s, int64_t id)
 {
     if (!s)
@@ -451,7 +449,19 @@ int stream_check_shard(const comet_stream *s, int64_t id)
     return 0;
 }
 
-int shard_acquire(comet_stream *s, uint32_t id, shard **out)
+/* The shard entered when this process has it open: 1 (*out set), 0 when it
+ * has not (nothing held), or a COMET_E_* code (closed or deleted). */
+static inline int enter_if_open(comet_stream *s, uint32_t id, shard **out)
+{
+    shard *sh = atomic_load_explicit(&s->shards[id], memory_order_acquire);
+    int rc = sh ? shard_try_enter(sh) : 0;
+    if (rc > 0)
+        *out = sh;
+    return rc;
+}
+
+/* shard_acquire; its recency stamped unless the caller does (stamp 0). */
+static int acquire(comet_stream *s, uint32_t id, shard **out, int stamp)
 {
     int rc = stream_check_shard(s, id);
     if (rc)
@@ -461,13 +471,10 @@ int shard_acquire(comet_stream *s, uint32_t id, shard **out)
             return set_error(COMET_E_CLOSED, "data directory %s is closed", s->db->path);
         if (atomic_load(&s->deleted))
             return set_error(COMET_E_NO_STREAM, "stream '%s' was deleted", s->name);
-        shard *sh = atomic_load_explicit(&s->shards[id], memory_order_acquire);
-        if (sh && (rc = shard_try_enter(sh)) != 0) {
-            if (rc < 0)
-                return rc;
-            lru_touch(sh);
-            *out = sh;
-            return 0;
+        if ((rc = enter_if_open(s, id, out)) != 0) {
+            if (rc > 0 && stamp)
+                lru_touch(*out);
+            return rc < 0 ? rc : 0;
         }
         /* Not open here (never, or closed to make room): open it, then
          * enter as any thread would; closed again meanwhile, once more. */
@@ -476,23 +483,34 @@ int shard_acquire(comet_stream *s, uint32_t id, shard **out)
     }
 }
 
-int shard_acquire_if_open(comet_stream *s, uint32_t id, shard **out)
+int shard_acquire(comet_stream *s, uint32_t id, shard **out)
 {
-    shard *sh = atomic_load_explicit(&s->shards[id], memory_order_acquire);
-    if (sh) {
-        int rc = shard_try_enter(sh);
-        if (rc < 0)
-            return rc; /* closed or deleted: said there */
-        if (rc) {
-            lru_touch(sh);
-            *out = sh;
-            return 0;
-        }
-    }
+    return acquire(s, id, out, 1);
+}
+
+/* shard_acquire_if_open without the recency stamp. */
+static inline int acquire_if_open(comet_stream *s, uint32_t id, shard **out)
+{
+    int rc = enter_if_open(s, id, out);
+    if (rc)
+        return rc < 0 ? rc : 0; /* closed or deleted: said there */
     if (atomic_load(&s->db->closed) || atomic_load(&s->deleted))
         return shard_acquire(s, id, out); /* which says so */
     clear_error();
     return COMET_E_WOULD_BLOCK;
+}
+
+int shard_acquire_if_open(comet_stream *s, uint32_t id, shard **out)
+{
+    int rc = acquire_if_open(s, id, out);
+    if (!rc)
+        lru_touch(*out);
+    return rc;
+}
+
+int shard_acquire_to_append(comet_stream *s, uint32_t id, int mode, shard **out)
+{
+    return mode == COMET_APPEND_NOWAIT ? acquire_if_open(s, id, out) : acquire(s, id, out, 0);
 }
 
 void stream_release(comet_stream *s)

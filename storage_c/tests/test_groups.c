@@ -1,4 +1,7 @@
 /* Consumer groups and retention through the C API (under the sanitizers). */
+#include <sys/wait.h>
+#include <time.h>
+
 #include "util.h"
 
 static read_buf rb;
@@ -72,6 +75,74 @@ static void test_offsets(void)
     rm_tree(dir);
 }
 
+/* A shipper's delivery counters (comet_group_count), the timestamp of the
+ * entry at an offset, and what forced retention lost. */
+static void test_delivery_counters_and_backlog(void)
+{
+    char *dir = scratch_dir();
+    comet_config cfg;
+    comet_config_default(&cfg);
+    cfg.segment_bytes = 64 << 10;
+    cfg.flags |= COMET_OPEN_NO_FLUSHER;
+    cfg.retention_max_age_ms = 1;
+    cfg.retention_force_delete_after_ms = 1;
+    comet_db *db = open_cfg(dir, &cfg);
+    comet_stream *s = open_stream(db, "d", 1);
+    comet_group *g;
+    CHECK_OK(comet_group_open(s, 0, "ship", 4, 1, &g));
+    CHECK(comet_entry_timestamp(s, 0, 0) == 0); /* no such entry yet */
+    fill(s, 0, 100, 4000);
+    int64_t first_ts = comet_entry_timestamp(s, 0, 0);
+    CHECK(first_ts > 0 && comet_entry_timestamp(s, 0, 99) >= first_ts);
+    CHECK(comet_entry_timestamp(s, 0, 100) == 0);
+    CHECK_OK(comet_group_count(g, 10, 2, 0));
+    CHECK_OK(comet_group_count(g, 5, 0, 3));
+    comet_group_info info[4];
+    CHECK(comet_group_list(s, 0, info, 4) == 1);
+    CHECK(info[0].delivered == 15 && info[0].retries == 2 && info[0].failed == 3);
+    CHECK(info[0].last_delivery_ns > 0);
+    CHECK_OK(comet_group_count(g, 0, 1, 0)); /* a retry alone does not stamp a delivery */
+    CHECK(comet_group_list(s, 0, info, 4) == 1 && info[0].retries == 3);
+    /* forced retention deletes what the group did not take: counted for this process */
+    CHECK(comet_retention_lost(db) == 0);
+    struct timespec pause = {0, 5 * 1000 * 1000};
+    nanosleep(&pause, NULL);
+    comet_retention_report rep;
+    CHECK_OK(comet_run_retention(db, &rep));
+    CHECK(rep.lost_entries > 0 && comet_retention_lost(db) == rep.lost_entries);
+    /* an offset below the first stored entry: the oldest stored entry's time */
+    CHECK(comet_entry_timestamp(s, 0, 0) >= first_ts);
+    CHECK(comet_retention_lost(NULL) == 0);
+    /* a deleted and registered-again group starts from zero counters */
+    CHECK_OK(comet_group_delete(s, "ship", 4));
+    CHECK(comet_group_count(g, 1, 0, 0) == COMET_E_NO_GROUP);
+    CHECK_OK(comet_group_open(s, 0, "ship", 4, 1, &g));
+    CHECK(comet_group_list(s, 0, info, 4) == 1 && info[0].delivered == 0 && info[0].retries == 0);
+    comet_close(db);
+    rm_tree(dir);
+}
+
+/* The shippers' cut points, reached from above the core: the same arming,
+ * the same death. */
+static void test_cut_points_reached_from_above(void)
+{
+    CHECK(comet_cut_reached("no.such.point") == COMET_E_INVALID);
+    CHECK(comet_cut_reached(NULL) == COMET_E_INVALID);
+    CHECK(comet_cut_reached("ship.acked") == 0); /* not armed: nothing happens */
+    fflush(NULL);
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) {
+        comet_cut_arm("ship.delivered", 2);
+        comet_cut_reached("ship.delivered");
+        comet_cut_reached("ship.acked");
+        comet_cut_reached("ship.delivered"); /* the 2nd hit of the armed point */
+        _exit(0);
+    }
+    int status;
+    CHECK(waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == COMET_CUT_EXIT);
+}
+
 static void test_retention_and_budget(void)
 {
     char *dir = scratch_dir();
@@ -110,6 +181,8 @@ static void test_retention_and_budget(void)
 int main(void)
 {
     RUN(test_offsets);
+    RUN(test_delivery_counters_and_backlog);
+    RUN(test_cut_points_reached_from_above);
     RUN(test_retention_and_budget);
     return 0;
 }

@@ -7,6 +7,8 @@
  * a new number is caught at once.  The checks:
  *   - with recycling, the files are reused (the counter and the spare file),
  *     reads and verification see only this life's entries;
+ *   - with the flusher running, a kept file becomes the spare at once, so
+ *     steady rotations recycle without a sync by the appender;
  *   - a crash (the process dies, as kill -9 would leave it) at every system
  *     call of a run of appends that rotates into recycled files: reopened,
  *     every acknowledged entry reads back as written, no entry of a file's
@@ -22,6 +24,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 
 #include "util.h"
 
@@ -132,6 +135,41 @@ static void test_files_are_reused(void)
     uint64_t next = check_all(s, st.next_entry);
     CHECK_OK(append_upto(s, next + 2 * PER_SEGMENT, NULL));
     check_all(s, next + 2 * PER_SEGMENT);
+    comet_close(db);
+    rm_tree(dir);
+}
+
+/* With the flusher running and its own passes far away, a file a rotation
+ * keeps becomes the spare within moments (the rotation wakes the flusher to
+ * sync the directory and name it), so the next rotation reuses it with no
+ * sync by the appender: steady rotations keep recycling. */
+static void test_the_flusher_settles_a_kept_file_at_once(void)
+{
+    char *dir = scratch_dir();
+    comet_config cfg = recycle_config();
+    cfg.flags &= ~COMET_OPEN_NO_FLUSHER;
+    cfg.fsync_interval_ms = 600000;
+    comet_db *db;
+    CHECK_OK(comet_open(dir, &cfg, &db));
+    comet_stream *s = open_stream(db, "r", 1);
+    char p[PAYLOAD], pending[600];
+    snprintf(pending, sizeof pending, "%s/r/shard-0000/spare.log.free.tmp", dir);
+    struct stat sb;
+    for (uint64_t e = 0; e < 10 * PER_SEGMENT; e++) {
+        payload_for(e, p);
+        CHECK(comet_append(s, 0, p, PAYLOAD, 0, -1, COMET_APPEND_WAIT) == (int64_t)e);
+        for (int ms = 0; ms < 10000 && stat(pending, &sb) == 0; ms++)
+            nanosleep(&(struct timespec){0, 1000000}, NULL);
+        CHECK(stat(pending, &sb) != 0); /* settled, long before the flusher's interval */
+    }
+    comet_shard_stats st;
+    CHECK_OK(comet_shard_stats_get(s, 0, COMET_STATS_ALL, &st));
+    printf("    %llu segments deleted, %llu recycled, no sync by the appender\n",
+           (unsigned long long)st.retention_deleted_segments,
+           (unsigned long long)st.recycled_segments);
+    CHECK(st.retention_deleted_segments >= 5);
+    CHECK(st.recycled_segments + 1 >= st.retention_deleted_segments);
+    check_all(s, st.next_entry);
     comet_close(db);
     rm_tree(dir);
 }
@@ -343,6 +381,7 @@ static void test_torn_creation_past_the_durable_point(void)
 int main(void)
 {
     RUN(test_files_are_reused);
+    RUN(test_the_flusher_settles_a_kept_file_at_once);
     RUN(test_stale_recycled_segment_at_the_durable_point);
     RUN(test_torn_creation_past_the_durable_point);
     RUN(test_version_1_segment_is_read);

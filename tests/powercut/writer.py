@@ -415,7 +415,8 @@ def run_lifecycle(data: Path, rnd: int, rng: random.Random) -> None:
 
 
 def run_ship(data: Path, rnd: int, args: list[str]) -> None:
-    """``ship SINK once|follow [dump]`` and ``spark-ship LAKE PAUSE_AT [dump]``.
+    """``ship SINK once|follow [dump]`` and ``spark-ship LAKE PAUSE_AT [dump]``;
+    SINK is a directory or an OTLP/HTTP endpoint (``http://...``).
 
     With ``dump`` the log is first opened (recovery), what survived printed
     (``S``) and closed again.  Then the real command runs in this process
@@ -427,8 +428,8 @@ def run_ship(data: Path, rnd: int, args: list[str]) -> None:
     test cuts the power there (or kills it).  POWERCUT_CHECKPOINT_EVERY
     sets spark_jobs.delta.CHECKPOINT_EVERY (checkpoints under the cuts).
     ``ship`` waits so after
-    the object POWERCUT_SHIP_PAUSE of shard 0 (1: its first) was stored,
-    before it is acknowledged; POWERCUT_READER_FSYNC_MS sets the
+    the object (or request) POWERCUT_SHIP_PAUSE of shard 0 (1: its first)
+    was stored, before it is acknowledged; POWERCUT_READER_FSYNC_MS sets the
     fsync_interval_ms of its ``Config.reader()`` (the flusher of its acks)."""
     import logging
 
@@ -448,7 +449,8 @@ def run_ship(data: Path, rnd: int, args: list[str]) -> None:
             nonlocal shipped
             line = as_json.format(record)
             say("L " + line)
-            if record.getMessage() == "shipped" and "/shard=0000/" in line:
+            if (record.getMessage() == "shipped" and "/shard=0000/" in line) or \
+                    (record.getMessage() == "delivered" and f'"{STREAM}/0/' in line):
                 shipped += 1
                 if shipped == pause_at:  # stored, not acknowledged yet: wait for the cut
                     sys.stdin.readline()
@@ -460,16 +462,21 @@ def run_ship(data: Path, rnd: int, args: list[str]) -> None:
         setattr(consumers.consumer, "Config", type("Config", (Config,), {
             "reader": classmethod(lambda cls: Config.reader(fsync_interval_ms=every))}))
 
+    forwarding = target.startswith("http")
     for name in ("comet.ship", "comet.spark_ship"):
         logger = logging.getLogger(name)
         logger.addHandler(Lines())
-        logger.setLevel(logging.INFO)
+        logger.setLevel(logging.DEBUG if forwarding else logging.INFO)  # "delivered" is DEBUG
         logger.propagate = False
     if kind == "ship":
         from consumers.cli import ship
 
-        cli = ["--max-object-age", "0.05", "--max-object-bytes", "6000",
-               "--status-interval", "0"] + (["--once"] if how == "once" else [])
+        if forwarding:  # batches of a few entries, cut by age and by count, two in flight
+            cli = ["--group", "ship", "--batch-age", "0.05", "--batch-records", "7",
+                   "--concurrency", "2", "--status-interval", "0"]
+        else:
+            cli = ["--max-object-age", "0.05", "--max-object-bytes", "6000", "--status-interval", "0"]
+        cli += ["--once"] if how == "once" else []
         ship.main([str(data), STREAM, target, *cli], standalone_mode=False)
     else:
         import spark_jobs.ship

@@ -37,3 +37,23 @@ def code_blocks(page: Path, section: str, language: str = "python") -> list[str]
         if opening:
             fence, wanted = opening.group(1), opening.group(2) == language
     return blocks
+
+
+def fenced_blocks(page: Path) -> list[tuple[str, int, list[str]]]:
+    """Every fenced block of a page: its language ("" for none), the line number
+    of its first line, its lines."""
+    blocks: list[tuple[str, int, list[str]]] = []
+    body: list[str] = []
+    fence, language, start = "", "", 0
+    for number, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1):
+        if fence:
+            if line.strip() == fence:
+                blocks.append((language, start, body))
+                fence, body = "", []
+            else:
+                body.append(line)
+            continue
+        opening = FENCE.match(line.strip())
+        if opening:
+            fence, language, start = opening.group(1), opening.group(2), number + 1
+    return blocks

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import http.server
 import socket
+import ssl
 import struct
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable, Self
 
 from .server import HOST
 
@@ -36,6 +37,8 @@ class Step:
     body: bytes = b'{"stream":"s","shard":3,"first":10,"last":11,"count":2}'
     reset: bool = False
     hang: bool = False
+    lost: bool = False
+    """The request was taken (a backend stores it), then the connection is reset: a lost answer."""
 
 
 OK = Step()
@@ -49,10 +52,22 @@ class Seen:
     body: bytes
 
 
-class ScriptedServer:
-    """Answers request n with ``script[n]`` (the last step once the script runs out)."""
+class Quiet(http.server.ThreadingHTTPServer):
+    """Connections the script resets or a client drops are not errors to print."""
 
-    def __init__(self, script: list[Step]) -> None:
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        import sys
+
+        if not isinstance(sys.exc_info()[1], OSError):
+            super().handle_error(request, client_address)
+
+
+class ScriptedServer:
+    """Answers request n with ``script[n]`` (the last step once the script runs out), or
+    with what ``script(seen)`` returns for each request; over TLS with ``tls``."""
+
+    def __init__(self, script: list[Step] | Callable[[Seen], Step],
+                 tls: ssl.SSLContext | None = None) -> None:
         self.script = script
         self.seen: list[Seen] = []
         self.released = threading.Event()    # ends every hanging answer
@@ -64,13 +79,20 @@ class ScriptedServer:
 
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("content-length", 0)))
+                seen = Seen(time.monotonic(), self.path,
+                            {k.lower(): v for k, v in self.headers.items()}, body)
                 with owner._lock:
-                    owner.seen.append(Seen(time.monotonic(), self.path,
-                                           {k.lower(): v for k, v in self.headers.items()}, body))
-                    step = owner.script[min(len(owner.seen), len(owner.script)) - 1]
+                    owner.seen.append(seen)
+                    owner.changed.notify_all()
+                    if not callable(owner.script):
+                        step = owner.script[min(len(owner.seen), len(owner.script)) - 1]
+                if callable(owner.script):  # outside the lock: it may wait
+                    step = owner.script(seen)
+                    with owner._lock:
+                        owner.changed.notify_all()
                 if step.hang:
                     owner.released.wait(30)
-                if step.reset or step.hang:
+                if step.reset or step.hang or step.lost:
                     self.close_connection = True
                     reset(self.connection)
                     return
@@ -84,14 +106,25 @@ class ScriptedServer:
             def log_message(self, format: str, *args: Any) -> None:
                 pass
 
-        self.httpd = http.server.ThreadingHTTPServer((HOST, 0), Handler)
+        self.changed = threading.Condition(self._lock)
+        self.httpd = Quiet((HOST, 0), Handler)
         self.httpd.daemon_threads = True
+        self.scheme = "http"
+        if tls is not None:
+            self.scheme = "https"
+            self.httpd.socket = tls.wrap_socket(self.httpd.socket, server_side=True)
         self.thread = threading.Thread(target=self.httpd.serve_forever, args=(0.05,), daemon=True)
         self.thread.start()
 
     @property
     def url(self) -> str:
-        return f"http://{HOST}:{self.httpd.server_address[1]}"
+        return f"{self.scheme}://{HOST}:{self.httpd.server_address[1]}"
+
+    def wait_for(self, done: Callable[[list[Seen]], bool], timeout: float = 60) -> None:
+        """Returns once ``done(seen)`` holds for the requests seen so far."""
+        with self.changed:
+            assert self.changed.wait_for(lambda: done(self.seen), timeout), \
+                f"not within {timeout} s: {len(self.seen)} requests seen"
 
     def keys(self) -> list[str | None]:
         return [s.headers.get("idempotency-key") for s in self.seen]
@@ -101,7 +134,7 @@ class ScriptedServer:
         self.httpd.shutdown()
         self.httpd.server_close()
 
-    def __enter__(self) -> ScriptedServer:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

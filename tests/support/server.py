@@ -142,6 +142,27 @@ class ServerProcess:
         self.seen, self.ready_s = sorted(seen), time.monotonic() - t0
         return self.ready_s
 
+    def wait_for_log(self, text: str, timeout: float = 60, times: int = 1) -> None:
+        """Until ``text`` is in the server's log (``times`` times); AssertionError
+        if the server exits first or the time is up."""
+        deadline = time.monotonic() + timeout
+        while self.tail(1 << 20).count(text) < times:
+            assert time.monotonic() < deadline, f"no {text!r} in the log:\n{self.tail()}"
+            assert self.proc.poll() is None, f"the server exited:\n{self.tail()}"
+            time.sleep(0.02)
+
+    def reload_workers(self, timeout: float = 60) -> None:
+        """HUP, then until none of the old workers is left and the new ones are ready."""
+        old = set(self.worker_pids())
+        self.proc.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + timeout
+        while old & set(self.worker_pids()):
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                raise RuntimeError(f"old workers {sorted(old)} still running after the HUP, or "
+                                   f"the master exited; {self.log_path}:\n{self.tail()}")
+            time.sleep(0.05)
+        self.wait_ready()
+
     def worker_pids(self) -> list[int]:
         """The workers: processes whose parent is the master."""
         pids = []
@@ -249,18 +270,6 @@ class GatewayProcess(ServerProcess):
         if silent:
             raise AssertionError(f"{len(silent)} answers of 500 without a log line naming the "
                                  f"cause in {self.log_path}, the first: {silent[:3]}")
-
-    def reload_workers(self, timeout: float = 60) -> None:
-        """HUP, then until none of the old workers is left and the new ones are ready."""
-        old = set(self.worker_pids())
-        self.proc.send_signal(signal.SIGHUP)
-        deadline = time.monotonic() + timeout
-        while old & set(self.worker_pids()):
-            if time.monotonic() > deadline or self.proc.poll() is not None:
-                raise RuntimeError(f"old workers {sorted(old)} still running after the HUP, or "
-                                   f"the master exited; {self.log_path}:\n{self.tail()}")
-            time.sleep(0.05)
-        self.wait_ready()
 
     def slots_all_held(self) -> bool:
         """Every process slot of the data directory is claimed (by the workers)."""
