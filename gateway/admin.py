@@ -72,13 +72,18 @@ def list_groups(runtime: Runtime, stream: str) -> dict[str, Any]:
     return {"stream": stream, "groups": list(_by_group(_group_infos(runtime, stream)).values())}
 
 
-def describe_group(runtime: Runtime, stream: str, group: str) -> dict[str, Any]:
-    """One group's lag and its offset and lag in each shard where it is registered."""
+def _checked_group(runtime: Runtime, stream: str, group: str) -> None:
+    """The stream's name, then the group's (400 before anything is looked up)."""
     _checked(runtime, stream)
     try:
         check_group_name(group)
     except CometError as exc:
         raise _storage_error(runtime, exc) from None
+
+
+def describe_group(runtime: Runtime, stream: str, group: str) -> dict[str, Any]:
+    """One group's lag and its offset and lag in each shard where it is registered."""
+    _checked_group(runtime, stream, group)
     groups = _by_group(_group_infos(runtime, stream))
     if group not in groups:
         known = f"known: {', '.join(groups)}" if groups else "it has none"
@@ -88,7 +93,11 @@ def describe_group(runtime: Runtime, stream: str, group: str) -> dict[str, Any]:
     return {"stream": stream, **groups[group]}
 
 
-def parse_reset(body: bytes) -> tuple[ResetTo, int | None]:
+MAX_RESET_BYTES = 4096
+"""The largest body of a group reset (PUT); larger is 413."""
+
+
+def parse_reset(body: bytes | bytearray) -> tuple[ResetTo, int | None]:
     try:
         spec = orjson.loads(body or b"{}")
     except orjson.JSONDecodeError as exc:
@@ -116,9 +125,9 @@ def parse_reset(body: bytes) -> tuple[ResetTo, int | None]:
         raise HTTPError(400, "bad_parameter", str(exc)) from None
 
 
-def reset(runtime: Runtime, stream: str, group: str, body: bytes) -> dict[str, Any]:
+def reset(runtime: Runtime, stream: str, group: str, body: bytes | bytearray) -> dict[str, Any]:
     _require_admin(runtime, "resetting a consumer group")
-    _checked(runtime, stream)
+    _checked_group(runtime, stream, group)
     target, shard = parse_reset(body)
     assert runtime.log is not None
     try:
@@ -132,7 +141,7 @@ def reset(runtime: Runtime, stream: str, group: str, body: bytes) -> dict[str, A
 
 def remove_group(runtime: Runtime, stream: str, group: str) -> dict[str, Any]:
     _require_admin(runtime, "deleting a consumer group")
-    _checked(runtime, stream)
+    _checked_group(runtime, stream, group)
     assert runtime.log is not None
     try:
         shards = delete_group(runtime.log, stream, group)

@@ -21,6 +21,7 @@ import logging
 import time
 from contextlib import asynccontextmanager, suppress
 from typing import AsyncIterator, Awaitable, Callable
+from urllib.parse import unquote
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
@@ -30,11 +31,12 @@ from starlette.responses import Response
 from starlette.routing import Route, request_response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from storage_c import CometError, check_group_name
 from storage_c.jsonlog import event
 
 from . import admin, auth, entries, logs, losses, metrics, openapi, reads, stalls
 from .config import GatewayConfig
-from .errors import HTTPError, check_name, errors_answered
+from .errors import HTTPError, check_name, clipped, storage_error
 from .ingest import PREFIX, Ingest
 from .otlp import SIGNALS as OTLP_PATHS
 from .otlp import OtlpIngest
@@ -86,7 +88,11 @@ class GatewayApp:
             await send(message)
 
         try:
-            await self.app(scope, receive, send_and_note)
+            raw = scope.get("raw_path") or b""
+            if b"%2" in raw and (b"%2f" in raw or b"%2F" in raw):
+                await encoded_slash(raw).response()(scope, receive, send_and_note)
+            else:
+                await self.app(scope, receive, send_and_note)
         finally:
             counts = self.runtime.metrics
             if counts is not None:
@@ -95,6 +101,24 @@ class GatewayApp:
                 series = (metrics.series_of(route.path, method) if isinstance(route, Route)
                           else self.unmatched.get(method, self.unmatched["other"]))
                 counts.request(series, status, time.perf_counter() - t0)
+
+
+def encoded_slash(raw_path: bytes) -> HTTPError:
+    """The answer to a path with an encoded "/" (%2F) in a segment, which no
+    route matches (the router sees the decoded path, where it would be a
+    segment boundary): a stream's or a group's name with it is 400, any other
+    path 404."""
+    segments = [unquote(s) for s in raw_path.decode("latin-1").split("/")]
+    if len(segments) > 2 and segments[1] == "streams":
+        try:
+            check_name(segments[2])
+            if len(segments) > 4 and segments[3] == "groups":
+                check_group_name(segments[4])
+        except HTTPError as bad_stream:
+            return bad_stream
+        except CometError as bad_group:
+            return storage_error(bad_group, 0)
+    return HTTPError(404, "not_found", f"no route for {clipped(unquote(raw_path.decode('latin-1')))}")
 
 
 class ByMethod:
@@ -137,13 +161,13 @@ def create_app(config: GatewayConfig) -> GatewayApp:
             try:
                 token = None
                 if rule.scope != auth.OPEN:
-                    token = auth.identify(request.headers.get("authorization", ""), config)
+                    given = request.headers.getlist("authorization")
+                    token = auth.identify(given[0] if given else "", config, len(given))
                     auth.require(token, config, rule.scope, auth.stream_of(rule, request.path_params))
                 request.state.token = token  # None: auth off, or an open route
                 return await handler(request)
             except HTTPError as exc:
-                errors_answered.answered(exc.status, exc.code, exc.detail, request.url.path,
-                                         runtime.slot)
+                runtime.answered(exc, request.scope)
                 return exc.response()
             except Exception:  # a bug, not the client's fault: say so, keep serving
                 event(log, "internal_error", logging.ERROR, exc_info=True,
@@ -156,7 +180,8 @@ def create_app(config: GatewayConfig) -> GatewayApp:
 
     async def get_metrics(request: Request) -> Response:
         assert runtime.log is not None
-        text = await run_in_threadpool(metrics.render, runtime.log, config.data_dir)
+        text = await run_in_threadpool(metrics.render, runtime.log, config.data_dir,
+                                       auth.readable(request.state.token, config))
         return Response(text, media_type="text/plain; version=0.0.4")
 
     async def get_openapi(request: Request) -> Response:
@@ -194,7 +219,12 @@ def create_app(config: GatewayConfig) -> GatewayApp:
                                                   request.path_params["group"]))
 
     async def put_group(request: Request) -> Response:
-        body = await request.body()
+        body = bytearray()
+        async for chunk in request.stream():  # a reset is a few bytes of JSON
+            body += chunk
+            if len(body) > admin.MAX_RESET_BYTES:
+                raise HTTPError(413, "body_too_large", f"a group reset's body is at most "
+                                f"{admin.MAX_RESET_BYTES} bytes")
         return reads.json(await run_in_threadpool(admin.reset, runtime, name(request),
                                                   request.path_params["group"], body))
 

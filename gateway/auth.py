@@ -82,19 +82,30 @@ def rule(path: str, method: str) -> Rule:
     return found
 
 
-def identify(header: str, config: GatewayConfig) -> Token | None:
-    """The token of an ``Authorization`` header: None when auth is off, else
-    401 without a bearer token and 403 for one that is not accepted."""
+class AuthFailed(HTTPError):
+    """401 (no bearer token) or 403 (a token that is not accepted).  The answer
+    closes the connection: a client guessing tokens pays a new connection (and
+    TLS handshake) per guess; each failure is counted and logged
+    (Runtime.answered)."""
+
+
+def identify(header: str, config: GatewayConfig, count: int = 1) -> Token | None:
+    """The token of an ``Authorization`` header (``count``: how many the request
+    has): None when auth is off, else 401 without a bearer token or with two
+    headers, and 403 for one that is not accepted."""
     if not config.auth_required:
         return None
     scheme, _, secret = header.partition(" ")
     secret = secret.strip()
+    if count > 1:
+        raise AuthFailed(401, "unauthorized", f"send one 'Authorization: Bearer <token>' header, "
+                         f"not {count}", headers={"WWW-Authenticate": "Bearer", "Connection": "close"})
     if scheme.lower() != "bearer" or not secret:
-        raise HTTPError(401, "unauthorized", "send 'Authorization: Bearer <token>'",
-                        headers={"WWW-Authenticate": "Bearer"})
+        raise AuthFailed(401, "unauthorized", "send 'Authorization: Bearer <token>'",
+                         headers={"WWW-Authenticate": "Bearer", "Connection": "close"})
     token = config.access.identify(secret.encode())
     if token is None:
-        raise HTTPError(403, "forbidden", "this token is not accepted")
+        raise AuthFailed(403, "forbidden", "this token is not accepted", headers={"Connection": "close"})
     return token
 
 

@@ -22,6 +22,17 @@
     tls_key_file = "/etc/comet/tls/key.pem"
     tls_client_ca_file = ""     # set: mutual TLS, a client certificate signed by this CA required
     forwarded_allow_ips = []    # reverse proxies whose X-Forwarded-* headers are believed
+    max_header_bytes = 65536    # request line and headers; larger: 431
+    max_headers = 100           # header fields per request; more: 431
+    header_timeout_s = 10       # from a request's first byte to the end of its headers: 408
+    idle_timeout_s = 5          # a connection without a request under way is closed after this
+    body_timeout_s = 10         # a body must arrive within this, plus 1 s per body_min_rate bytes
+    body_min_rate = 1024        # bytes per second a body must keep up after body_timeout_s
+    max_connections = 0         # per worker (0: derived from the file limit); idle ones give way
+    inflight_share = 0.25       # the part of inflight_bytes one tenant may hold
+    max_streams_per_token = 0   # streams one token without admin may create (0: max_streams / 4)
+    min_token_length = 8        # plain token secrets shorter than this stop the start
+    data_group = ""             # a group sharing the data directory (read and write); none: 0700/0600
 
     [storage]                   # any field of storage_c.Config
     shards = 16
@@ -40,6 +51,7 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 import functools
+import grp
 import ipaddress
 import os
 import tomllib
@@ -115,6 +127,33 @@ class GatewayConfig:
     forwarded_allow_ips: tuple[str, ...] = ()
     """Addresses or networks of reverse proxies whose X-Forwarded-For/-Proto are believed
     (none by default: a client cannot claim another address or scheme)."""
+    max_header_bytes: int = 64 << 10
+    """The request line and headers of one request; a larger head is answered 431."""
+    max_headers: int = 100
+    """Header fields in one request; more are answered 431."""
+    header_timeout_s: float = 10.0
+    """From a request's first byte (or, on TLS, the connection's) to the end of its head: 408."""
+    idle_timeout_s: float = 5.0
+    """How long a connection may stay open without a request under way: before its first
+    request and between requests (keep-alive)."""
+    body_timeout_s: float = 10.0
+    """A request's body must arrive within this, plus one second per body_min_rate bytes
+    received: slower is answered 408 and the connection closed."""
+    body_min_rate: int = 1024
+    """Bytes per second a body upload must keep up on average after body_timeout_s."""
+    max_connections: int = 0
+    """Open connections per worker (0: derived from the file limit, at most 1024); over it,
+    a new connection closes the longest idle one, or is answered 503 when none is idle."""
+    inflight_share: float = 0.25
+    """The part of inflight_bytes one tenant (a token; with auth off, a stream) may hold."""
+    max_streams_per_token: int = 0
+    """Streams one token without the admin scope may create (0: a quarter of max_streams;
+    no limit when max_streams is 0)."""
+    min_token_length: int = 8
+    """Plain token secrets shorter than this stop the start."""
+    data_group: str = ""
+    """A group that shares the data directory (its members read and write it); none: the
+    gateway's user alone (directories 0700, files 0600)."""
     storage: Config = field(default_factory=Config)
     streams: Mapping[str, StreamPolicy] = field(default_factory=dict)
     tls: TlsMaterial | None = field(default=None, init=False, compare=False)
@@ -134,9 +173,28 @@ class GatewayConfig:
             raise ConfigError(f"host {self.host} is not loopback, so tokens are required "
                               "(auth = \"auto\"): set tokens (COMET_TOKENS) or tokens_file, or "
                               "auth = \"off\" (COMET_AUTH=off) to accept writes from anyone")
-        for name in ("max_body_bytes", "max_decompressed_bytes", "inflight_bytes", "port"):
+        for name in ("max_body_bytes", "max_decompressed_bytes", "inflight_bytes", "port",
+                     "max_headers", "header_timeout_s", "idle_timeout_s", "body_timeout_s",
+                     "body_min_rate", "min_token_length"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive")
+        if not 1024 <= self.max_header_bytes <= 16 * MiB:
+            raise ConfigError(f"max_header_bytes must be 1024 to {16 * MiB}, not {self.max_header_bytes}")
+        if not 0 < self.inflight_share <= 1:
+            raise ConfigError(f"inflight_share must be above 0 and at most 1, not {self.inflight_share}")
+        for name in ("max_connections", "max_streams_per_token"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be >= 0 (0: derived)")
+        for token in self.access.tokens:
+            if token.length is not None and token.length < self.min_token_length:
+                raise ConfigError(f"token {token.name!r} is {token.length} characters long; a token "
+                                  f"needs at least min_token_length ({self.min_token_length}): make "
+                                  "one with openssl rand -hex 16")
+        if self.data_group:
+            try:
+                grp.getgrnam(self.data_group)
+            except KeyError:
+                raise ConfigError(f"data_group: no group named {self.data_group!r}") from None
         if self.workers < 0:
             raise ConfigError("workers must be >= 0 (0: one per CPU)")
         if self.max_streams < 0:
@@ -185,6 +243,29 @@ class GatewayConfig:
         """The accepted tokens by the digest of their secret, with their scopes."""
         return Tokens(self.tokens)
 
+    @property
+    def tokens_unenforced(self) -> bool:
+        """Tokens are configured but not asked for (auth off, or auto on loopback)."""
+        return bool(self.tokens) and not self.auth_required
+
+    @property
+    def tenant_inflight_bytes(self) -> int:
+        """What one tenant may hold of the in-flight budget."""
+        return max(1, int(self.inflight_bytes * self.inflight_share))
+
+    @property
+    def streams_per_token(self) -> int:
+        """Streams one token without admin may create (0: no limit)."""
+        if self.max_streams_per_token:
+            return self.max_streams_per_token
+        return max(1, self.max_streams // 4) if self.max_streams else 0
+
+    def reserved_streams(self) -> frozenset[str]:
+        """Streams the operator named (the OTLP streams, [streams.NAME]): creating them is
+        never refused for the streams tenants made."""
+        return frozenset((*(self.otlp_stream(s) for s in ("logs", "traces", "metrics")),
+                          *self.streams))
+
     def otlp_stream(self, signal: str) -> str:
         """The stream OTLP records of ``signal`` (logs, traces, metrics) go to."""
         return str(getattr(self, f"otlp_{signal}_stream"))
@@ -212,6 +293,15 @@ class GatewayConfig:
         before it writes; the storage never creates one on its own."""
         return dataclasses.replace(self.storage, process_count=self.worker_count,
                                    auto_create_streams=False, max_streams=self.max_streams)
+
+    def worker_storage_config(self) -> Config:
+        """What a worker opens the storage with: storage_config(), whose
+        max_streams leaves room for the streams the operator named on top (the
+        worker counts the others against max_streams itself, gateway.tenants)."""
+        config = self.storage_config()
+        if not self.max_streams:
+            return config
+        return dataclasses.replace(config, max_streams=self.max_streams + len(self.reserved_streams()))
 
 
 def is_loopback(host: str) -> bool:

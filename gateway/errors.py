@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import re
 import time
-from typing import NamedTuple
+from typing import Hashable, NamedTuple
 
 import orjson
 from starlette.responses import Response
@@ -109,6 +109,16 @@ def storage_error(exc: CometError, retry_after_s: int, detail: str | None = None
                      retry_after=retry_after_s if row.retry else None, extra=extra)
 
 
+LOGGED_PATH_CHARS = 256
+"""Paths in log lines are cut to this many characters: a client chooses them, and a line
+must stay one write (operations.md, Logs)."""
+
+
+def clipped(path: str) -> str:
+    """``path`` as a log line shows it: at most LOGGED_PATH_CHARS, a cut one ending in "..."."""
+    return path if len(path) <= LOGGED_PATH_CHARS else path[:LOGGED_PATH_CHARS - 3] + "..."
+
+
 _valid_names: set[str] = set()
 
 
@@ -137,35 +147,55 @@ LONE_NUMBER = re.compile(r"(?<![\w/.-])\d+(?![\w/.-])")
 error_log = logging.getLogger("comet.gateway.errors")
 
 
-class ErrorLog:
-    """One JSON line (event "error_answer") per distinct cause of a 500, or of a 503/507
-    in LOGGED_CODES, per ``every`` seconds in this worker: a fault answers every request
-    alike, and 370,000 identical lines would hide it as well as none.  The line carries
-    the status, the error code, the detail (the cause), the worker's slot, and
-    ``repeats``: the answers of the same cause since its previous line."""
+class CauseLog:
+    """One line (``name`` at ``level``) per distinct cause per ``every`` seconds in this
+    worker, with ``repeats``: the times the cause came again since its previous line.  A
+    fault, or a client that keeps trying, repeats itself, and thousands of identical lines
+    would hide it as well as none.  At most MAX_CAUSES causes are remembered (the oldest
+    is forgotten first), so what clients send cannot grow it."""
 
     MAX_CAUSES = 1000
 
-    def __init__(self, every: float = 60.0) -> None:
+    def __init__(self, logger: logging.Logger, name: str, level: int, every: float = 60.0) -> None:
+        self.logger = logger
+        self.name = name
+        self.level = level
         self.every = every
-        self.causes: dict[tuple[int, str, str], list[float]] = {}  # key -> [logged at, repeats]
+        self.causes: dict[Hashable, list[float]] = {}  # cause -> [logged at, repeats]
+
+    def note(self, cause: Hashable, **fields: object) -> bool:
+        """The cause happened: logged with ``fields`` unless it was within ``every``
+        seconds (then counted); True when a line was written."""
+        now = time.monotonic()
+        seen = self.causes.get(cause)
+        if seen is not None and now - seen[0] < self.every:
+            seen[1] += 1
+            return False
+        repeats = int(seen[1]) if seen is not None else 0
+        if seen is None and len(self.causes) >= self.MAX_CAUSES:
+            self.causes.pop(next(iter(self.causes)))  # the oldest cause
+        self.causes[cause] = [now, 0]
+        fields["repeats"] = repeats
+        # mypy takes a field for event's exc_info; none is called that
+        event(self.logger, self.name, self.level, **fields)  # type: ignore[arg-type]
+        return True
+
+
+class ErrorLog(CauseLog):
+    """One JSON line (event "error_answer") per distinct cause of a 500, or of a 503/507
+    in LOGGED_CODES, per ``every`` seconds in this worker (CauseLog).  The line carries
+    the status, the error code, the detail (the cause), the path, the worker's slot, and
+    ``repeats``: the answers of the same cause since its previous line."""
+
+    def __init__(self, every: float = 60.0) -> None:
+        super().__init__(error_log, "error_answer", logging.ERROR, every)
 
     def answered(self, status: int, code: str, detail: str, path: str,
                  slot: int | None) -> None:
         if status != 500 and code not in LOGGED_CODES:
             return
-        key = (status, code, LONE_NUMBER.sub("N", detail))
-        now = time.monotonic()
-        seen = self.causes.get(key)
-        if seen is not None and now - seen[0] < self.every:
-            seen[1] += 1
-            return
-        repeats = int(seen[1]) if seen is not None else 0
-        if seen is None and len(self.causes) >= self.MAX_CAUSES:
-            self.causes.pop(next(iter(self.causes)))  # the oldest cause
-        self.causes[key] = [now, 0]
-        event(error_log, "error_answer", logging.ERROR, status=status, error=code,
-              detail=detail, path=path, slot=slot, repeats=repeats)
+        self.note((status, code, LONE_NUMBER.sub("N", detail)), status=status, error=code,
+                  detail=detail, path=clipped(path), slot=slot)
 
 
 errors_answered = ErrorLog()

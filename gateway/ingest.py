@@ -32,6 +32,7 @@ from functools import partial
 from urllib.parse import parse_qsl
 
 import orjson
+import xxhash
 from starlette.concurrency import run_in_threadpool
 from starlette.types import Receive, Scope, Send
 
@@ -45,6 +46,7 @@ from storage_c import (
     ReadOnlyStorage,
     StorageFull,
     StorageGone,
+    StreamLimit,
     StreamNotFound,
     SyncFailed,
     WouldBlock,
@@ -77,6 +79,9 @@ JSON event per line, stored without another check."""
 # take of the event loop to a fraction of a millisecond, while small bodies,
 # nearly all of them, skip the thread hop (~50 us).
 INLINE_BODY_BYTES = 256 << 10
+UNDECLARED_STEP = 256 << 10
+"""A body without a Content-Length holds what it has sent of the in-flight budget, taken
+this much at a time: a slow upload holds little, not max_body_bytes."""
 ARRAY_START = re.compile(rb"[ \t\r\n]*\[")
 
 
@@ -100,6 +105,7 @@ class Head:
     length: int | None = None
     key: str | None = None
     authorization: str = ""
+    authorizations: int = 0
     idempotency_key: str | None = None
 
     @classmethod
@@ -117,6 +123,7 @@ class Head:
                 head.key = value.decode("utf-8", "replace")
             elif name == b"authorization":
                 head.authorization = value.decode("latin-1")
+                head.authorizations += 1
             elif name == b"idempotency-key":
                 head.idempotency_key = value.decode("latin-1")
         query = scope.get("query_string", b"")
@@ -126,6 +133,12 @@ class Head:
                     head.key = v
                     break
         return head
+
+
+def too_many_streams(stream: str, limit: int) -> str:
+    """The detail of a 409 at max_streams: the limit, never how many streams exist."""
+    return (f"cannot create stream {stream!r}: max_streams is {limit} (write to a stream that "
+            "exists, or have one deleted or the limit raised)")
 
 
 IDEMPOTENCY_KEY = re.compile(r"[\x20-\x7e]{1,255}")
@@ -152,8 +165,45 @@ def check_media_type(value: str) -> str:
 Body = bytes | bytearray
 
 
-async def read_body(receive: Receive, limit: int, length: int | None) -> Body:
-    """The whole body, or 413 as soon as it passes ``limit`` bytes.
+class Reservation:
+    """A request's part of the worker's in-flight byte budget: its declared
+    length, or what an undeclared body has sent so far (UNDECLARED_STEP at a
+    time).  The tenant is the request's token, or with auth off its stream: one
+    tenant holds at most its share (inflight_share), so its slow or large
+    uploads leave the rest of the budget to the others."""
+
+    def __init__(self, runtime: Runtime, stream: str, token: Token | None) -> None:
+        self.runtime = runtime
+        self.tenant = f"token {token.name}" if token is not None else f"stream {stream}"
+        self.who = f"token {token.name!r}" if token is not None else f"stream {stream!r}"
+        self.held = 0
+
+    def hold(self, nbytes: int) -> None:
+        """Holds ``nbytes`` in all, or 429 when a budget is spent."""
+        more = nbytes - self.held
+        if more <= 0:
+            return
+        config = self.runtime.config
+        spent = self.runtime.reserve(more, self.tenant, self.held)
+        if spent == "tenant":
+            raise HTTPError(429, "busy", f"the requests of {self.who} hold its share "
+                            f"(inflight_share) of this worker's in-flight byte budget; retry later",
+                            retry_after=config.retry_after_s)
+        if spent is not None:
+            raise HTTPError(429, "busy", "this worker's in-flight byte budget is spent; retry later",
+                            retry_after=config.retry_after_s)
+        self.held = nbytes
+
+    def release(self) -> None:
+        self.runtime.release(self.held, self.tenant)
+        self.held = 0
+
+
+async def read_body(receive: Receive, limit: int, length: int | None,
+                    reservation: Reservation | None = None) -> Body:
+    """The whole body, or 413 as soon as it passes ``limit`` bytes; a body
+    passing what ``reservation`` holds (one without a Content-Length) holds
+    more as it comes (429 when a budget is spent).
 
     A body above INLINE_BODY_BYTES whose length was declared is copied chunk
     by chunk into one buffer of that size, so that no single copy of a large
@@ -171,6 +221,8 @@ async def read_body(receive: Receive, limit: int, length: int | None) -> Body:
         if end > limit:
             raise HTTPError(413, "body_too_large",
                             f"request body is larger than max_body_bytes ({limit})")
+        if reservation is not None and end > reservation.held:
+            reservation.hold(min(limit, max(end, reservation.held + UNDECLARED_STEP)))
         if buffer is None:
             parts.append(chunk)
         else:
@@ -212,14 +264,14 @@ class Ingest:
         head = Head.parse(scope)
         outcome = Outcome()
         try:
-            outcome.token = auth.identify(head.authorization, self.runtime.config)
+            outcome.token = auth.identify(head.authorization, self.runtime.config,
+                                          head.authorizations)
             auth.require(outcome.token, self.runtime.config, WRITE, head.stream)
             body, headers = await self.handle(head, receive, outcome)
             outcome.status = 202
         except HTTPError as exc:
             outcome.status, body, headers = exc.status, exc.body(), exc.headers
-            errors_answered.answered(exc.status, exc.code, exc.detail, scope["path"],
-                                     self.runtime.slot)
+            self.runtime.answered(exc, scope)
         except ClientGone:
             return
         except Exception:  # a bug, not the client's fault: say so, answer (and count) a 500
@@ -240,14 +292,21 @@ class Ingest:
             self.access_log.request(scope["path"], outcome.status, outcome.events, seconds,
                                     self.runtime.slot, outcome.token, scope.get("client"))
 
-    def open_stream(self, stream: str) -> None:
-        """Opens (or creates, as auto_create allows) the stream before its
-        first write in this worker; creating touches the disk only once."""
+    def open_stream(self, stream: str, token: Token | None = None) -> None:
+        """Opens the stream before its first write in this worker, or creates
+        it as auto_create, max_streams and the token's share of them allow
+        (gateway.tenants.Creators); creating touches the disk only once."""
         runtime = self.runtime
-        assert runtime.log is not None
+        log = runtime.log
+        assert log is not None
         config = runtime.config
         try:
-            runtime.log.open_stream(stream, create=config.may_create(stream))
+            try:
+                log.open_stream(stream, create=False)
+            except StreamNotFound:
+                if not config.may_create(stream):
+                    raise
+                self.create_stream(stream, token)
         except CometError as exc:
             detail = None
             if isinstance(exc, StreamNotFound):
@@ -255,8 +314,35 @@ class Ingest:
                     "auto_create is off" if config.auto_create is False else
                     "auto_create allows only names matching " + ", ".join(
                         config.auto_create if isinstance(config.auto_create, tuple) else ()))
+            elif isinstance(exc, StreamLimit):  # its message counts the streams: not for clients
+                detail = too_many_streams(stream, config.max_streams)
             raise storage_error(exc, config.retry_after_s, detail) from None
         self.opened.add(stream)  # as many as the storage's own handles: one per stream
+
+    def create_stream(self, stream: str, token: Token | None) -> None:
+        """Creates ``stream`` for ``token`` within max_streams (the streams the
+        operator named aside) and the token's share (409 otherwise)."""
+        runtime = self.runtime
+        log = runtime.log
+        assert log is not None
+        config = runtime.config
+        reserved = config.reserved_streams()
+        with runtime.creators.locked():
+            existing = set(log.streams())
+            if stream not in existing and stream not in reserved:
+                if config.max_streams and len(existing - reserved) >= config.max_streams:
+                    raise HTTPError(409, "too_many_streams",
+                                    too_many_streams(stream, config.max_streams))
+                quota = config.streams_per_token
+                if (quota and token is not None and not token.admin
+                        and runtime.creators.count(token.name, existing) >= quota):
+                    raise HTTPError(409, "too_many_streams", f"cannot create stream {stream!r}: "
+                                    f"token {token.name!r} created as many streams as "
+                                    f"max_streams_per_token allows ({quota}); write to one of them, "
+                                    "or have one deleted")
+            log.open_stream(stream, create=True)
+            if stream not in existing:
+                runtime.creators.record(token.name if token is not None else None, stream)
 
     async def handle(self, head: Head, receive: Receive, outcome: Outcome) -> tuple[bytes, dict[str, str]]:
         runtime = self.runtime
@@ -266,15 +352,15 @@ class Ingest:
         self.check_ready()
         kind = check_media_type(head.content_type)
         encoding = encoding_of(head.encoding)
-        reserved = self.reserve(head)
+        reservation = self.reserve(head, outcome.token)
         try:
-            body = await read_body(receive, config.max_body_bytes, head.length)
-            work = partial(decode_and_store, runtime, head, kind, encoding, body)
+            body = await read_body(receive, config.max_body_bytes, head.length, reservation)
+            work = partial(decode_and_store, runtime, head, kind, encoding, body, outcome.token)
             offload = (encoding != "identity" or len(body) > INLINE_BODY_BYTES
                        or config.storage.durability == "always")
-            res = await self.store(head.stream, work, offload)
+            res = await self.store(head.stream, work, offload, outcome.token)
         finally:
-            runtime.release(reserved)
+            reservation.release()
         outcome.events = 0 if res.replayed else res.count
         return orjson.dumps({"stream": head.stream, "shard": res.shard, "first": res.first,
                              "last": res.last, "count": res.count}), REPLAYED if res.replayed else {}
@@ -288,32 +374,30 @@ class Ingest:
                             else "the worker has not claimed its process slot yet",
                             retry_after=runtime.config.retry_after_s)
 
-    def reserve(self, head: Head) -> int:
-        """Takes the request's share of the in-flight byte budget (413 for a
-        declared length above the limit, 429 when the budget is spent);
-        the caller gives it back with ``runtime.release``."""
-        config = self.runtime.config
-        limit = config.max_body_bytes
+    def reserve(self, head: Head, token: Token | None) -> Reservation:
+        """Takes the request's part of the in-flight byte budget (413 for a
+        declared length above the limit, 429 when a budget is spent); the
+        caller gives it back with ``release``."""
+        limit = self.runtime.config.max_body_bytes
         if head.length is not None and head.length > limit:
             raise HTTPError(413, "body_too_large",
                             f"Content-Length {head.length} is above max_body_bytes ({limit})")
-        reserved = head.length if head.length is not None else limit
-        if not self.runtime.reserve(reserved):
-            raise HTTPError(429, "busy", "this worker's in-flight byte budget is spent; retry later",
-                            retry_after=config.retry_after_s)
-        return reserved
+        reservation = Reservation(self.runtime, head.stream, token)
+        reservation.hold(head.length if head.length is not None else min(limit, UNDECLARED_STEP))
+        return reservation
 
-    async def store(self, stream: str, work: partial[BatchResult], offload: bool) -> BatchResult:
-        """work() into ``stream``, opening (or creating) the stream first and
-        again if it was deleted since this worker opened it."""
+    async def store(self, stream: str, work: partial[BatchResult], offload: bool,
+                    token: Token | None = None) -> BatchResult:
+        """work() into ``stream``, opening (or creating, for ``token``) the stream
+        first and again if it was deleted since this worker opened it."""
         runtime = self.runtime
         if stream not in self.opened:  # reads, maybe creates it (syncs): never on the loop
-            await run_in_threadpool(self.open_stream, stream)
+            await run_in_threadpool(self.open_stream, stream, token)
         try:
             res = await store_off_loop(work, offload)
         except StreamGone:  # deleted since this worker opened it: open (or create) it anew
             self.opened.discard(stream)
-            await run_in_threadpool(self.open_stream, stream)
+            await run_in_threadpool(self.open_stream, stream, token)
             try:
                 res = await store_off_loop(work, offload)
             except StreamGone:
@@ -335,11 +419,13 @@ async def store_off_loop(work: partial[BatchResult], offload: bool) -> BatchResu
 
 
 def decode_and_store(runtime: Runtime, head: Head, kind: str, encoding: str,
-                     body: Body, wait: bool = True, shard: int | None = None) -> BatchResult:
+                     body: Body, token: Token | None = None, wait: bool = True,
+                     shard: int | None = None) -> BatchResult:
     """Decompresses, checks and stores one body (on the loop or a thread);
     ``wait=False``: WouldBlock, nothing stored, where the append would wait."""
     body = decompress(body, encoding, runtime.config.max_decompressed_bytes)
-    return store(runtime, head.stream, kind, body, head.key, wait, shard, head.idempotency_key)
+    return store(runtime, head.stream, kind, body, head.key, wait, shard, head.idempotency_key,
+                 token)
 
 
 def refused(exc: CometError, retry_after_s: int) -> HTTPError:
@@ -396,19 +482,27 @@ def body_format(runtime: Runtime, stream: str, kind: str, body: Body) -> tuple[s
 
 def store(runtime: Runtime, stream: str, kind: str, body: Body, key: str | bytes | None,
           wait: bool = True, shard: int | None = None,
-          idempotency_key: str | None = None) -> BatchResult:
+          idempotency_key: str | None = None, token: Token | None = None) -> BatchResult:
     """One body into the log; ``shard`` None: the key's (the partition key,
     else the idempotency key), or the next in turn.  With ``idempotency_key``
-    the body is stored once per key within the stream's window (one C call,
-    Log.ingest: the key and the batch under one lock; a replay returns the
-    batch the key stored before, flagged ``replayed``)."""
+    the body is stored once per key of ``token`` within the stream's window
+    (one C call, Log.ingest: the key and the batch under one lock; a replay
+    returns the batch the key stored before, flagged ``replayed``), in the
+    shard its first attempt went to, whatever partition key this one carries
+    (gateway.tenants.IdempotencyShards)."""
     log = runtime.log
     assert log is not None
     try:
         fmt, body = body_format(runtime, stream, kind, body)
         if idempotency_key is not None:
-            idem = IdempotencyKey.of(idempotency_key, runtime.config.idempotency_window(stream),
-                                     fmt.encode(), body)
+            window = runtime.config.idempotency_window(stream)
+            scoped = idempotency_key if token is None else f"{token.name}\n{idempotency_key}"
+            idem = IdempotencyKey.of(scoped, window, fmt.encode(), body)
+            if shard is None:
+                home = log.shard_for_key(stream, key if key is not None else idem.key)
+                shard = runtime.idempotency_shards.shard_of(
+                    xxhash.xxh3_128_digest(stream.encode() + b"\0" + idem.key), home,
+                    log.shard_count(stream), window)
             return log.ingest(stream, body, fmt, key=key, shard=shard, wait=wait,
                               idempotency=idem)
         if fmt == "lines":  # no per-line work at all

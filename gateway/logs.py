@@ -15,6 +15,7 @@ from typing import Any
 
 import orjson
 
+from .errors import clipped
 from .tokens import Token
 
 # Writes of at most PIPE_BUF bytes to a pipe are atomic: lines from several
@@ -22,6 +23,8 @@ from .tokens import Token
 PIPE_BUF = select.PIPE_BUF
 
 LOGGER = "comet.gateway.access"
+# Every field of a line is bounded (a path by errors.clipped, a token's name by its 64
+# characters), so that a line stays well within PIPE_BUF.
 REQUEST_LINE = (b'{"ts":%d.%06d,"level":"info","logger":"' + LOGGER.encode() + b'",'
                 b'"event":"request","method":"POST","path":%b,"status":%d,"events":%d,'
                 b'"ms":%.3f,"slot":%b,"client":%b%b}\n')
@@ -79,7 +82,7 @@ class AccessLog:
             if not named:
                 named = self.tokens[token.name] = b',"token":' + orjson.dumps(token.name)
         second, ns = divmod(ts_ns, 1_000_000_000)
-        return REQUEST_LINE % (second, ns // 1000, _quoted(self.paths, path), status, events,
+        return REQUEST_LINE % (second, ns // 1000, _quoted(self.paths, clipped(path)), status, events,
                                seconds * 1000, b"null" if slot is None else b"%d" % slot,
                                b"null" if address is None else _quoted(self.clients, str(address)),
                                named)

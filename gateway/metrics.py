@@ -41,15 +41,20 @@ METHODS = ("GET", "HEAD", "POST", "PUT", "DELETE", "other")
 CLASSES = ("1xx", "2xx", "3xx", "4xx", "5xx")
 STALL_WINDOW_S = 60
 """The stall gauges report the worst of the last this many seconds."""
+REFUSALS = ("header_too_large", "too_many_headers", "header_timeout", "body_timeout",
+            "idle_connection", "connection_limit", "tls_handshake", "auth_failed")
+"""Why a worker closed a connection or refused a request before the app answered it (or,
+for auth_failed, a request without an accepted token)."""
 
 # layout (u64 words): magic, per-status counts (+1 other), events accepted,
-# bytes received, the stall ring (per second: its monotonic second, the
+# bytes received, the refusals by reason, the stall ring (per second: its monotonic second, the
 # longest loop stall and the longest request, in ns), then the histogram: per
 # route, method and class, the buckets (+Inf last, not cumulative) and the sum in ns.
 STATUS_AT = 1
 EVENTS_AT = STATUS_AT + len(STATUSES) + 1
 BYTES_AT = EVENTS_AT + 1
-RING_AT = BYTES_AT + 1
+REFUSED_AT = BYTES_AT + 1
+RING_AT = REFUSED_AT + len(REFUSALS)
 HIST_AT = RING_AT + 3 * STALL_WINDOW_S
 SERIES_WORDS = len(BUCKETS) + 2
 SUM_OFFSET = len(BUCKETS) + 1
@@ -59,8 +64,9 @@ ROUTE_WORDS = len(METHODS) * METHOD_WORDS
 WORDS = HIST_AT + len(ROUTES) * ROUTE_WORDS
 # Derived from the layout: a file of another layout (an older gateway) starts from zero.
 MAGIC = zlib.crc32(repr((STATUSES, BUCKETS, ROUTES, METHODS, CLASSES, STALL_WINDOW_S,
-                         WORDS)).encode())
+                         REFUSALS, WORDS)).encode())
 STATUS_INDEX = {code: i for i, code in enumerate(STATUSES)}
+REFUSAL_INDEX = {reason: i for i, reason in enumerate(REFUSALS)}
 ROUTE_INDEX = {route: i for i, route in enumerate(ROUTES)}
 METHOD_INDEX = {method: i for i, method in enumerate(METHODS)}
 
@@ -94,8 +100,8 @@ class WorkerMetrics:
     @classmethod
     def open(cls, data_dir: str | os.PathLike[str], slot: int) -> WorkerMetrics:
         path = metrics_dir(data_dir) / f"metrics-{slot}.bin"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             if os.fstat(fd).st_size != WORDS * 8:
                 os.ftruncate(fd, WORDS * 8)
@@ -135,6 +141,10 @@ class WorkerMetrics:
         w[at + SUM_OFFSET] += ns
         if ns > self.longest_ns:
             self.longest_ns = ns
+
+    def refused(self, reason: str) -> None:
+        """A connection closed or a request refused for ``reason`` (one of REFUSALS)."""
+        self.words[REFUSED_AT + REFUSAL_INDEX[reason]] += 1
 
     def tick(self, stall_s: float, now: float | None = None) -> None:
         """The loop monitor woke ``stall_s`` late: into this second's slot of
@@ -282,8 +292,10 @@ def _stream_row(log: Log, name: str) -> tuple[str, list[float], list[GroupRow]] 
     return (name, [value(s) for _, _, value, _ in STORAGE_METRICS], groups)
 
 
-def render(log: Log, data_dir: str | os.PathLike[str]) -> str:
-    """The Prometheus text exposition of the storage and of every worker."""
+def render(log: Log, data_dir: str | os.PathLike[str],
+           readable: Callable[[str], bool] = lambda stream: True) -> str:
+    """The Prometheus text exposition of the storage and of every worker; of the
+    streams, those ``readable`` says the asker may read."""
     lines: list[str] = []
 
     def family(name: str, kind: str, help_text: str) -> None:
@@ -306,6 +318,17 @@ def render(log: Log, data_dir: str | os.PathLike[str]) -> str:
     family("comet_http_received_bytes_total", "counter", "Request body bytes received.")
     for slot, w in workers.items():
         lines.append(_line("comet_http_received_bytes_total", {"slot": slot}, w[BYTES_AT]))
+    family("comet_http_refused_total", "counter",
+           "Connections closed and requests refused before the app answered, by reason.")
+    for slot, w in workers.items():
+        for i, reason in enumerate(REFUSALS[:-1]):
+            lines.append(_line("comet_http_refused_total", {"slot": slot, "reason": reason},
+                               w[REFUSED_AT + i]))
+    family("comet_http_auth_failures_total", "counter",
+           "Requests without a bearer token where one is needed, or with one not accepted.")
+    for slot, w in workers.items():
+        lines.append(_line("comet_http_auth_failures_total", {"slot": slot},
+                           w[REFUSED_AT + REFUSAL_INDEX["auth_failed"]]))
     stalls = {slot: worst_stalls(w) for slot, w in workers.items()}
     family("comet_event_loop_stall_max_seconds", "gauge",
            f"Longest a worker's event loop was blocked in the last {STALL_WINDOW_S} s.")
@@ -319,7 +342,7 @@ def render(log: Log, data_dir: str | os.PathLike[str]) -> str:
     # One row of numbers per stream, its shards' stats let go at once: a
     # worker serving this for 10,000 streams of 16 shards must not hold
     # 160,000 shard records (hundreds of MiB) until the text is built.
-    rows = [row for name in log.streams() if (row := _stream_row(log, name))]
+    rows = [row for name in log.streams() if readable(name) and (row := _stream_row(log, name))]
     for i, (metric, kind, _, help_text) in enumerate(STORAGE_METRICS):
         family(metric, kind, help_text)
         for name, values, _ in rows:

@@ -216,14 +216,14 @@ class OtlpIngest:
         outcome = Outcome()
         headers: dict[str, str] = {}
         try:
-            outcome.token = auth.identify(head.authorization, runtime.config)
+            outcome.token = auth.identify(head.authorization, runtime.config, head.authorizations)
             auth.require(outcome.token, runtime.config, WRITE, head.stream)
             body = await self.handle(signal, head, receive, outcome)
             outcome.status = 200
         except HTTPError as exc:
             exc = retriable(exc, runtime.config.retry_after_s)
             outcome.status, headers = exc.status, exc.headers
-            errors_answered.answered(exc.status, exc.code, exc.detail, scope["path"], runtime.slot)
+            runtime.answered(exc, scope)
             body, media_type = status_body(exc, media_type)
         except ClientGone:
             return
@@ -257,9 +257,9 @@ class OtlpIngest:
                             f"Content-Type {head.content_type or '(none)'!r} is not accepted on "
                             f"/v1/{signal.name}; use {PROTOBUF} or {JSON}")
         encoding = encoding_of(head.encoding)
-        reserved = ingest.reserve(head)
+        reservation = ingest.reserve(head, outcome.token)
         try:
-            body = await read_body(receive, config.max_body_bytes, head.length)
+            body = await read_body(receive, config.max_body_bytes, head.length, reservation)
             offload = (encoding != "identity" or len(body) > INLINE_BODY_BYTES
                        or head.content_type == JSON)
             work: Callable[[], Decoded] = partial(
@@ -271,10 +271,11 @@ class OtlpIngest:
                 raise storage_error(exc, config.retry_after_s) from None
             if decoded.count:
                 work_store = partial(store, runtime, head.stream, EVENTS, decoded.events,
-                                     decoded.key, idempotency_key=head.idempotency_key)
+                                     decoded.key, idempotency_key=head.idempotency_key,
+                                     token=outcome.token)
                 await ingest.store(head.stream, work_store,
-                                   offload or config.storage.durability == "always")
+                                   offload or config.storage.durability == "always", outcome.token)
         finally:
-            runtime.release(reserved)
+            reservation.release()
         outcome.events = decoded.count
         return answer(signal, head.content_type, decoded)

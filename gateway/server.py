@@ -40,6 +40,7 @@ import os
 import resource
 import signal
 import ssl
+import stat
 from typing import Any, Callable, cast
 
 from gunicorn import systemd
@@ -207,16 +208,38 @@ def gunicorn_settings(config: GatewayConfig) -> dict[str, Any]:
         "logconfig_dict": LOGGING,
         "proc_name": "comet-gateway",
         "post_worker_init": post_worker_init,
-        "when_ready": lambda _arbiter: warn_if_plaintext(config),  # once, at start, logging set up
+        "when_ready": lambda _arbiter: warn_at_start(config),  # once, at start, logging set up
     }
 
 
-def warn_if_plaintext(config: GatewayConfig) -> None:
+def warn_at_start(config: GatewayConfig) -> None:
+    """One warning for each thing the operator set up in a way that exposes
+    what the gateway guards."""
     if config.tls is None and not is_loopback(config.host):
         event(log, "plaintext_listener", logging.WARNING, host=config.host, port=config.port,
               risk="tokens and events cross the network in clear text",
               action="set tls_cert_file and tls_key_file, or bind to loopback behind a "
                      "TLS-terminating proxy")
+    if config.tokens_unenforced:
+        event(log, "tokens_not_enforced", logging.WARNING, auth=config.auth, host=config.host,
+              tokens=len(config.tokens),
+              risk="tokens are configured but not asked for: any client may read and write "
+                   "every stream",
+              action='set auth = "on" (COMET_AUTH=on) to require them')
+    for setting in ("tls_key_file", "tokens_file"):
+        path = str(getattr(config, setting))
+        mode = file_mode(path) if path else None
+        if mode is not None and mode & 0o004:
+            event(log, "secret_readable_by_others", logging.WARNING, setting=setting, path=path,
+                  mode=f"{mode:04o}", risk="every local user can read it",
+                  action=f"chmod 600 {path} (or 640 with a group of the gateway's user)")
+
+
+def file_mode(path: str) -> int | None:
+    try:
+        return stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:
+        return None
 
 
 def tls_settings(tls: TlsMaterial | None) -> dict[str, Any]:

@@ -102,7 +102,7 @@ def prepare_data_dir(path: str) -> list[Path]:
     created = [p for p in [*reversed(target.parents), target] if not p.exists()]
     if not target.is_dir():
         try:
-            target.mkdir(parents=True)
+            target.mkdir(parents=True, mode=0o700)  # the storage's own mode (FORMAT.md, Modes)
         except FileExistsError:
             raise StartError(f"data directory {path} is a file, not a directory: choose "
                              f"another ({WHERE_TO_CHOOSE})") from None
@@ -151,8 +151,10 @@ def hold_data_dir(path: str, host: str, port: int) -> int:
     lock_dir = Path(path) / ".gateway"
     lock_path = lock_dir / LOCK_NAME
     try:
-        lock_dir.mkdir(exist_ok=True)
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        lock_dir.mkdir(mode=0o700, exist_ok=True)
+        # Only this user may open it: anyone who can open it could flock it, and so keep
+        # every gateway off the directory.
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     except OSError as exc:
         raise StartError(f"data directory {path}: cannot open {lock_path}: "
                          f"{exc.strerror or exc}; it must belong to user {_user()}") from None

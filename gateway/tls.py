@@ -16,6 +16,10 @@ A handshake that fails (no client certificate where mutual TLS wants one, a
 client CA the gateway does not trust, a TLS version below the floor) sends
 the client OpenSSL's alert before the connection closes
 (``AlertingSSLObject``), so that the client reports why, not an empty reply.
+
+TLS 1.2 connections get only AEAD suites with forward secrecy (no CBC); every
+failed handshake is also reported to ``handshake_failures``: the event loops
+drop it without a word (asyncio and uvloop log it only in debug mode).
 """
 
 from __future__ import annotations
@@ -27,6 +31,24 @@ from dataclasses import dataclass
 from typing import Any
 
 TLS_FLOOR = ssl.TLSVersion.TLSv1_2
+TLS12_CIPHERS = "ECDHE+AESGCM:ECDHE+CHACHA20"
+"""TLS 1.2 suites: ECDHE key exchange, AES-GCM or ChaCha20-Poly1305 (TLS 1.3's are all AEAD)."""
+
+
+class HandshakeFailures:
+    """Where refused handshakes are reported: ``refusals`` (gateway.limits.Refusals,
+    set by the worker) counts and logs them; None: nowhere."""
+
+    refusals: Any = None
+
+    def failed(self, exc: ssl.SSLError) -> None:
+        if self.refusals is not None:
+            reason = exc.reason or type(exc).__name__
+            self.refusals.refused("tls_handshake", None, cause=reason, error=reason,
+                                  detail=getattr(exc, "verify_message", None) or str(exc))
+
+
+handshake_failures = HandshakeFailures()
 
 
 class TlsError(ValueError):
@@ -53,6 +75,7 @@ class TlsMaterial:
         certificate signed by it required at the handshake."""
         ctx = AlertingContext(ssl.PROTOCOL_TLS_SERVER)
         ctx.minimum_version = TLS_FLOOR
+        ctx.set_ciphers(TLS12_CIPHERS)
         with ExitStack() as files:
             cert = files.enter_context(_memory_file("comet-tls-cert", self.cert))
             key = files.enter_context(_memory_file("comet-tls-key", self.key))
@@ -84,7 +107,8 @@ class TlsMaterial:
 
 
 class AlertingSSLObject(ssl.SSLObject):
-    """An SSLObject whose failed handshake first lets its alert out.
+    """An SSLObject whose failed handshake is reported (handshake_failures),
+    and first lets its alert out.
 
     The event loops' TLS layers (asyncio's and uvloop's alike) close the
     connection as soon as ``do_handshake`` raises, before they send what
@@ -106,6 +130,7 @@ class AlertingSSLObject(ssl.SSLObject):
         except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
             raise
         except ssl.SSLError as exc:
+            handshake_failures.failed(exc)
             if self.outgoing is None or not self.outgoing.pending:
                 raise
             self._failure = exc

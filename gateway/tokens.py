@@ -11,8 +11,10 @@
 
 Only the SHA-256 of each secret is kept.  A presented token is hashed once and
 looked up by its digest (``Tokens.identify``); what a token may do is asked of
-``Tokens.allows``, whose answers per (token, scope, stream) are remembered: a
-worker sees a few tokens and a few streams, many times each.
+``Tokens.allows``, whose answers per (token, scope, stream) are remembered for
+names a stream can have (at most 64 characters, so the cache stays within a
+few MiB however long the names clients send): a worker sees a few tokens and a
+few streams, many times each.
 """
 
 from __future__ import annotations
@@ -46,11 +48,13 @@ class Token:
     write: tuple[str, ...] = ()
     read: tuple[str, ...] = ()
     admin: bool = False
+    length: int | None = field(default=None, repr=False, compare=False)
+    """The secret's length in characters, when the configuration holds the secret itself."""
 
     @classmethod
     def plain(cls, name: str, secret: str) -> Token:
         """A token of the plain list: every scope, as before tokens had scopes."""
-        return cls(name, digest_of(secret.encode()), EVERY_STREAM, EVERY_STREAM, True)
+        return cls(name, digest_of(secret.encode()), EVERY_STREAM, EVERY_STREAM, True, len(secret))
 
     def patterns(self, scope: str) -> tuple[str, ...]:
         return self.write if scope == WRITE else self.read
@@ -89,16 +93,19 @@ def _entry(item: Any, n: int, where: str) -> str | Token:
         if not isinstance(secret, str) or not secret:
             raise TokenError(f"{label}: token must be a non-empty string")
         digest = digest_of(secret.encode())
+        length: int | None = len(secret)
     else:
         hexed = item["sha256"]
         if not isinstance(hexed, str) or len(hexed) != 64 or not HEX.issuperset(hexed):
             raise TokenError(f"{label}: sha256 must be 64 hexadecimal digits "
                              "(printf %s 'secret' | sha256sum)")
         digest = bytes.fromhex(hexed)
+        length = None
     admin = item.get("admin", False)
     if not isinstance(admin, bool):
         raise TokenError(f"{label}: admin must be true or false")
-    return Token(name, digest, _patterns(item, WRITE, label), _patterns(item, READ, label), admin)
+    return Token(name, digest, _patterns(item, WRITE, label), _patterns(item, READ, label), admin,
+                 length)
 
 
 def _patterns(item: dict[str, Any], scope: str, label: str) -> tuple[str, ...]:
@@ -113,6 +120,7 @@ class Tokens:
     """The accepted tokens of one configuration, by the digest of their secret."""
 
     CACHED = 10_000
+    CACHED_NAME_CHARS = 64  # the longest stream name (storage_c.check_stream_name)
 
     def __init__(self, entries: Iterable[str | Token]) -> None:
         self.tokens: list[Token] = []
@@ -151,6 +159,8 @@ class Tokens:
         allowed = self._allowed.get(key)
         if allowed is None:
             allowed = any(fnmatchcase(stream, p) for p in token.patterns(scope))
-            if len(self._allowed) < self.CACHED:
+            if len(stream) <= self.CACHED_NAME_CHARS:
+                if len(self._allowed) >= self.CACHED:
+                    self._allowed.pop(next(iter(self._allowed)))  # the oldest answer
                 self._allowed[key] = allowed
         return allowed

@@ -35,8 +35,10 @@ from uvicorn_worker import UvicornWorker
 
 from storage_c.jsonlog import event
 
+from .limits import Limits
 from .listeners import master_holds, refuse_new_connections, take_queued
 from .protocol import CometHttpProtocol
+from .tls import handshake_failures
 
 log = logging.getLogger("comet.gateway.worker")
 
@@ -58,15 +60,32 @@ class CometServer(Server):
     HANDSHAKE_S = 0.2
     FORCING = (signal.SIGINT, signal.SIGQUIT)
 
-    def __init__(self, config: Any, on_stop: Callable[[], None] = lambda: None) -> None:
+    def __init__(self, config: Any, on_stop: Callable[[], None] = lambda: None,
+                 limits: Limits | None = None) -> None:
         super().__init__(config)
         self.on_stop = on_stop
+        self.limits = limits or Limits()
+        self.server_state.limits = self.limits  # type: ignore[attr-defined]  # ours, read by getattr
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self.should_exit and sig in self.FORCING:
             self.force_exit = True
         self.should_exit = True
         self.on_stop()
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        """uvicorn's startup, whose listeners also bound the TLS handshake
+        (header_timeout_s: asyncio's default keeps a silent TLS connection 60 s)."""
+        if sockets is None:
+            await super().startup(sockets)
+            return
+        await super().startup(sockets=[])  # the lifespan; no listener yet
+        loop = asyncio.get_running_loop()
+        tls = self.config.ssl
+        for sock in sockets:
+            self.servers.append(await loop.create_server(
+                self._protocol, sock=sock, ssl=tls, backlog=self.config.backlog,
+                ssl_handshake_timeout=self.limits.header_timeout_s if tls is not None else None))
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         self.server_state.draining = True  # type: ignore[attr-defined]  # ours, read by getattr
@@ -112,10 +131,14 @@ class CometWorker(UvicornWorker):
         # Cancel what still runs a little before gunicorn's SIGKILL, so that the
         # lifespan shutdown (sync, release the slot) always runs.
         self.config.timeout_graceful_shutdown = max(1, int(self.cfg.graceful_timeout) - 5)
+        self.config.server_header = False  # which server and version: nothing a client needs
 
     async def _serve(self) -> None:
         self.config.app = self.wsgi
-        server = CometServer(self.config, on_stop=self.wsgi.runtime.stop_waiting)
+        runtime = self.wsgi.runtime  # gateway.app.GatewayApp
+        handshake_failures.refusals = runtime.refusals
+        server = CometServer(self.config, on_stop=runtime.stop_waiting,
+                             limits=Limits.of(runtime.config, runtime.refusals))
         # uvicorn-worker's own QUIT handler only marks gunicorn's worker as
         # stopping, which the uvicorn server never looks at.  A plain handler,
         # as uvicorn's for INT and TERM: Python runs pending ones in signal

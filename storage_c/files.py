@@ -14,8 +14,10 @@ spark-ship`` alike.
 
 from __future__ import annotations
 
+import grp
 import os
 import re
+import stat
 import time
 from pathlib import Path
 
@@ -27,6 +29,21 @@ STALE_TEMP_AGE_S = 3600.0
 renames its file within seconds (one fsync), so a live process under that
 pid an hour on is another one that reused it (a restarted container's
 process 1, say)."""
+
+
+def share_data_dir(directory: str | os.PathLike[str], group: str) -> None:
+    """Shares a data directory (made if missing) with ``group``: owned by that
+    group, mode 02770.  The set-group-ID bit makes what the storage creates in
+    it the group's as well, with the group's read and write (storage_c/FORMAT.md,
+    Modes); without it everything is the owner's alone (0700, 0600).  KeyError
+    for a group that does not exist."""
+    gid = grp.getgrnam(group).gr_gid
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    st = os.stat(directory)
+    if st.st_gid != gid:
+        os.chown(directory, -1, gid)
+    if stat.S_IMODE(st.st_mode) != 0o2770:
+        os.chmod(directory, 0o2770)
 
 
 def pid_alive(pid: int) -> bool:

@@ -97,9 +97,9 @@ def test_posts_lists_and_bytes_and_raises_the_gateways_detail(data_dir: Path) ->
 
 
 def test_token_is_sent(data_dir: Path) -> None:
-    with GatewayProcess(data_dir, env={**SMALL, "COMET_AUTH": "on", "COMET_TOKENS": "t0k"}) as server:
+    with GatewayProcess(data_dir, env={**SMALL, "COMET_AUTH": "on", "COMET_TOKENS": "t0ken-t0ken"}) as server:
         server.wait_ready()
-        with CometClient(server.url, "t0k") as client:
+        with CometClient(server.url, "t0ken-t0ken") as client:
             assert client.post("ev", [{"a": 1}]).count == 1
         with CometClient(server.url, "wrong") as client, pytest.raises(CometHTTPError) as no:
             client.post("ev", [{"a": 1}])

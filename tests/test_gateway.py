@@ -227,7 +227,7 @@ def test_unknown_stream_without_auto_create(data_dir: Path) -> None:
 
 
 def test_auth(data_dir: Path) -> None:
-    cfg = config(data_dir, auth="on", tokens=("s3cret", "other"))
+    cfg = config(data_dir, auth="on", tokens=("s3cret-token", "other-token"))
     with TestClient(create_app(cfg)) as c:
         r = c.post("/streams/ev", content=b"{}", headers=JSON)
         assert_error(r, 401, "unauthorized")
@@ -238,7 +238,7 @@ def test_auth(data_dir: Path) -> None:
                      403, "forbidden")
         assert_error(c.get("/metrics", headers={"authorization": "Bearer nope"}), 403, "forbidden")
         assert c.get("/healthz").status_code == 200  # probes stay open
-        ok = c.post("/streams/ev", content=b"{}", headers={**JSON, "authorization": "Bearer s3cret"})
+        ok = c.post("/streams/ev", content=b"{}", headers={**JSON, "authorization": "Bearer s3cret-token"})
         assert ok.status_code == 202
     assert stored(data_dir, "ev") == [b"{}"]
 
@@ -246,7 +246,7 @@ def test_auth(data_dir: Path) -> None:
 def test_auth_defaults() -> None:
     assert not GatewayConfig(host="127.0.0.1").auth_required
     assert not GatewayConfig(host="::1").auth_required
-    assert GatewayConfig(host="0.0.0.0", tokens=("t",)).auth_required
+    assert GatewayConfig(host="0.0.0.0", tokens=("t0ken-t0ken",)).auth_required
     assert not GatewayConfig(host="0.0.0.0", auth="off").auth_required
     with pytest.raises(ValueError, match="no tokens"):
         GatewayConfig(auth="on")

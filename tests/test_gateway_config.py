@@ -18,7 +18,7 @@ data_dir = "/srv/comet"
 host = "0.0.0.0"
 port = 9000
 workers = 3
-tokens = ["a", "b"]
+tokens = ["alpha-secret", "bravo-secret"]
 validate = true
 
 [storage]
@@ -29,9 +29,9 @@ retention_max_total_bytes = 1073741824
 [streams.metrics]
 validate = false
 ''')
-    cfg = load(toml, env={"COMET_PORT": "9100", "COMET_STORAGE_SHARDS": "4", "COMET_TOKENS": "x, y"})
+    cfg = load(toml, env={"COMET_PORT": "9100", "COMET_STORAGE_SHARDS": "4", "COMET_TOKENS": "x-secret, y-secret"})
     assert (cfg.data_dir, cfg.host, cfg.port, cfg.workers) == ("/srv/comet", "0.0.0.0", 9100, 3)
-    assert cfg.tokens == ("x", "y") and cfg.auth_required
+    assert cfg.tokens == ("x-secret", "y-secret") and cfg.auth_required
     assert cfg.storage.shards == 4 and cfg.storage.durability == "always"
     assert cfg.storage.retention_max_total_bytes == 1 << 30
     assert cfg.validates("events") and not cfg.validates("metrics")
@@ -86,7 +86,7 @@ def test_non_loopback_bind_without_tokens_is_refused_at_start() -> None:
     with pytest.raises(ConfigError, match="not loopback, so tokens are required"):
         load(None, env={"COMET_HOST": "0.0.0.0"})
     assert not load(None, env={"COMET_HOST": "0.0.0.0", "COMET_AUTH": "off"}).auth_required
-    assert load(None, env={"COMET_HOST": "0.0.0.0", "COMET_TOKENS": "t"}).auth_required
+    assert load(None, env={"COMET_HOST": "0.0.0.0", "COMET_TOKENS": "t0ken-t0ken"}).auth_required
 
 
 @pytest.mark.parametrize("text, message", [
@@ -132,19 +132,19 @@ def test_tokens_by_secret_by_hash_and_from_a_file(tmp_path: Path) -> None:
     tokens.write_text(f'[[tokens]]\nname = "edge"\nsha256 = "{SHA.upper()}"\nwrite = ["logs-*"]\n'
                       '\n[[tokens]]\nname = "ops"\ntoken = "ops-secret"\nadmin = true\n')
     toml = tmp_path / "comet.toml"
-    toml.write_text(f'auth = "on"\ntokens = ["alpha-secret", "b"]\ntokens_file = "{tokens}"\n')
+    toml.write_text(f'auth = "on"\ntokens = ["alpha-secret", "bravo-secret"]\ntokens_file = "{tokens}"\n')
     access = load(toml, env={}).access
     by_name = {t.name: t for t in access.tokens}
     assert list(by_name) == ["token-1", "token-2", "edge", "ops"]
     assert by_name["token-1"].write == by_name["token-1"].read == ("*",) and by_name["token-2"].admin
     assert (by_name["edge"].write, by_name["edge"].read, by_name["edge"].admin) == (("logs-*",), (), False)
     assert access.identify(b"s3cret") is by_name["edge"] and access.identify(b"ops-secret") is by_name["ops"]
-    assert access.identify(b"b") is by_name["token-2"] and access.identify(b"nope") is None
+    assert access.identify(b"bravo-secret") is by_name["token-2"] and access.identify(b"nope") is None
     assert access.allows(by_name["edge"], "write", "logs-1")
     assert not access.allows(by_name["edge"], "write", "metrics")
     assert not access.allows(by_name["edge"], "read", "logs-1")
     # the environment's plain list replaces the file's; the tokens_file's still count
-    names = [t.name for t in load(toml, env={"COMET_TOKENS": "x,y,z"}).access.tokens]
+    names = [t.name for t in load(toml, env={"COMET_TOKENS": "x-secret,y-secret,z-secret"}).access.tokens]
     assert names == ["token-1", "token-2", "token-3", "edge", "ops"]
     shown = repr(load(toml, env={}))
     assert "alpha-secret" not in shown and "ops-secret" not in shown and "digest" not in shown
@@ -205,7 +205,7 @@ def test_a_tokens_file_that_is_missing_or_broken_is_named(tmp_path: Path) -> Non
 
 
 def test_a_tokens_file_alone_satisfies_auth_on(tmp_path: Path) -> None:
-    (tmp_path / "t.toml").write_text(table(name="a", token="x", read=["*"]))
+    (tmp_path / "t.toml").write_text(table(name="a", token="x-secret", read=["*"]))
     cfg = load(None, env={"COMET_AUTH": "on", "COMET_TOKENS_FILE": str(tmp_path / "t.toml")})
     assert [t.name for t in cfg.access.tokens] == ["a"]
     (tmp_path / "t.toml").write_text("")

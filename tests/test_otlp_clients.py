@@ -340,10 +340,11 @@ def test_sdk_retries_a_full_disk_503_and_stores_once(tmp_path: Path) -> None:
 
 class Held:
     """A request holding its worker's in-flight budget: POST /streams/held
-    with a chunked body (reserving max_body_bytes) of which only a part was
-    sent, on a connection first asked GET /readyz to learn its worker."""
+    declaring a body of ``length`` bytes (the whole budget) of which only a part
+    was sent, on a connection first asked GET /readyz to learn its worker."""
 
-    def __init__(self, port: int) -> None:
+    def __init__(self, port: int, length: int = 0) -> None:
+        self.body = b'{"a":1}' + b" " * max(0, length - 7)
         self.sock = socket.create_connection(("127.0.0.1", port), timeout=10)
         self.sock.sendall(b"GET /readyz HTTP/1.1\r\nhost: gw\r\n\r\n")
         self.slot = int(json.loads(self.response())["slot"])
@@ -361,12 +362,11 @@ class Held:
         return body
 
     def hold(self) -> None:
-        self.sock.sendall(b"POST /streams/held HTTP/1.1\r\nhost: gw\r\n"
-                          b"content-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n"
-                          b"5\r\n{\"a\":\r\n")
+        self.sock.sendall(b"POST /streams/held HTTP/1.1\r\nhost: gw\r\ncontent-type: application/json\r\n"
+                          b"content-length: %d\r\n\r\n" % len(self.body) + self.body[:5])
 
     def release(self) -> bytes:
-        self.sock.sendall(b"2\r\n1}\r\n0\r\n\r\n")
+        self.sock.sendall(self.body[5:])
         return self.response()
 
     def close(self) -> None:
@@ -374,15 +374,16 @@ class Held:
 
 
 def test_sdk_retries_a_429_of_the_inflight_budget_and_stores_once(tmp_path: Path) -> None:
-    limit = 1 << 20  # a chunked body reserves max_body_bytes: all of the budget
-    env = {**SMALL, "COMET_MAX_BODY_BYTES": str(limit), "COMET_INFLIGHT_BYTES": str(limit)}
+    limit = 1 << 20  # a body declaring this much holds all of the budget
+    env = {**SMALL, "COMET_MAX_BODY_BYTES": str(limit), "COMET_INFLIGHT_BYTES": str(limit),
+           "COMET_BODY_TIMEOUT_S": "600"}  # the held bodies wait for the test, not the client
     with GatewayProcess(tmp_path / "data", workers=2, env=env) as server:
         server.wait_ready()
         held: dict[int, Held] = {}
         probes: dict[int, Held] = {}
         try:
             while len(held) < 2:  # one held request on each worker
-                conn = Held(server.port)
+                conn = Held(server.port, limit)
                 if conn.slot in held:
                     conn.close()
                 else:

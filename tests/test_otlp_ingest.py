@@ -218,7 +218,7 @@ def test_a_body_above_the_limit_without_content_length_is_chunked(client: TestCl
 
 @pytest.mark.parametrize("media", ["application/x-protobuf", "application/json"])
 def test_tokens(data_dir: Path, media: str) -> None:
-    with TestClient(create_app(config(data_dir, auth="on", tokens=("s3cret",)))) as c:
+    with TestClient(create_app(config(data_dir, auth="on", tokens=("s3cret-token",)))) as c:
         body = GOOD if media == PROTOBUF["content-type"] else b"{}"
         r = c.post("/v1/logs", content=body, headers={"content-type": media})
         assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
@@ -229,7 +229,7 @@ def test_tokens(data_dir: Path, media: str) -> None:
         assert status_of(r, media) == (7, "this token is not accepted")  # PERMISSION_DENIED
         assert everything(data_dir) == {s: [] for s in STREAMS.values()}
         r = c.post("/v1/logs", content=body, headers={"content-type": media,
-                                                      "authorization": "Bearer s3cret"})
+                                                      "authorization": "Bearer s3cret-token"})
         assert r.status_code == 200
     assert len(stored(data_dir, "otel-logs")) == (3 if media == PROTOBUF["content-type"] else 0)
 

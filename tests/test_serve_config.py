@@ -52,16 +52,16 @@ def test_hup_says_what_it_reloaded_and_keeps_what_needs_a_restart(tmp_path: Path
     data directory, address and workers keep their running values, with a warning."""
     conf, port = tmp_path / "comet.toml", free_port()
     conf.write_text(f'data_dir = "{tmp_path}/data"\nport = {port}\nworkers = 1\n'
-                    'auth = "on"\ntokens = ["first"]\n')
+                    'auth = "on"\ntokens = ["first-token"]\n')
     with ServerProcess([str(COMET), "serve", "--config", str(conf)], port, workers=1,
                        log_path=tmp_path / "serve.log", env=SMALL) as server:
         server.wait_ready()
         conf.write_text(f'data_dir = "{tmp_path}/other"\nport = {free_port()}\nworkers = 2\n'
-                        'auth = "on"\ntokens = ["first", "second"]\nmax_body_bytes = 4096\n')
+                        'auth = "on"\ntokens = ["first-token", "second-token"]\nmax_body_bytes = 4096\n')
         server.reload_workers()
         assert len(server.worker_pids()) == 1
         status, _, _ = server.request("POST", "/streams/ev", b"{}",
-                                      {**JSON, "authorization": "Bearer second"})
+                                      {**JSON, "authorization": "Bearer second-token"})
         assert status == 202
         assert server.stop() == 0
     [warning] = events(server.log_path, "reload_needs_restart")

@@ -375,8 +375,8 @@ def test_a_half_done_renewal_at_hup_keeps_the_running_certificate(tmp_path: Path
 
 @pytest.mark.parametrize("bind, tls, auth, warned", [
     ("0.0.0.0", False, {"COMET_AUTH": "off"}, 1),
-    ("0.0.0.0", False, {"COMET_TOKENS": "t0ken"}, 1),
-    ("0.0.0.0", True, {"COMET_TOKENS": "t0ken"}, 0),
+    ("0.0.0.0", False, {"COMET_TOKENS": "t0ken-t0ken"}, 1),
+    ("0.0.0.0", True, {"COMET_TOKENS": "t0ken-t0ken"}, 0),
     (HOST, False, {}, 0),
 ], ids=["any-auth-off", "any-tokens", "any-tls", "loopback"])
 def test_a_plaintext_listener_beyond_loopback_is_warned_of_once(tmp_path: Path, pki: Pki, bind: str,

@@ -215,7 +215,7 @@ int comet_open(const char *path, const comet_config *cfg, comet_db **out)
     if (sys_stat(path, &sb)) {
         if (errno != ENOENT || !(cfg->flags & COMET_OPEN_CREATE))
             return set_errno_error(errno, "cannot open data directory %s", path);
-        if (sys_mkdir(path, 0755) && errno != EEXIST)
+        if (sys_mkdir(path, 0700) && errno != EEXIST)
             return set_errno_error(errno, "cannot create data directory %s", path);
         char parent[COMET_PATH_MAX]; /* its name must survive a power cut too */
         strcpy(parent, path);
@@ -232,6 +232,7 @@ int comet_open(const char *path, const comet_config *cfg, comet_db **out)
     } else if (!S_ISDIR(sb.st_mode)) {
         return set_error(COMET_E_INVALID, "%s is not a directory", path);
     }
+    restrict_data_dir(path);
     remove_deleted_leftovers(path);
     comet_db *db = sys_calloc(1, sizeof *db);
     if (!db)

@@ -113,13 +113,47 @@ int preallocate(int fd, uint64_t size, const char *path)
     return 0;
 }
 
+static int is_shared(const char *dir)
+{
+    struct stat sb;
+    return sys_stat(dir, &sb) == 0 && (sb.st_mode & S_ISGID);
+}
+
+int open_new(const char *path, int flags, const char *dir)
+{
+    int shared = is_shared(dir);
+    int fd = sys_open(path, flags, shared ? 0660 : 0600);
+    if (fd >= 0 && shared)
+        sys_fchmod(fd, 0660); /* the umask may have taken the group's write; another member's file stays */
+    return fd;
+}
+
+int make_dir(const char *path, const char *dir)
+{
+    int shared = is_shared(dir);
+    int rc = sys_mkdir(path, shared ? 02770 : 0700);
+    if (rc == 0 && shared)
+        sys_chmod(path, 02770);
+    return rc;
+}
+
+void restrict_data_dir(const char *path)
+{
+    struct stat sb;
+    if (sys_stat(path, &sb) || sb.st_uid != geteuid())
+        return;
+    mode_t keep = (sb.st_mode & S_ISGID) ? (mode_t)(S_ISGID | 0770) : (mode_t)0700;
+    if (sb.st_mode & 07777 & ~keep)
+        sys_chmod(path, sb.st_mode & keep);
+}
+
 int create_file_exclusive(const char *dir, const char *name, const void *data, size_t len)
 {
     char tmp[COMET_PATH_MAX], final[COMET_PATH_MAX];
     if (path_format(tmp, "%s/.%s.%ld.tmp", dir, name, (long)getpid()) ||
         path_format(final, "%s/%s", dir, name))
         return set_error(COMET_E_INVALID, "path too long: %s/%s", dir, name);
-    int fd = sys_open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    int fd = open_new(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, dir);
     if (fd < 0)
         return set_errno_error(errno, "cannot create %s", tmp);
     int err = 0; /* the errno value of the first failure */

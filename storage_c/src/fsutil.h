@@ -45,6 +45,24 @@ int preallocate(int fd, uint64_t size, const char *path);
 #define FILE_EXISTS 1
 int create_file_exclusive(const char *dir, const char *name, const void *data, size_t len);
 
+/* Modes of what the core creates (FORMAT.md, "Modes"): the owner's alone
+ * (files 0600, directories 0700), or, inside a directory shared with a group
+ * (its set-group-ID bit, which the directories made in it inherit), the
+ * group's as well (0660, 02770) whatever the umask.  Nobody else may open a
+ * file of the data directory: a process that can open a file read-only can
+ * still flock() it, or take an OFD read lock on it, against the writers.
+ *
+ * open_new: sys_open of path with flags (which hold O_CREAT) in dir, with
+ * that mode; make_dir: sys_mkdir of path in dir, with that mode (errno
+ * EEXIST when it exists).  Both return what the call returned. */
+int open_new(const char *path, int flags, const char *dir);
+int make_dir(const char *path, const char *dir);
+/* Takes away what the data directory's mode grants beyond that rule (group
+ * bits of an unshared directory, anything for others) when this user owns it:
+ * a data directory made by an older build with the umask's 0755 keeps every
+ * other user out from then on. */
+void restrict_data_dir(const char *path);
+
 /* Disk space a file takes (allocated blocks, what du counts), 0 when it is
  * missing: the one measure of disk use (retention's budgets, comet stat). */
 uint64_t file_disk_bytes(const char *path);

@@ -48,7 +48,7 @@ static int write_index(const char *dir, uint32_t shard_id, uint64_t base, uint32
     segment_path(final, dir, base, INDEX_SUFFIX);
     if (path_format(tmp, "%s.%ld%s", final, (long)getpid(), TEMP_SUFFIX))
         return set_error(COMET_E_INVALID, "path too long: %s", final);
-    int fd = sys_open(tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    int fd = open_new(tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, dir);
     if (fd < 0)
         return set_errno_error(errno, "cannot create index %s", tmp);
     uint64_t full = file_bytes(capacity);

@@ -58,6 +58,9 @@ int comet_validate_group_name(const char *name, size_t len)
         return set_error(COMET_E_GROUP_NAME,
                          "group name '%.*s...' is %zu bytes; the limit is %d (names are never cut)",
                          20, name, len, GROUP_NAME_MAX);
+    if ((len == 1 && name[0] == '.') || (len == 2 && name[0] == '.' && name[1] == '.'))
+        return set_error(COMET_E_GROUP_NAME, "group name '%.*s' names a directory, not a group",
+                         (int)len, name); /* a group's name is a path segment of comet ship's */
     for (size_t i = 0; i < len; i++) {
         unsigned char c = (unsigned char)name[i];
         if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
@@ -102,7 +105,8 @@ static int offsets_map(shard *sh, int create)
     char path[COMET_PATH_MAX];
     if (path_format(path, "%s/%s", sh->dir, OFFSETS_NAME))
         return set_error(COMET_E_INVALID, "path too long in %s", sh->dir);
-    int fd = sys_open(path, O_RDWR | O_CLOEXEC | (create ? O_CREAT : 0), 0644);
+    int fd = create ? open_new(path, O_RDWR | O_CLOEXEC | O_CREAT, sh->dir)
+                    : sys_open(path, O_RDWR | O_CLOEXEC, 0);
     if (fd < 0 && errno == ENOENT && !create)
         return OFFSETS_NONE;
     if (fd < 0)

@@ -74,7 +74,7 @@ int segment_create(const char *dir, uint32_t shard_id, uint64_t base, uint64_t c
                           index_interval, capacity);
     if (rc)
         return rc;
-    int fd = sys_open(tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    int fd = open_new(tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, dir);
     if (fd < 0) {
         rc = set_errno_error(errno, "cannot create segment %s", tmp);
         goto fail;

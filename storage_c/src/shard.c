@@ -65,7 +65,7 @@ int shard_open_files(shard *sh)
 {
     forget_last_open(sh);
     int rc;
-    if (sys_mkdir(sh->dir, 0755) && errno != EEXIST) {
+    if (make_dir(sh->dir, sh->stream->dir) && errno != EEXIST) {
         rc = set_errno_error(errno, "cannot create %s", sh->dir);
         goto fail;
     }
@@ -74,7 +74,7 @@ int shard_open_files(shard *sh)
     sh->dir_ticket = atomic_fetch_add(&sh->stream->dir_made, 1) + 1;
     char path[COMET_PATH_MAX];
     path_format(path, "%s/%s", sh->dir, STATE_NAME); /* sh->dir leaves room: see comet_open */
-    sh->state_fd = sys_open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    sh->state_fd = open_new(path, O_RDWR | O_CREAT | O_CLOEXEC, sh->dir);
     if (sh->state_fd < 0) {
         rc = set_errno_error(errno, "cannot open %s", path);
         goto fail;

@@ -90,7 +90,7 @@ int comet_claim_slot(comet_db *db, int want)
     char path[COMET_PATH_MAX];
     if (path_format(path, "%s/%s", db->path, SLOTS_NAME))
         return set_error(COMET_E_INVALID, "data directory path too long");
-    int fd = sys_open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    int fd = open_new(path, O_RDWR | O_CREAT | O_CLOEXEC, db->path);
     if (fd < 0)
         return set_errno_error(errno, "cannot open %s", path);
     int rc = ofd_lock(fd, path, SLOTS_HEADER_LOCK_BYTE, 1, F_WRLCK, 1);

@@ -143,7 +143,7 @@ static int stream_create(comet_db *db, const char *name, const char *dir, uint32
         }
     }
     int rc = 0;
-    if (sys_mkdir(dir, 0755) && errno != EEXIST)
+    if (make_dir(dir, db->path) && errno != EEXIST)
         rc = set_errno_error(errno, "cannot create stream directory %s", dir);
     int made = rc ? 0 : create_meta(dir, shards); /* FILE_EXISTS: another process won */
     if (made < 0)

@@ -237,6 +237,9 @@ static int real_mkdir(const char *path, mode_t mode)
     return fault(COMET_FAULT_NAME, NULL) ? -1 : mkdir(path, mode);
 }
 
+static int real_chmod(const char *path, mode_t mode) { return chmod(path, mode); }
+static int real_fchmod(int fd, mode_t mode) { return fchmod(fd, mode); }
+
 static int real_unlink(const char *path) { return fault(COMET_FAULT_REMOVE, NULL) ? -1 : unlink(path); }
 static int real_rmdir(const char *path) { return fault(COMET_FAULT_REMOVE, NULL) ? -1 : rmdir(path); }
 static DIR *real_opendir(const char *path) { return fault(COMET_FAULT_OPEN, NULL) ? NULL : opendir(path); }
@@ -284,6 +287,8 @@ comet_sys_table comet_sys = {
     .link = real_link,
     .unlink = real_unlink,
     .mkdir = real_mkdir,
+    .chmod = real_chmod,
+    .fchmod = real_fchmod,
     .rmdir = real_rmdir,
     .opendir = real_opendir,
     .readdir = real_readdir,

@@ -66,6 +66,8 @@ typedef struct comet_sys_table {
     int (*link)(const char *from, const char *to);
     int (*unlink)(const char *path);
     int (*mkdir)(const char *path, mode_t mode);
+    int (*chmod)(const char *path, mode_t mode);
+    int (*fchmod)(int fd, mode_t mode);
     int (*rmdir)(const char *path);
     DIR *(*opendir)(const char *path);
     struct dirent *(*readdir)(DIR *dir); /* NULL at the end (errno 0) or on an error (errno set) */
@@ -153,6 +155,8 @@ static inline int sys_closedir(DIR *dir) { return comet_sys.closedir(dir); }
 static inline int sys_fstat(int fd, struct stat *sb) { SYS_RETRY(int, comet_sys.fstat(fd, sb)); }
 static inline int sys_stat(const char *path, struct stat *sb) { SYS_RETRY(int, comet_sys.stat(path, sb)); }
 static inline int sys_statvfs(const char *path, struct statvfs *vfs) { SYS_RETRY(int, comet_sys.statvfs(path, vfs)); }
+static inline int sys_chmod(const char *path, mode_t mode) { SYS_RETRY(int, comet_sys.chmod(path, mode)); }
+static inline int sys_fchmod(int fd, mode_t mode) { SYS_RETRY(int, comet_sys.fchmod(fd, mode)); }
 static inline int sys_flock(int fd, int op) { SYS_RETRY(int, comet_sys.flock(fd, op)); }
 static inline int sys_fcntl_lock(int fd, int cmd, struct flock *fl) { SYS_RETRY(int, comet_sys.fcntl_lock(fd, cmd, fl)); }
 static inline int sys_rename(const char *from, const char *to) { SYS_RETRY(int, comet_sys.rename(from, to)); }

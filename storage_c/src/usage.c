@@ -84,7 +84,7 @@ static usage_file *map_usage(comet_db *db)
     char path[COMET_PATH_MAX];
     if (path_format(path, "%s/%s", db->path, USAGE_NAME))
         return NULL;
-    int fd = sys_open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    int fd = open_new(path, O_RDWR | O_CREAT | O_CLOEXEC, db->path);
     if (fd < 0)
         return NULL;
     usage_file *u = NULL;

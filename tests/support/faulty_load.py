@@ -22,7 +22,7 @@ from typing import Any, Callable
 import orjson
 
 from .noloss import Acks, check
-from .server import HOST, SMALL, GatewayProcess
+from .server import HOST, SMALL, GatewayProcess, ServerProcess
 
 STREAM = "ev"
 SHARD_OF = re.compile(r"shard (\d+) of stream|/shard-(\d+)\b")  # its number, or its directory
@@ -199,7 +199,7 @@ def acks_before(clients: list[Client], cutoff: float) -> Acks:
     return acks
 
 
-def log_records(server: GatewayProcess, event: str) -> list[dict[str, Any]]:
+def log_records(server: ServerProcess, event: str) -> list[dict[str, Any]]:
     out = []
     for line in server.log_path.read_bytes().splitlines():
         if line.startswith(b"{") and f'"event":"{event}"'.encode() in line:

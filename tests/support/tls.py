@@ -42,6 +42,7 @@ def _write(directory: Path, stem: str, cert: x509.Certificate, key: ec.EllipticC
     cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                            serialization.NoEncryption()))
+    key_path.chmod(0o600)  # as docs/tls.md asks: the gateway warns of a key others can read
     return Issued(cert_path, key_path, cert, key)
 
 
