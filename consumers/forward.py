@@ -27,18 +27,21 @@ give to other records under the same key.  A tail that stays committed but
 not durable for ``max_batch_age_s`` is synced by the forwarder.
 
 Concurrency.  Up to ``concurrency`` requests are in flight, from any shards
-(several per shard); a thread per request encodes (storage_c's encoder, in C,
-without the GIL), compresses and posts.  The main thread reads, cuts and
-acknowledges each shard's batches in order: the offset moves past a batch
-only when it and every batch before it are done.
+(several per shard).  The main thread reads each batch into one reused
+buffer and encodes it there (storage_c's encoder, in C, without the GIL):
+a batch keeps only its request, and the rare paths that need its entries
+(dead letters) read them again.  A thread per request compresses and posts.
+The main thread acknowledges each shard's batches in order: the offset
+moves past a batch only when it and every batch before it are done.
 
 Answers (``otlp_sink.Outcome``): a 2xx is delivered (``partial_success``
-counted and logged, not retried); connection errors, timeouts, 429 and 5xx
-but 501 and 505 are retried after ``Retry-After`` or a backoff with jitter,
-without limit by default (``max_retries``); any other status is permanent
-for the batch: its records go to ``<stream>.dlq`` with the status and the
-answer, and shipping goes on.  Events that are not in the layout of the
-signal go there too, before the request is built.
+counted and logged, not retried); connection errors, timeouts, 429, 5xx
+but 501 and 505, and redirects are retried after ``Retry-After`` or a
+backoff with jitter, without limit by default (``max_retries``); any other
+status is permanent for the batch: its records go to ``<stream>.dlq`` with
+the status and the answer, and shipping goes on.  Events that are not in
+the layout of the signal go there too, and are not sent.  A stream named
+``<stream>.dlq`` is replayed: the events its dead letters hold.
 
 Stopping: no new batch is cut; requests in flight get ``stop_retries`` more
 attempts; what was not delivered stays in the log for the next run.
