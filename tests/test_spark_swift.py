@@ -130,8 +130,10 @@ def test_ship_to_swift_needs_single_writer(s3env: SwiftS3Server, data_dir: Path)
     assert {(r["id"] % 4, r["site"]) for r in rows} == {(k, f"s{k}") for k in range(4)}
     check_exactly_once(lake, data_dir, "ev", CFG)
     log_keys = [k for k in keys(swift, "lake") if "/_delta_log/" in k]
-    assert sorted(k.rsplit("/", 1)[1] for k in log_keys) == [
-        "00000000000000000000.json", "00000000000000000001.json"]  # no temporary commit left
+    main = sorted(k.rsplit("/", 1)[1] for k in log_keys if "/_rejects/" not in k)
+    assert main == ["00000000000000000000.json", "00000000000000000001.json"]  # no temporary commit left
+    rejects = sorted(k.rsplit("/", 1)[1] for k in log_keys if "/_rejects/" in k)
+    assert rejects == ["00000000000000000000.json"]  # made, empty, by the first run
     assert not [k for k in keys(swift, "lake") if "/_comet/locks/" in k]
 
 
