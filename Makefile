@@ -18,7 +18,24 @@ CTESTS := $(patsubst storage_c/tests/%.c,$(BUILD)/%,$(wildcard storage_c/tests/t
 
 .PHONY: test check serve system-deps test-deps docker-deps venv ctest pytest bench clean locust-venv loadtest soak
 
-test: system-deps test-deps $(STAMP) locust-venv ctest tsan append-budget coverage typecheck pytest
+# `make test`: the two cores each take a side.  The C tiers (built from storage_c alone: no
+# venv) run in the background, their output in build/logs/c-tiers.log, printed once they end;
+# the two venvs (side by side), mypy and pytest run in the foreground, pytest on PYTEST_WORKERS workers
+# (pytest-xdist; tests/conftest.py keeps the Spark tests on one worker, the Docker tests on
+# one).  A failure on either side fails `make test`, its log above the last line.
+PYTEST_WORKERS ?= 2
+C_TIERS := ctest tsan append-budget coverage
+C_LOG := build/logs/c-tiers.log
+test: system-deps test-deps
+	@mkdir -p $(dir $(C_LOG)); \
+	$(MAKE) --no-print-directory $(C_TIERS) > $(C_LOG) 2>&1 < /dev/null & c_tiers=$$!; \
+	$(MAKE) --no-print-directory -j2 $(STAMP) locust-venv && \
+	$(MAKE) --no-print-directory typecheck pytest; py=$$?; \
+	wait $$c_tiers; c=$$?; \
+	echo "== the C tiers ($(C_TIERS)), from $(C_LOG):"; cat $(C_LOG); \
+	[ $$c -eq 0 ] || echo "make test: the C tiers failed (exit $$c): $(C_LOG) above"; \
+	[ $$py -eq 0 ] || echo "make test: mypy or pytest failed (exit $$py): see above the C tiers' log"; \
+	[ $$c -eq 0 ] && [ $$py -eq 0 ]
 
 # The quick tier, for a change under way (under 3 minutes on 2 cores with a warm .venv and
 # build): the C tests under ASan/UBSan, the append's instruction budget, mypy, and every
@@ -34,7 +51,7 @@ check: system-deps $(STAMP)
 	COMET_TEST_TMP=$$scratch $(MAKE) --no-print-directory ctest; rc=$$?; rm -rf "$$scratch"; exit $$rc
 	@$(MAKE) --no-print-directory append-budget
 	@$(MAKE) --no-print-directory typecheck
-	$(PY) -m pytest -m "$(QUICK_TESTS)" $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup -m "$(QUICK_TESTS)" $(PYTEST_ARGS)
 
 # `make serve PORT=8081 HOST=0.0.0.0 DATA=/srv/comet`: taken from make's command line
 # only, never from the environment, where HOST is often the machine's name.
@@ -170,8 +187,10 @@ coverage:
 typecheck: $(STAMP)
 	$(PY) -m mypy
 
+# On PYTEST_WORKERS workers (PYTEST_WORKERS=0: in one process), tests/conftest.py's groups
+# each on one worker (--dist loadgroup).
 pytest: $(STAMP)
-	@set +e; $(PY) -m pytest $(PYTEST_ARGS); rc=$$?; \
+	@set +e; $(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "no tests selected"; rc=0; fi; exit $$rc
 
 # locust in a virtualenv of its own (it monkey-patches the standard library with
