@@ -120,7 +120,8 @@ def aws_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[SparkSession]:
-    """One SparkSession for the whole run (starting one costs seconds)."""
+    """One SparkSession for the whole run (starting one costs seconds): on the one worker of
+    the spark group under pytest-xdist (XDIST_GROUPS)."""
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
     from spark_jobs.session import spark_session
