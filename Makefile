@@ -18,23 +18,50 @@ CTESTS := $(patsubst storage_c/tests/%.c,$(BUILD)/%,$(wildcard storage_c/tests/t
 
 .PHONY: test check serve system-deps test-deps docker-deps venv ctest pytest bench clean locust-venv loadtest soak
 
-test: system-deps test-deps $(STAMP) locust-venv ctest tsan append-budget coverage typecheck pytest
+# $(call beside,LOG,BACKGROUND,FOREGROUND): two shell commands side by side, one on each of
+# the two cores; BACKGROUND's output goes to LOG, printed once both ended, so the two never
+# mix.  Fails when either failed, and says which (no commas inside the commands: make's call).
+beside = mkdir -p $(dir $(1)); \
+	( $(2) ) > $(1) 2>&1 < /dev/null & background=$$!; \
+	( $(3) ); fg=$$?; wait $$background; bg=$$?; \
+	echo "== $(1), from the background:"; cat $(1); \
+	[ $$bg -eq 0 ] || echo "make $@: failed in the background (exit $$bg): $(1) above"; \
+	[ $$fg -eq 0 ] || echo "make $@: failed in the foreground (exit $$fg): above $(1)"; \
+	[ $$bg -eq 0 ] && [ $$fg -eq 0 ]
+
+# `make test`: the C tiers (built from storage_c alone: no venv) in the background; in the
+# foreground the two venvs (side by side), mypy and pytest on PYTEST_WORKERS workers
+# (pytest-xdist; tests/conftest.py keeps the Spark tests on one worker, the Docker tests on
+# one).  Two workers: the JVMs, the power-cut filesystems and the C tiers keep both cores busy.
+PYTEST_WORKERS ?= 2
+test: system-deps test-deps
+	@$(call beside,build/logs/c-tiers.log,\
+	  $(MAKE) --no-print-directory ctest tsan append-budget coverage,\
+	  $(MAKE) --no-print-directory -j2 $(STAMP) locust-venv && \
+	  $(MAKE) --no-print-directory typecheck pytest)
 
 # The quick tier, for a change under way (under 3 minutes on 2 cores with a warm .venv and
 # build): the C tests under ASan/UBSan, the append's instruction budget, mypy, and every
 # pytest test that needs no Java,
 # Docker, FUSE or Swift and is no long crash, multi-process or load test (the marks are
 # assigned in tests/conftest.py).  It installs none of those; `make test` runs everything.
+# The C tests and the budget run in the background (build/logs/check-c.log) beside mypy and
+# pytest on CHECK_WORKERS workers: three, as these tests wait on their servers and
+# subprocesses often enough to leave a third one room (four are no faster).
 # The C tests' scratch directories are on /dev/shm when it has 2 GiB free: they sync
 # thousands of times, which a shared disk turns into minutes (`make test`: on the disk).
 QUICK_TESTS := not (spark or docker or fuse or swift or slow)
+CHECK_WORKERS ?= 3
 check: system-deps $(STAMP)
 	@scratch=$$(df --output=avail -k /dev/shm 2>/dev/null | awk 'NR == 2 && $$1 > 2097152 {print "/dev/shm"}'); \
 	scratch=$$(mktemp -d "$${scratch:-$${TMPDIR:-/tmp}}/comet-ctest.XXXXXX") || exit 1; \
-	COMET_TEST_TMP=$$scratch $(MAKE) --no-print-directory ctest; rc=$$?; rm -rf "$$scratch"; exit $$rc
-	@$(MAKE) --no-print-directory append-budget
-	@$(MAKE) --no-print-directory typecheck
-	$(PY) -m pytest -m "$(QUICK_TESTS)" $(PYTEST_ARGS)
+	$(call beside,build/logs/check-c.log,\
+	  COMET_TEST_TMP=$$scratch $(MAKE) --no-print-directory ctest && \
+	  $(MAKE) --no-print-directory append-budget,\
+	  $(MAKE) --no-print-directory typecheck && \
+	  $(PY) -m pytest -n $(CHECK_WORKERS) --dist loadgroup -m "$(QUICK_TESTS)" $(PYTEST_ARGS)); \
+	rc=$$?; \
+	rm -rf "$$scratch"; exit $$rc
 
 # `make serve PORT=8081 HOST=0.0.0.0 DATA=/srv/comet`: taken from make's command line
 # only, never from the environment, where HOST is often the machine's name.
@@ -170,8 +197,10 @@ coverage:
 typecheck: $(STAMP)
 	$(PY) -m mypy
 
+# On PYTEST_WORKERS workers (PYTEST_WORKERS=0: in one process), tests/conftest.py's groups
+# each on one worker (--dist loadgroup).
 pytest: $(STAMP)
-	@set +e; $(PY) -m pytest $(PYTEST_ARGS); rc=$$?; \
+	@set +e; $(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "no tests selected"; rc=0; fi; exit $$rc
 
 # locust in a virtualenv of its own (it monkey-patches the standard library with

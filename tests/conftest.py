@@ -8,7 +8,7 @@ import sys
 import threading
 import urllib.request
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Generator, Iterator
 
 import pytest
 
@@ -27,9 +27,16 @@ if TYPE_CHECKING:
 # Long crash, multi-process and load tests carry @pytest.mark.slow themselves.
 MARK_BY_FIXTURE = {"spark": "spark", "swift": "swift", "s3env": "swift", "docker": "docker",
                    "powercut": "fuse"}
+# `make test` runs pytest on several workers (pytest-xdist, --dist loadgroup): the tests of
+# one group all run on one worker, one after another.  Spark: one SparkSession (a JVM of
+# 2 GiB) for all of them, and no two JVMs fighting for the two cores.  Docker: the daemon
+# and the images built once (tests/test_docker.py's module fixtures).
+XDIST_GROUPS = ("docker", "spark")
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+@pytest.hookimpl(wrapper=True)
+def pytest_collection_modifyitems(config: pytest.Config,
+                                  items: list[pytest.Item]) -> Generator[None, None, None]:
     for item in items:
         path = item.path.relative_to(Path(__file__).parent)
         marks = {MARK_BY_FIXTURE[f] for f in getattr(item, "fixturenames", ()) if f in MARK_BY_FIXTURE}
@@ -39,6 +46,26 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             marks.add("fuse")
         for mark in sorted(marks):
             item.add_marker(mark)
+        group = next((g for g in XDIST_GROUPS if g in marks), None)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+    yield
+    # pytest-xdist tells the groups to its scheduler in the node ids ("...@spark"), which some
+    # pytest releases ignore (pytest-xdist#1386): then the grouped tests would go to any
+    # worker, silently; they fail instead (pytest_runtest_setup below).
+    if getattr(config.option, "loadgroup", False):
+        for item in items:
+            if item.get_closest_marker("xdist_group") and "@" not in item.nodeid:
+                item.stash[UNGROUPED] = True
+
+
+UNGROUPED = pytest.StashKey[bool]()
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if item.stash.get(UNGROUPED, False):
+        pytest.fail("pytest-xdist's --dist loadgroup does not group this test with this pytest "
+                    "(see the pytest pin in pyproject.toml)", pytrace=False)
 
 
 @pytest.fixture
@@ -93,7 +120,8 @@ def aws_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[SparkSession]:
-    """One SparkSession for the whole run (starting one costs seconds)."""
+    """One SparkSession for the whole run (starting one costs seconds): on the one worker of
+    the spark group under pytest-xdist (XDIST_GROUPS)."""
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
     from spark_jobs.session import spark_session

@@ -87,8 +87,10 @@ class Backend(ScriptedServer):
             assert KEY.match(key), key
 
     def records(self, signal: str) -> int:
-        """Records stored (once per key)."""
-        return sum(count_records(signal, body) for body in self.stored.values())
+        """Records stored (once per key); safe while requests still arrive."""
+        with self._store_lock:
+            bodies = list(self.stored.values())
+        return sum(count_records(signal, body) for body in bodies)
 
     def in_key_order(self) -> list[bytes]:
         """The stored requests by shard and first entry (the order of the log)."""
