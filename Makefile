@@ -29,16 +29,29 @@ beside = mkdir -p $(dir $(1)); \
 	[ $$fg -eq 0 ] || echo "make $@: failed in the foreground (exit $$fg): above $(1)"; \
 	[ $$bg -eq 0 ] && [ $$fg -eq 0 ]
 
+# A scratch directory for the C tests on /dev/shm when it has 2 GiB free, else under
+# TMPDIR: the tests sync thousands of times, which a shared disk turns into minutes.
+fast_scratch = scratch=$$(df --output=avail -k /dev/shm 2>/dev/null | \
+	  awk 'NR == 2 && $$1 > 2097152 {print "/dev/shm"}'); \
+	scratch=$$(mktemp -d "$${scratch:-$${TMPDIR:-/tmp}}/comet-ctest.XXXXXX") || exit 1
+
 # `make test`: the C tiers (built from storage_c alone: no venv) in the background; in the
 # foreground the two venvs (side by side), mypy and pytest on PYTEST_WORKERS workers
 # (pytest-xdist; tests/conftest.py keeps the Spark tests on one worker, the Docker tests on
 # one).  Two workers: the JVMs, the power-cut filesystems and the C tiers keep both cores busy.
+# The C tests under ASan/UBSan write on the disk (TMPDIR), as a deployment does; under TSan
+# and for coverage, where what counts is the code they run, on fast_scratch.
 PYTEST_WORKERS ?= 2
 test: system-deps test-deps
-	@$(call beside,build/logs/c-tiers.log,\
-	  $(MAKE) --no-print-directory ctest tsan append-budget coverage,\
+	@$(fast_scratch); \
+	$(call beside,build/logs/c-tiers.log,\
+	  $(MAKE) --no-print-directory ctest && \
+	  COMET_TEST_TMP=$$scratch $(MAKE) --no-print-directory tsan coverage && \
+	  $(MAKE) --no-print-directory append-budget,\
 	  $(MAKE) --no-print-directory -j2 $(STAMP) locust-venv && \
-	  $(MAKE) --no-print-directory typecheck pytest)
+	  $(MAKE) --no-print-directory typecheck pytest); \
+	rc=$$?; \
+	rm -rf "$$scratch"; exit $$rc
 
 # The quick tier, for a change under way (under 3 minutes on 2 cores with a warm .venv and
 # build): the C tests under ASan/UBSan, the append's instruction budget, mypy, and every
@@ -48,13 +61,11 @@ test: system-deps test-deps
 # The C tests and the budget run in the background (build/logs/check-c.log) beside mypy and
 # pytest on CHECK_WORKERS workers: three, as these tests wait on their servers and
 # subprocesses often enough to leave a third one room (four are no faster).
-# The C tests' scratch directories are on /dev/shm when it has 2 GiB free: they sync
-# thousands of times, which a shared disk turns into minutes (`make test`: on the disk).
+# The C tests' scratch directories are on fast_scratch.
 QUICK_TESTS := not (spark or docker or fuse or swift or slow)
 CHECK_WORKERS ?= 3
 check: system-deps $(STAMP)
-	@scratch=$$(df --output=avail -k /dev/shm 2>/dev/null | awk 'NR == 2 && $$1 > 2097152 {print "/dev/shm"}'); \
-	scratch=$$(mktemp -d "$${scratch:-$${TMPDIR:-/tmp}}/comet-ctest.XXXXXX") || exit 1; \
+	@$(fast_scratch); \
 	$(call beside,build/logs/check-c.log,\
 	  COMET_TEST_TMP=$$scratch $(MAKE) --no-print-directory ctest && \
 	  $(MAKE) --no-print-directory append-budget,\
@@ -188,7 +199,9 @@ coverage:
 	@set -e; for t in storage_c/tests/test_*.c; do n=$$(basename $$t .c); \
 	  $(CC) $(CFLAGS_COMMON) -O0 --coverage $(COV_BUILD)/core/*.o $$t -o $(COV_BUILD)/tests/$$n \
 	    -lzstd -lpthread && \
-	  (cd $(COV_BUILD)/tests && ./$$n >/dev/null 2>&1); done
+	  (cd $(COV_BUILD)/tests && ./$$n > $$n.log 2>&1) || \
+	  { echo "make coverage: $$n failed ($(COV_BUILD)/tests/$$n.log):"; \
+	    tail -n 30 $(COV_BUILD)/tests/$$n.log; exit 1; }; done
 	@set -o pipefail; $(PYTHON) scripts/coverage-summary.py $(COV_BUILD) storage_c/src \
 	  --min $(COVERAGE_MIN) | tee $(COV_BUILD)/summary.txt
 

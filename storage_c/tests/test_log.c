@@ -1,8 +1,10 @@
 /* The log through the C API: round trips, rotation, reopen, limits, framing,
  * recovery from damage, and a holder of the append lock dying. */
 #include <fcntl.h>
+#include <inttypes.h>
 #include <pthread.h>
 #include <sched.h>
+#include <stdio.h>
 #include <stdatomic.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -585,6 +587,21 @@ static void test_background_thread_with_appends_and_reads(void)
     rm_tree(dir);
 }
 
+/* The bytes of the directory's files, counted while another process appends:
+ * a walk is not atomic, and the other process may delete a segment the walk
+ * counted and create the next one before the walk reaches it, again and again
+ * while this one waits for a CPU on a busy machine.  Such a count is over
+ * `bound` once; an overshoot that three walks in a row see is real. */
+static int64_t data_bytes_while_shared(comet_db *db, int64_t bound)
+{
+    int64_t used = comet_data_bytes(db);
+    for (int walk = 1; walk < 3 && used > bound; walk++)
+        used = comet_data_bytes(db);
+    if (used > bound)
+        fprintf(stderr, "  %" PRId64 " bytes of files, over %" PRId64 "\n", used, bound);
+    return used;
+}
+
 /* Two processes append to two streams under one small directory budget:
  * each reserves from the shared estimate (.usage) instead of counting files,
  * so they cannot both take the last room.  Counting the files while the
@@ -611,7 +628,8 @@ static void test_budget_across_processes(void)
     memset(p, 'b', sizeof p);
     for (int i = 0; i < 6000; i++) {
         CHECK_OK(comet_append(s, 0, p, sizeof p, 0, -1, COMET_APPEND_WAIT));
-        CHECK(comet_data_bytes(db) <= (int64_t)cfg.retention_max_total_bytes + segment);
+        CHECK(data_bytes_while_shared(db, (int64_t)cfg.retention_max_total_bytes + segment) <=
+              (int64_t)cfg.retention_max_total_bytes + segment);
     }
     CHECK_OK(comet_close(db));
     if (child == 0)
