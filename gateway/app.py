@@ -145,6 +145,9 @@ def create_app(config: GatewayConfig) -> GatewayApp:
         deadline = time.monotonic() + config.slot_wait_s
         while runtime.metrics is None and not runtime.stopping and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
+        # The first hop to a thread imports anyio's asyncio backend (20-25 ms here): made
+        # now, before this worker listens, it is not paid by its first requests.
+        await run_in_threadpool(lambda: None)
         watchers = [asyncio.create_task(stalls.watch_loop(runtime)),
                     asyncio.create_task(losses.watch_losses(runtime))]
         yield

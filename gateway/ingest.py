@@ -24,6 +24,7 @@ full: 507 with Retry-After, an event above the limit: 413...).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import time
@@ -258,6 +259,8 @@ class Ingest:
         self.runtime = runtime
         self.access_log = access_log
         self.opened: set[str] = set()
+        # streams being opened on a thread, by the first request that found them closed
+        self.opening: dict[str, tuple[asyncio.Future[None], str | None]] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         t0 = time.perf_counter()
@@ -318,6 +321,36 @@ class Ingest:
                 detail = too_many_streams(stream, config.max_streams)
             raise storage_error(exc, config.retry_after_s, detail) from None
         self.opened.add(stream)  # as many as the storage's own handles: one per stream
+
+    async def open_once(self, stream: str, token: Token | None) -> None:
+        """open_stream on a thread, once for the requests that find ``stream`` closed
+        together (the first requests of a new stream, a burst on every connection):
+        the others wait for that one instead of taking a thread each.  An open that
+        failed answers the waiting requests of the same token; those of other tokens
+        try again (the refusal may be its token's: its share of the streams), one of
+        them opening for the rest."""
+        name = token.name if token is not None else None
+        while stream not in self.opened:
+            entry = self.opening.get(stream)
+            if entry is None or entry[0].done():
+                pending: asyncio.Future[None] = asyncio.ensure_future(
+                    run_in_threadpool(self.open_stream, stream, token))
+                self.opening[stream] = (pending, name)
+                pending.add_done_callback(partial(self._opened, stream))
+                await asyncio.shield(pending)
+                return
+            pending, opener = entry
+            try:
+                await asyncio.shield(pending)
+            except Exception:
+                if opener == name:
+                    raise
+
+    def _opened(self, stream: str, done: asyncio.Future[None]) -> None:
+        if self.opening.get(stream, (None, None))[0] is done:
+            del self.opening[stream]
+        if not done.cancelled():
+            done.exception()  # seen here, should the first request be gone (cancelled)
 
     def create_stream(self, stream: str, token: Token | None) -> None:
         """Creates ``stream`` for ``token`` within max_streams (the streams the
@@ -392,12 +425,12 @@ class Ingest:
         first and again if it was deleted since this worker opened it."""
         runtime = self.runtime
         if stream not in self.opened:  # reads, maybe creates it (syncs): never on the loop
-            await run_in_threadpool(self.open_stream, stream, token)
+            await self.open_once(stream, token)
         try:
             res = await store_off_loop(work, offload)
         except StreamGone:  # deleted since this worker opened it: open (or create) it anew
             self.opened.discard(stream)
-            await run_in_threadpool(self.open_stream, stream, token)
+            await self.open_once(stream, token)
             try:
                 res = await store_off_loop(work, offload)
             except StreamGone:

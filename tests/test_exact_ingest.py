@@ -199,14 +199,14 @@ def test_health_answers_within_50ms_while_16mib_bodies_arrive(tmp_path: Path) ->
             assert poster.stdout is not None
             assert poster.stdout.readline().strip() == b"ready"
             assert poster.stdout.readline().strip() == b"posted"  # the loop is under way
-            worst = 0.0
+            took: list[float] = []
             conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
             for _ in range(200):
                 t0 = time.perf_counter()
                 conn.request("GET", "/healthz")
                 r = conn.getresponse()
                 r.read()
-                worst = max(worst, time.perf_counter() - t0)
+                took.append(time.perf_counter() - t0)
                 assert r.status == 200
                 time.sleep(0.005)
             conn.close()
@@ -215,4 +215,8 @@ def test_health_answers_within_50ms_while_16mib_bodies_arrive(tmp_path: Path) ->
         finally:
             poster.kill()
             poster.wait()
-        assert worst < 0.050, f"/healthz took {worst * 1000:.1f} ms"
+        # A body copied on the loop would hold every /healthz asked meanwhile, at each of the
+        # bodies arriving during the 200; the machine's other work (the tests beside this one)
+        # may hold one or two: the third slowest counts.
+        third = sorted(took)[-3]
+        assert third < 0.050, f"/healthz took {third * 1000:.1f} ms (third slowest of 200)"

@@ -7,6 +7,7 @@ a token only the streams it may read."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import threading
 import time
@@ -166,3 +167,42 @@ def test_metrics_show_a_token_only_the_streams_it_may_read(data_dir: Path) -> No
         assert c.get("/metrics", headers=bearer("dave")).status_code == 403  # reads nothing
     assert 'stream="a-1"' in alpha and "b-secret" not in alpha
     assert 'stream="a-1"' in carol and 'stream="b-secret"' in carol
+
+
+def test_the_first_requests_of_a_new_stream_open_it_once(data_dir: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Requests that find a stream closed together (the first ones of a new stream, one per
+    connection) wait for one open on a thread, not a thread each; when that open fails for
+    its token (alpha's share of the streams is spent), a waiting request of another token
+    (carol) tries for itself and creates the stream."""
+    from gateway.ingest import Ingest
+    cfg = config(data_dir, auth="on", tokens=TENANTS, max_streams=4)  # a token may create 1
+    app = create_app(cfg)
+    opens: list[str | None] = []
+    real_open = Ingest.open_stream
+
+    def slow_open(self: Ingest, stream: str, token: Token | None = None) -> None:
+        opens.append(token.name if token else None)
+        time.sleep(0.2)  # long enough for every request below to find the stream closed
+        real_open(self, stream, token)
+
+    monkeypatch.setattr(Ingest, "open_stream", slow_open)
+    with TestClient(app) as c:
+        assert c.post("/streams/a-0", content=b"{}", headers=bearer("alpha")).status_code == 202
+        opens.clear()
+        alpha, carol = TENANTS[0], TENANTS[2]
+
+        async def together(tokens: list[Token]) -> list[BaseException | None]:
+            return await asyncio.gather(*(app.ingest.open_once("a-new", t) for t in tokens),
+                                        return_exceptions=True)
+
+        portal = c.portal
+        assert portal is not None
+        results = portal.call(together, [alpha] + [carol] * 15)
+        assert opens == ["alpha", "carol"]  # alpha's, refused; one of carol's, which created it
+        assert isinstance(results[0], Exception) and "too_many_streams" in str(results[0].__dict__)
+        assert results[1:] == [None] * 15
+        assert c.post("/streams/a-new", content=b"{}", headers=bearer("carol")).status_code == 202
+        opens.clear()
+        assert portal.call(together, [carol] * 16) == [None] * 16
+        assert opens == []  # open already: no thread at all
