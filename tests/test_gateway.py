@@ -19,7 +19,7 @@ from starlette.testclient import TestClient
 
 from gateway.app import create_app
 from gateway.config import GatewayConfig, StreamPolicy
-from gateway.ingest import store_off_loop
+from gateway.ingest import ShardHops
 from storage_c import BatchResult, Config, Durability, Log, SyncFailed
 from storage_c.testing import SYNC, faults
 
@@ -411,8 +411,9 @@ def test_a_store_that_would_wait_runs_off_the_event_loop(data_dir: Path) -> None
             return log.ingest("s", event * 10, "ndjson", shard=shard, wait=wait)
 
         async def post_all() -> int:
+            hops = ShardHops()
             for _ in range(600):  # ~6 MB over two shards: chunks and rotations
-                await store_off_loop(partial(work), offload=False)
+                await hops.store("s", partial(work), offload=False)
             return threading.get_ident()
 
         loop_thread = asyncio.run(post_all())
@@ -425,3 +426,35 @@ def test_a_store_that_would_wait_runs_off_the_event_loop(data_dir: Path) -> None
     assert all(thread != loop_thread and shard in (0, 1) for thread, shard in waited)
     assert sum(s.rotations + 1 for s in stats.shards) <= len(waited) < 60
     assert len(calls) == 600 + len(waited)
+
+
+@pytest.mark.parametrize("first_hop_fails", [False, True])
+def test_requests_that_find_a_shard_waiting_share_one_thread(data_dir: Path,
+                                                             first_hop_fails: bool) -> None:
+    """A burst on a new stream finds each shard without a segment: one request per shard goes
+    to a thread, the others wait for it and store on the loop; each event stored once.  A hop
+    that fails answers its own request only: those waiting for it try again."""
+    shards, burst = 4, 64
+    hopped: list[int | None] = []
+    with Log(data_dir, Config(shards=shards)) as log:
+        log.open_stream("s", create=True)
+
+        def work(n: int, wait: bool = True, shard: int | None = None) -> BatchResult:
+            if wait:
+                hopped.append(shard)
+                if first_hop_fails and len(hopped) == 1:
+                    raise SyncFailed("the first hop fails")
+            return log.ingest("s", orjson.dumps({"n": n}), "json", shard=shard, wait=wait)
+
+        async def burst_of_requests() -> list[BatchResult | BaseException]:
+            hops = ShardHops()
+            return await asyncio.gather(*(hops.store("s", partial(work, n), offload=False)
+                                          for n in range(burst)), return_exceptions=True)
+
+        results = asyncio.run(burst_of_requests())
+        failed = [r for r in results if isinstance(r, BaseException)]
+        assert len(failed) == (1 if first_hop_fails else 0)
+        stored = sorted(orjson.loads(e.payload)["n"] for i in range(shards)
+                        for e in log.read("s", i, 0, burst))
+        assert stored == sorted(n for n, r in enumerate(results) if not isinstance(r, BaseException))
+    assert 1 <= len(hopped) <= shards + (1 if first_hop_fails else 0), hopped
