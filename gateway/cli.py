@@ -2,10 +2,10 @@
 
 The command reads the configuration (the file, then COMET_* variables, then
 the command line's options, which win) and runs gunicorn in this process
-(gateway.server.GatewayServer), so signals reach the master directly: HUP
+(gateway.serving.server.GatewayServer), so signals reach the master directly: HUP
 reloads the configuration and the workers gracefully, TERM drains and stops.
 It first checks that the installed uvicorn, gunicorn and uvicorn-worker are
-versions the gateway is tested with (gateway.versions), then the
+versions the gateway is tested with (gateway.serving.versions), then the
 configuration, then what the master checks before it forks
 (gateway.startup: the data directory, that no other gateway serves it, the
 port), and stops with one line at the first that fails, exit status 1,
@@ -25,7 +25,7 @@ from typing import Callable, Mapping
 
 import click
 
-from . import versions
+from .serving import versions
 from .config import ConfigError, GatewayConfig, load
 
 
@@ -63,7 +63,7 @@ def serve(config_file: str | None, data_dir: str | None, host: str | None, port:
         raise click.ClickException(unsupported)
     read = config_reader(config_file, {"data_dir": data_dir, "host": host, "port": port,
                                        "workers": workers})
-    from .server import GatewayServer  # the web stack, only for this command
+    from .serving.server import GatewayServer  # the web stack, only for this command
     from .startup import StartError
     try:
         GatewayServer(read).run()

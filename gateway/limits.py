@@ -2,8 +2,8 @@
 limits and deadlines of each phase, the connection budget, and the one place
 their refusals are counted and logged.
 
-``Limits`` is what gateway.protocol.CometHttpProtocol enforces, built by the
-worker from the GatewayConfig (gateway.worker); ``Refusals`` counts each
+``Limits`` is what gateway.serving.protocol.CometHttpProtocol enforces, built by the
+worker from the GatewayConfig (gateway.serving.worker); ``Refusals`` counts each
 refusal in the worker's metrics (``comet_http_refused_total``) and logs it
 once per reason per minute (``connection_refused``, with ``repeats``), so a
 flood of slow clients is one line a minute, not one per connection.

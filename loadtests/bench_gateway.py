@@ -197,7 +197,7 @@ def start(case: Case, label: str, pki: Pki | None) -> ServerProcess:
         return GatewayProcess(benchlib.fresh_dir(SCRATCH / "data" / label), WORKERS,
                               env={**case.env, **(pki.env() if pki and case.tls else {})},
                               log_path=log, tls=pki.client_context() if pki and case.tls else None)
-    # the gateway's gunicorn settings that apply to a bare app (gateway/server.py)
+    # the gateway's gunicorn settings that apply to a bare app (gateway/serving/server.py)
     return ServerProcess.gunicorn("anchor_app:app", chdir=LOADTESTS, workers=WORKERS, log_path=log,
                                   args=["--no-control-socket", "--keep-alive", "5", "--timeout",
                                         "60", "--graceful-timeout", "30"])

@@ -1,5 +1,5 @@
 """The gateway's HTTP/1.1 connection handling, byte by byte, against a real
-`comet serve` (gateway.worker.CometHttpProtocol): a body longer than its
+`comet serve` (gateway.serving.protocol.CometHttpProtocol): a body longer than its
 Content-Length, pipelining, half-closed clients, and connections that meet a
 graceful stop.  The rule throughout: a client never gets an error (or a
 reset) for an event that was stored, and every request sent gets a status.

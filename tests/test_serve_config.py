@@ -84,7 +84,7 @@ def test_a_bad_config_stops_serve_before_any_process_starts(tmp_path: Path) -> N
 
 HEAP_PROBE = """
 import ctypes, sys
-from gateway.server import keep_freed_heap
+from gateway.serving.server import keep_freed_heap
 libc = ctypes.CDLL(None)
 libc.sbrk.restype = libc.malloc.restype = ctypes.c_void_p
 libc.sbrk.argtypes = [ctypes.c_ssize_t]

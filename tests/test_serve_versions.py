@@ -1,5 +1,5 @@
 """`comet serve` starts only with the uvicorn, gunicorn and uvicorn-worker
-versions it is tested with (gateway.versions), and says so in one line
+versions it is tested with (gateway.serving.versions), and says so in one line
 before any process starts; pyproject.toml pins the same ranges."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-import gateway.server
-from gateway import versions
+import gateway.serving.server
+from gateway.serving import versions
 from storage_c.cli import main
 
 REPO = Path(__file__).resolve().parent.parent
@@ -39,7 +39,7 @@ def test_serve_refuses_an_untested_version_before_starting(
     def no_server(*args: object) -> None:
         raise AssertionError("the gateway was started")
 
-    monkeypatch.setattr(gateway.server, "GatewayServer", no_server)
+    monkeypatch.setattr(gateway.serving.server, "GatewayServer", no_server)
     out = CliRunner().invoke(main, ["serve", "--data-dir", str(tmp_path / "data")])
     assert out.exit_code == 1
     lines = out.output.splitlines()

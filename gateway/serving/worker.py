@@ -1,5 +1,5 @@
 """The gunicorn worker of `comet serve`: uvicorn's worker, serving with
-gateway.protocol.CometHttpProtocol (lingering closes, a drain that answers
+gateway.serving.protocol.CometHttpProtocol (lingering closes, a drain that answers
 every request it received), and a server that closes its listening sockets
 without resetting a connection already queued on them.
 
@@ -35,10 +35,10 @@ from uvicorn_worker import UvicornWorker
 
 from storage_c.jsonlog import event
 
-from .limits import Limits
+from ..limits import Limits
 from .listeners import master_holds, refuse_new_connections, take_queued
 from .protocol import CometHttpProtocol
-from .tls import handshake_failures
+from ..tls import handshake_failures
 
 log = logging.getLogger("comet.gateway.worker")
 
@@ -112,7 +112,7 @@ class CometServer(Server):
 
 
 class CometWorker(UvicornWorker):
-    """gunicorn worker class of `comet serve` (gateway/server.py)."""
+    """gunicorn worker class of `comet serve` (gateway/serving/server.py)."""
 
     # proxy_headers off unless a proxy is trusted (forwarded_allow_ips): with
     # nobody to believe there is nothing to rewrite, and the rewriting cost

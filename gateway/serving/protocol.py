@@ -68,7 +68,7 @@ alike.
   request.  Every refusal is counted and logged (gateway.limits.Refusals);
   these answers are JSON like the app's: ``{"error", "detail"}``.
 
-The listening sockets are gateway.worker.CometServer's part.
+The listening sockets are gateway.serving.worker.CometServer's part.
 
 What is left is inherent to HTTP/1.1 keep-alive: a client that sends a
 request on an idle connection at the very moment the server decides to close
@@ -80,7 +80,7 @@ a connection idle for ``DRAIN_GRACE_S`` (draining) or the keep-alive
 timeout (5 s).  Clients close it by checking for the server's FIN before
 reusing an idle connection (urllib3 does) or by retrying a request that got
 no status.  On the final stop, a handshake slower than
-``CometServer.HANDSHAKE_S`` can still be reset (see gateway/worker.py).
+``CometServer.HANDSHAKE_S`` can still be reset (see gateway/serving/worker.py).
 """
 
 
@@ -96,7 +96,7 @@ import httptools
 import orjson
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
 
-from .limits import Limits
+from ..limits import Limits
 
 DRAIN_GRACE_S = 1.0        # draining: how long an idle or new connection may take to send a request
 PARTIAL_REQUEST_S = 10.0   # draining: how long a request whose head has started may take to finish it

@@ -1,7 +1,7 @@
 """The versions of uvicorn, gunicorn and uvicorn-worker that `comet serve`
 is tested with.
 
-gateway/protocol.py and gateway/worker.py subclass uvicorn's internals (the
+gateway/serving/protocol.py and gateway/serving/worker.py subclass uvicorn's internals (the
 protocol's ``pipeline`` and ``cycle``, its close and keep-alive paths, the
 server's shutdown), which change between uvicorn's minor releases without
 notice; so does what they take from gunicorn and uvicorn-worker.

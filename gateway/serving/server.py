@@ -8,7 +8,7 @@ are forked from the master and build their app from that config in ``load``
 (the app is never preloaded: storage is opened, and a process slot claimed,
 in each worker).
 
-Workers are uvicorn workers (gateway.worker.CometWorker: lingering closes, a
+Workers are uvicorn workers (gateway.serving.worker.CometWorker: lingering closes, a
 graceful drain that answers every request it received); each claims a process
 slot in post_worker_init (worker side, after its signal handlers are in
 place), never in post_fork, where blocking would stall the master.  Shutdown
@@ -51,17 +51,17 @@ from gunicorn.util import is_ipv6
 
 from storage_c.jsonlog import capture_stray_output, dict_config, event
 
-from . import startup
-from .app import GatewayApp, create_app
-from .config import ConfigError, GatewayConfig, is_loopback
-from .tls import TlsMaterial
+from .. import startup
+from ..app import GatewayApp, create_app
+from ..config import ConfigError, GatewayConfig, is_loopback
+from ..tls import TlsMaterial
 
 log = logging.getLogger("comet.gateway.server")
 
 PR_SET_PDEATHSIG = 1
 M_TRIM_THRESHOLD = -1       # glibc's mallopt parameters
 HEAP_KEPT_BYTES = 64 << 20  # freed heap a worker keeps instead of giving it back to the kernel
-WORKER_CLASS = "gateway.worker.CometWorker"
+WORKER_CLASS = "gateway.serving.worker.CometWorker"
 # Every line as JSON on stdout: gunicorn's own logger (whose handlers uvicorn's
 # worker copies to uvicorn's) included; the access log is ours (gateway.logs).
 LOGGING = dict_config(own_handlers=("gunicorn.error",),
@@ -245,7 +245,7 @@ def file_mode(path: str) -> int | None:
 def tls_settings(tls: TlsMaterial | None) -> dict[str, Any]:
     """gunicorn's TLS settings.  The file names tell gunicorn (and the uvicorn
     worker) that the listener speaks TLS; the context itself comes from the
-    ``ssl_context`` hook, from the bytes the master read (gateway.worker
+    ``ssl_context`` hook, from the bytes the master read (gateway.serving.worker
     hands the hook to uvicorn)."""
     if tls is None:
         return {"certfile": None, "keyfile": None, "ca_certs": None, "cert_reqs": ssl.CERT_NONE}
