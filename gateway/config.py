@@ -315,6 +315,9 @@ def is_loopback(host: str) -> bool:
 
 TOP_LEVEL = {f.name: f for f in dataclasses.fields(GatewayConfig) if f.name not in ("storage", "streams", "tls")}
 STORAGE = {f.name: f for f in dataclasses.fields(Config)}
+GATEWAY_OWNED = {"process_count": "workers", "auto_create_streams": "auto_create",
+                 "max_streams": "max_streams"}
+"""The storage keys storage_config() sets from a gateway setting: by the setting to use instead."""
 
 
 def _coerce(name: str, value: Any, kind: Any) -> Any:
@@ -381,6 +384,7 @@ def load(path: str | os.PathLike[str] | None = None,
     for key, value in raw.get("storage", {}).items():
         if key not in STORAGE:
             raise ConfigError(f"unknown storage setting {key!r} in {path}")
+        _refuse_gateway_owned(f"storage.{key} in {path}", key)
         storage[key] = _coerce(f"storage.{key}", value, STORAGE[key].type)
     streams = {name: _stream_policy(name, policy, path)
                for name, policy in raw.get("streams", {}).items()}
@@ -394,11 +398,21 @@ def load(path: str | os.PathLike[str] | None = None,
     for key, f in STORAGE.items():
         var = f"COMET_STORAGE_{key.upper()}"
         if var in env:
+            _refuse_gateway_owned(var, key)
             storage[key] = _coerce(var, env[var], f.type)
     try:
         return GatewayConfig(**top, storage=Config(**storage), streams=streams)
     except (TypeError, ValueError) as exc:  # the storage Config's own checks raise ValueError
         raise ConfigError(str(exc)) from None
+
+
+def _refuse_gateway_owned(where: str, key: str) -> None:
+    """A storage key the gateway sets itself would be ignored: refused, naming the setting
+    to use instead."""
+    owner = GATEWAY_OWNED.get(key)
+    if owner is not None:
+        raise ConfigError(f"{where}: the gateway sets {key} itself; use {owner} "
+                          f"(COMET_{owner.upper()}) instead")
 
 
 def _tokens(value: Any, where: str) -> tuple[str | Token, ...]:

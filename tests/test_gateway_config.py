@@ -71,6 +71,26 @@ def test_bad_environment_values() -> None:
         load("/nonexistent/comet.toml", env={})
 
 
+@pytest.mark.parametrize("key, instead", [("max_streams", "max_streams (COMET_MAX_STREAMS)"),
+                                          ("process_count", "workers (COMET_WORKERS)"),
+                                          ("auto_create_streams", "auto_create (COMET_AUTO_CREATE)")])
+def test_a_storage_key_the_gateway_sets_is_refused_naming_the_setting_to_use(
+        tmp_path: Path, key: str, instead: str) -> None:
+    """A [storage] key the gateway sets from its own setting would be ignored: refused in the
+    file and in the environment, in one line naming the setting to use instead."""
+    value = "true" if key == "auto_create_streams" else "5"
+    (tmp_path / "comet.toml").write_text(f"[storage]\n{key} = {value}\n")
+    with pytest.raises(ConfigError) as refused:
+        load(tmp_path / "comet.toml", env={})
+    assert str(refused.value) == (f"storage.{key} in {tmp_path / 'comet.toml'}: the gateway sets "
+                                  f"{key} itself; use {instead} instead")
+    var = f"COMET_STORAGE_{key.upper()}"
+    with pytest.raises(ConfigError) as refused:
+        load(env={var: value})
+    assert str(refused.value) == f"{var}: the gateway sets {key} itself; use {instead} instead"
+    assert "\n" not in str(refused.value)
+
+
 def test_serve_refuses_a_bad_config_before_starting(tmp_path: Path) -> None:
     import subprocess
     import sys
