@@ -1,4 +1,4 @@
-"""Bearer tokens and the scope each route needs.
+"""Bearer tokens and the scope a route needs.
 
 Tokens are off by default on a loopback bind and required otherwise (unless
 explicitly turned off).  401 when no bearer token is given; 403 ``forbidden``
@@ -6,8 +6,8 @@ when the token is not one of the configured ones, or when it lacks the scope
 the route needs: the detail names the token (its name, never its secret), the
 scope and the stream.
 
-``SCOPES`` is the one table of what each route needs (the app refuses to build
-with a route missing from it; the docs' table is checked against it).
+Each route of gateway.routes.TABLE declares its ``Rule`` (``SCOPES`` there;
+the docs' table is checked against it).
 """
 
 from __future__ import annotations
@@ -48,38 +48,6 @@ class Rule:
         if self.stream == OTLP:
             return f"{self.scope} on the configured OTLP stream"
         return f"{self.scope} on {self.stream}"
-
-
-SCOPES: dict[tuple[str, str], Rule] = {
-    ("/streams/{name}", "POST"): Rule(WRITE, PATH),
-    ("/streams/{name}", "GET"): Rule(READ, PATH),
-    ("/streams/{name}", "DELETE"): Rule(ADMIN),
-    ("/streams/{name}/entries", "GET"): Rule(READ, PATH),
-    ("/streams/{name}/groups", "GET"): Rule(READ, PATH),
-    ("/streams/{name}/groups/{group}", "GET"): Rule(READ, PATH),
-    ("/streams/{name}/groups/{group}", "PUT"): Rule(ADMIN),
-    ("/streams/{name}/groups/{group}", "DELETE"): Rule(ADMIN),
-    # lists only the streams the token may read
-    ("/streams", "GET"): Rule(READ, ANY),
-    ("/v1/logs", "POST"): Rule(WRITE, OTLP),
-    ("/v1/traces", "POST"): Rule(WRITE, OTLP),
-    ("/v1/metrics", "POST"): Rule(WRITE, OTLP),
-    ("/healthz", "GET"): Rule(OPEN),
-    ("/readyz", "GET"): Rule(OPEN),
-    # every stream's counters, by name: for a monitoring token with read scope
-    ("/metrics", "GET"): Rule(READ, ANY),
-    # the API's description: nothing of the data
-    ("/openapi.json", "GET"): Rule(TOKEN),
-}
-
-
-def rule(path: str, method: str) -> Rule:
-    """The rule of a route (HEAD: GET's); LookupError for a route without one."""
-    found = SCOPES.get((path, "GET" if method == "HEAD" else method))
-    if found is None:
-        raise LookupError(f"{method} {path} is routed but gateway.auth.SCOPES has no rule for "
-                          "it: say which scope it needs")
-    return found
 
 
 class AuthFailed(HTTPError):

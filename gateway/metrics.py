@@ -11,7 +11,8 @@ counters stay monotonic.
 
 The duration histogram has one series per route template, method and status
 class - a fixed set, whatever the streams are called - so its size never
-grows with the streams.  The stall gauges are kept per second in a ring of
+grows with the streams.  The route templates are the route table's
+(gateway.routes), which builds the ``Layout`` of the files from them.  The stall gauges are kept per second in a ring of
 STALL_WINDOW_S slots (each tagged with its monotonic second, so that a slot
 left from a minute ago, or by a dead worker, is ignored): a scrape reports
 the worst of the last STALL_WINDOW_S seconds, which a scrape interval up to
@@ -26,7 +27,7 @@ import time
 import zlib
 from bisect import bisect_left
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 from storage_c import Log, StreamNotFound, StreamStats
 
@@ -34,9 +35,6 @@ STATUSES = (200, 202, 400, 401, 403, 404, 409, 413, 415, 429, 500, 503, 507)
 BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 UNMATCHED = "unmatched"
 """The route of a request no route template matches (a 404)."""
-ROUTES = ("/streams/{name}", "/streams/{name}/entries", "/streams/{name}/groups",
-          "/streams/{name}/groups/{group}", "/streams", "/v1/logs", "/v1/traces", "/v1/metrics",
-          "/healthz", "/readyz", "/metrics", "/openapi.json", UNMATCHED)
 METHODS = ("GET", "HEAD", "POST", "PUT", "DELETE", "other")
 CLASSES = ("1xx", "2xx", "3xx", "4xx", "5xx")
 STALL_WINDOW_S = 60
@@ -61,21 +59,28 @@ SUM_OFFSET = len(BUCKETS) + 1
 CLASS_WORDS = SERIES_WORDS
 METHOD_WORDS = len(CLASSES) * CLASS_WORDS
 ROUTE_WORDS = len(METHODS) * METHOD_WORDS
-WORDS = HIST_AT + len(ROUTES) * ROUTE_WORDS
-# Derived from the layout: a file of another layout (an older gateway) starts from zero.
-MAGIC = zlib.crc32(repr((STATUSES, BUCKETS, ROUTES, METHODS, CLASSES, STALL_WINDOW_S,
-                         REFUSALS, WORDS)).encode())
 STATUS_INDEX = {code: i for i, code in enumerate(STATUSES)}
 REFUSAL_INDEX = {reason: i for i, reason in enumerate(REFUSALS)}
-ROUTE_INDEX = {route: i for i, route in enumerate(ROUTES)}
 METHOD_INDEX = {method: i for i, method in enumerate(METHODS)}
 
 
-def series_of(route: str, method: str) -> int:
-    """Where the histogram of ``method route`` starts (its 1xx series); KeyError
-    for a route that is not in ROUTES (the app checks its table at start)."""
-    return (HIST_AT + ROUTE_INDEX[route] * ROUTE_WORDS
-            + METHOD_INDEX.get(method, len(METHODS) - 1) * METHOD_WORDS)
+class Layout:
+    """The words of a worker's file for the route templates ``routes`` (the
+    histogram's, in order; UNMATCHED is added last)."""
+
+    def __init__(self, routes: Sequence[str]) -> None:
+        self.routes = (*routes, UNMATCHED)
+        self.route_index = {route: i for i, route in enumerate(self.routes)}
+        self.words = HIST_AT + len(self.routes) * ROUTE_WORDS
+        # Derived from the layout: a file of another layout (an older gateway) starts from zero.
+        self.magic = zlib.crc32(repr((STATUSES, BUCKETS, self.routes, METHODS, CLASSES,
+                                      STALL_WINDOW_S, REFUSALS, self.words)).encode())
+
+    def series_of(self, route: str, method: str) -> int:
+        """Where the histogram of ``method route`` starts (its 1xx series); KeyError
+        for a route that is not in ``routes``."""
+        return (HIST_AT + self.route_index[route] * ROUTE_WORDS
+                + METHOD_INDEX.get(method, len(METHODS) - 1) * METHOD_WORDS)
 
 
 CLASS_OFFSET = tuple((min(max(hundreds, 1), 5) - 1) * CLASS_WORDS for hundreds in range(10))
@@ -90,29 +95,31 @@ class WorkerMetrics:
     """This worker's counters, in its mapped file.  Written from the event
     loop's thread only."""
 
-    def __init__(self, mm: mmap.mmap, slot: int) -> None:
+    def __init__(self, mm: mmap.mmap, slot: int, layout: Layout) -> None:
         self._mm = mm
         self.words = memoryview(mm).cast("Q")
         self.slot = slot
+        self.layout = layout
         self.longest_ns = 0
         """The longest request since the last tick (see tick)."""
 
     @classmethod
-    def open(cls, data_dir: str | os.PathLike[str], slot: int) -> WorkerMetrics:
+    def open(cls, data_dir: str | os.PathLike[str], slot: int, layout: Layout) -> WorkerMetrics:
         path = metrics_dir(data_dir) / f"metrics-{slot}.bin"
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        size = layout.words * 8
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
-            if os.fstat(fd).st_size != WORDS * 8:
-                os.ftruncate(fd, WORDS * 8)
-            mm = mmap.mmap(fd, WORDS * 8)
+            if os.fstat(fd).st_size != size:
+                os.ftruncate(fd, size)
+            mm = mmap.mmap(fd, size)
         finally:
             os.close(fd)
-        metrics = cls(mm, slot)
-        if metrics.words[0] != MAGIC:  # new, or another layout: start from zero
-            for i in range(WORDS):
+        metrics = cls(mm, slot, layout)
+        if metrics.words[0] != layout.magic:  # new, or another layout: start from zero
+            for i in range(layout.words):
                 metrics.words[i] = 0
-            metrics.words[0] = MAGIC
+            metrics.words[0] = layout.magic
         return metrics
 
     def observe(self, series: int, status: int, seconds: float, events: int, nbytes: int) -> None:
@@ -133,7 +140,7 @@ class WorkerMetrics:
 
     def request(self, series: int, status: int, seconds: float) -> None:
         """A request of any route answered ``status`` after ``seconds``;
-        ``series``: its route and method's, from series_of."""
+        ``series``: its route and method's, from Layout.series_of."""
         w = self.words
         at = series + CLASS_OFFSET[status // 100]
         w[at + bisect_left(BUCKETS, seconds)] += 1  # first bucket >= seconds
@@ -167,7 +174,7 @@ class WorkerMetrics:
         self._mm.close()
 
 
-def read_all_workers(data_dir: str | os.PathLike[str]) -> dict[int, list[int]]:
+def read_all_workers(data_dir: str | os.PathLike[str], layout: Layout) -> dict[int, list[int]]:
     out: dict[int, list[int]] = {}
     for path in sorted(metrics_dir(data_dir).glob("metrics-*.bin")):
         try:
@@ -175,10 +182,10 @@ def read_all_workers(data_dir: str | os.PathLike[str]) -> dict[int, list[int]]:
             raw = path.read_bytes()
         except (ValueError, OSError):
             continue
-        if len(raw) != WORDS * 8:
+        if len(raw) != layout.words * 8:
             continue
         words = list(memoryview(raw).cast("Q"))
-        if words[0] == MAGIC:
+        if words[0] == layout.magic:
             out[slot] = words
     return out
 
@@ -200,7 +207,7 @@ def _line(name: str, labels: dict[str, object], value: float | int) -> str:
     return f"{name}{{{text}}} {value}" if text else f"{name} {value}"
 
 
-def histogram_lines(workers: dict[int, list[int]]) -> list[str]:
+def histogram_lines(workers: dict[int, list[int]], layout: Layout) -> list[str]:
     """comet_http_request_duration_seconds, summed over the workers: the
     series that counted something (cumulative buckets, as Prometheus wants)."""
     name = "comet_http_request_duration_seconds"
@@ -208,7 +215,7 @@ def histogram_lines(workers: dict[int, list[int]]) -> list[str]:
     lines: list[str] = []
     if not totals:
         return lines
-    for r, route in enumerate(ROUTES):
+    for r, route in enumerate(layout.routes):
         for m, method in enumerate(METHODS):
             for c, cls in enumerate(CLASSES):
                 at = r * ROUTE_WORDS + m * METHOD_WORDS + c * CLASS_WORDS
@@ -292,7 +299,7 @@ def _stream_row(log: Log, name: str) -> tuple[str, list[float], list[GroupRow]] 
     return (name, [value(s) for _, _, value, _ in STORAGE_METRICS], groups)
 
 
-def render(log: Log, data_dir: str | os.PathLike[str],
+def render(log: Log, data_dir: str | os.PathLike[str], layout: Layout,
            readable: Callable[[str], bool] = lambda stream: True) -> str:
     """The Prometheus text exposition of the storage and of every worker; of the
     streams, those ``readable`` says the asker may read."""
@@ -302,7 +309,7 @@ def render(log: Log, data_dir: str | os.PathLike[str],
         lines.append(f"# HELP {name} {help_text}")
         lines.append(f"# TYPE {name} {kind}")
 
-    workers = read_all_workers(data_dir)
+    workers = read_all_workers(data_dir, layout)
     family("comet_http_requests_total", "counter", "Ingest requests (POST /streams/{name}, the OTLP paths) by status.")
     for slot, w in workers.items():
         for i, code in enumerate(STATUSES):
@@ -311,7 +318,7 @@ def render(log: Log, data_dir: str | os.PathLike[str],
                            w[STATUS_AT + len(STATUSES)]))
     family("comet_http_request_duration_seconds", "histogram",
            "Request duration by route template, method and status class, all workers.")
-    lines += histogram_lines(workers)
+    lines += histogram_lines(workers, layout)
     family("comet_http_events_accepted_total", "counter", "Events acknowledged (202; 200 on the OTLP paths).")
     for slot, w in workers.items():
         lines.append(_line("comet_http_events_accepted_total", {"slot": slot}, w[EVENTS_AT]))

@@ -1,10 +1,10 @@
 """The OpenAPI 3.1 description of the gateway, served at /openapi.json.
 
-Its paths are the app's routes: ``document`` describes exactly the (path,
-method) pairs the router holds, each from its entry in ``OPERATIONS``, and
-fails on a route that has none, so a route cannot go undocumented.  The
-entries are written out by hand: they are the contract clients and the
-fuzzing test hold the gateway to, status by status.
+Each route of gateway.routes.TABLE names its description here (a
+``Describe``: what it answers, status by status, for one configuration), so
+the document holds exactly the routes the app serves.  The descriptions are
+written out by hand: they are the contract clients and the fuzzing test hold
+the gateway to.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterable
 
 from starlette.routing import BaseRoute, Route
 
-from . import auth
+from .auth import Rule
 from .config import GatewayConfig
 
 Operation = dict[str, Any]
@@ -81,7 +81,21 @@ class Context:
         return out
 
 
-def _ingest(c: Context) -> Operation:
+Describe = Callable[[Context], Operation]
+"""A route's description, for the Context of one configuration."""
+
+
+def stream_read(summary: str, answer: str, *, extra: Iterable[dict[str, Any]] = (),
+                not_found: str = "Unknown stream.") -> Describe:
+    return lambda c: c.stream_read(summary, answer, extra=extra, not_found=not_found)
+
+
+def stream_change(summary: str, answer: str, *, extra: Iterable[dict[str, Any]] = (),
+                  not_found: str = "Unknown stream.", body: Operation | None = None) -> Describe:
+    return lambda c: c.stream_change(summary, answer, extra=extra, not_found=not_found, body=body)
+
+
+def ingest(c: Context) -> Operation:
     return {
         "summary": "Append events to a stream",
         "description": "One request is one atomic batch in one shard: every event is stored, "
@@ -138,7 +152,7 @@ def _status(description: str, retry: bool = False) -> dict[str, Any]:
     return out
 
 
-def _otlp(signal: str, request: str, records: str) -> Callable[[Context], Operation]:
+def otlp(signal: str, request: str, records: str) -> Describe:
     def build(c: Context) -> Operation:
         stream = c.config.otlp_stream(signal)
         return {
@@ -177,7 +191,7 @@ def _otlp(signal: str, request: str, records: str) -> Callable[[Context], Operat
     return build
 
 
-def _entries(c: Context) -> Operation:
+def entries(c: Context) -> Operation:
     limit = {"type": "integer", "minimum": 1, "maximum": c.config.max_entries_per_read}
     return c.stream_read(
         "Read entries, a page at a time",
@@ -203,8 +217,8 @@ RESET_BODY = {"required": True, "content": {"application/json": {"schema": {
                    "shard": {"type": "integer", "minimum": 0}}}}}}
 
 
-def _simple(summary: str, answer: str, *, open_: bool = False,
-            media: str = "application/json") -> Callable[[Context], Operation]:
+def simple(summary: str, answer: str, *, open_: bool = False,
+           media: str = "application/json") -> Describe:
     def build(c: Context) -> Operation:
         ok = {"description": answer, "content": {media: {"schema": (
             {"type": "object"} if media == "application/json" else {"type": "string"})}}}
@@ -214,51 +228,20 @@ def _simple(summary: str, answer: str, *, open_: bool = False,
     return build
 
 
-OPERATIONS: dict[tuple[str, str], Callable[[Context], Operation]] = {
-    ("/streams/{name}", "POST"): _ingest,
-    ("/streams/{name}", "GET"): lambda c: c.stream_read(
-        "Describe a stream", "Shards, sizes, groups and lag."),
-    ("/streams/{name}", "DELETE"): lambda c: c.stream_change(
-        "Delete a stream and free its disk", "The stream deleted."),
-    ("/streams/{name}/entries", "GET"): _entries,
-    ("/streams/{name}/groups", "GET"): lambda c: c.stream_read(
-        "List consumer groups", "Each group's lag, and its offset and lag in each shard."),
-    ("/streams/{name}/groups/{group}", "GET"): lambda c: c.stream_read(
-        "Describe a consumer group", "The group's lag, and its offset and lag in each shard.",
-        extra=[GROUP_NAME], not_found="Unknown stream, or the group is not registered."),
-    ("/streams/{name}/groups/{group}", "PUT"): lambda c: c.stream_change(
-        "Move a consumer group", "The group's offsets before and after, per shard.",
-        extra=[GROUP_NAME], not_found="Unknown stream, or the group is not registered.",
-        body=RESET_BODY),
-    ("/streams/{name}/groups/{group}", "DELETE"): lambda c: c.stream_change(
-        "Unregister a consumer group", "The shards it was deleted from.", extra=[GROUP_NAME],
-        not_found="Unknown stream."),
-    ("/streams", "GET"): _simple("List streams", "Streams."),
-    ("/v1/logs", "POST"): _otlp("logs", "ExportLogsServiceRequest", "log records"),
-    ("/v1/traces", "POST"): _otlp("traces", "ExportTraceServiceRequest", "spans"),
-    ("/v1/metrics", "POST"): _otlp("metrics", "ExportMetricsServiceRequest", "metric data points"),
-    ("/healthz", "GET"): _simple("Liveness", "Alive.", open_=True),
-    ("/readyz", "GET"): lambda c: {
-        "summary": "Readiness: slot claimed, storage writable",
-        "responses": {"200": _json({"type": "object"}, "Ready."),
-                      "503": _json({"type": "object"}, "Not ready, with why.")}},
-    ("/metrics", "GET"): _simple("Prometheus metrics of every worker", "Text exposition format.",
-                                 media="text/plain"),
-    ("/openapi.json", "GET"): _simple("This document", "OpenAPI 3.1."),
-}
+def readiness(c: Context) -> Operation:
+    return {"summary": "Readiness: slot claimed, storage writable",
+            "responses": {"200": _json({"type": "object"}, "Ready."),
+                          "503": _json({"type": "object"}, "Not ready, with why.")}}
 
 
-def document(config: GatewayConfig, routed: Iterable[tuple[str, str]]) -> dict[str, Any]:
-    """The document of the routes ``routed`` ((path, method) pairs)."""
+def document(config: GatewayConfig,
+             routes: Iterable[tuple[str, str, Describe, Rule]]) -> dict[str, Any]:
+    """The document of ``routes``: (path, method, description, scope) each."""
     context = Context(config)
     paths: dict[str, dict[str, Operation]] = {}
-    for path, method in routed:
-        build = OPERATIONS.get((path, method))
-        if build is None:
-            raise LookupError(f"{method} {path} is routed but gateway/openapi.py does not "
-                              "describe it (OPERATIONS)")
-        operation = build(context)
-        operation["x-comet-scope"] = auth.rule(path, method).describe()
+    for path, method, describe, scope in routes:
+        operation = describe(context)
+        operation["x-comet-scope"] = scope.describe()
         paths.setdefault(path, {})[method.lower()] = operation
     return {
         "openapi": "3.1.0",

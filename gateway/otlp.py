@@ -25,7 +25,6 @@ from __future__ import annotations
 import base64
 import logging
 import re
-import time
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Callable, Iterator
@@ -38,18 +37,15 @@ from opentelemetry.proto.collector.logs.v1 import logs_service_pb2 as logs_servi
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2 as metrics_service
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as trace_service
 from starlette.concurrency import run_in_threadpool
-from starlette.types import Receive, Scope, Send
+from starlette.types import Receive, Scope
 
 from storage_c import BatchTooLarge, CometError, Decoded, InvalidOTLP, decode_otlp
-from storage_c.jsonlog import event
 
-from . import auth
-from .bodies import decompress, encoding_of
-from .errors import HTTPError, errors_answered, storage_error
-from .ingest import (EVENTS, INLINE_BODY_BYTES, ClientGone, Head, Ingest, Outcome,
-                     check_idempotency_key, read_body, store)
-from .metrics import series_of
-from .tokens import WRITE
+from .answers import Head, Outcome, PlainRoute
+from .bodies import INLINE_BODY_BYTES, decompress, encoding_of, read_body
+from .errors import HTTPError, storage_error
+from .logs import AccessLog
+from .writes import Writer, check_idempotency_key
 
 log = logging.getLogger("comet.gateway.otlp")
 
@@ -69,15 +65,13 @@ class Signal:
     """What the records are called in messages."""
 
 
-SIGNALS = {
-    "/v1/logs": Signal("logs", logs_service.ExportLogsServiceRequest,
-                       logs_service.ExportLogsServiceResponse, "rejected_log_records", "log records"),
-    "/v1/traces": Signal("traces", trace_service.ExportTraceServiceRequest,
-                         trace_service.ExportTraceServiceResponse, "rejected_spans", "spans"),
-    "/v1/metrics": Signal("metrics", metrics_service.ExportMetricsServiceRequest,
-                          metrics_service.ExportMetricsServiceResponse, "rejected_data_points",
-                          "data points"),
-}
+LOGS = Signal("logs", logs_service.ExportLogsServiceRequest,
+              logs_service.ExportLogsServiceResponse, "rejected_log_records", "log records")
+TRACES = Signal("traces", trace_service.ExportTraceServiceRequest,
+                trace_service.ExportTraceServiceResponse, "rejected_spans", "spans")
+METRICS = Signal("metrics", metrics_service.ExportMetricsServiceRequest,
+                 metrics_service.ExportMetricsServiceResponse, "rejected_data_points",
+                 "data points")
 
 # google.rpc.Code of each HTTP status the gateway answers.
 GRPC_CODES = {400: 3, 401: 16, 403: 7, 404: 5, 405: 12, 409: 8, 413: 8, 415: 3, 429: 8,
@@ -198,66 +192,43 @@ def answer(signal: Signal, media_type: str, decoded: Decoded) -> bytes:
     return json_format.MessageToJson(response, indent=None).encode()
 
 
-class OtlpIngest:
-    """The three OTLP paths as one plain ASGI application, on the admission,
+class OtlpIngest(PlainRoute):
+    """One OTLP path (its ``signal``), on the worker's Writer: the admission,
     storing and accounting of the /streams/ ingest path."""
 
-    def __init__(self, ingest: Ingest) -> None:
-        self.ingest = ingest
-        self.runtime = ingest.runtime
-        self.series = {path: series_of(path, "POST") for path in SIGNALS}
+    log = log
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        t0 = time.perf_counter()
-        signal = SIGNALS[scope["path"]]
-        runtime = self.runtime
-        head = Head.parse(scope, runtime.config.otlp_stream(signal.name))
-        media_type = head.content_type if head.content_type in (PROTOBUF, JSON) else JSON
-        outcome = Outcome()
-        headers: dict[str, str] = {}
-        try:
-            outcome.token = auth.identify(head.authorization, runtime.config, head.authorizations)
-            auth.require(outcome.token, runtime.config, WRITE, head.stream)
-            body = await self.handle(signal, head, receive, outcome)
-            outcome.status = 200
-        except HTTPError as exc:
-            exc = retriable(exc, runtime.config.retry_after_s)
-            outcome.status, headers = exc.status, exc.headers
-            runtime.answered(exc, scope)
-            body, media_type = status_body(exc, media_type)
-        except ClientGone:
-            return
-        except Exception:  # a bug, not the client's fault: say so, answer (and count) a 500
-            event(log, "internal_error", logging.ERROR, exc_info=True, method="POST",
-                  path=scope["path"])
-            error = HTTPError(500, "internal", "unexpected error; see the gateway's log")
-            outcome.status, headers = 500, error.headers
-            body, media_type = status_body(error, media_type)
-        raw_headers = [(b"content-type", media_type.encode()),
-                       (b"content-length", str(len(body)).encode())]
-        raw_headers += [(k.lower().encode(), v.encode()) for k, v in headers.items()]
-        await send({"type": "http.response.start", "status": outcome.status, "headers": raw_headers})
-        await send({"type": "http.response.body", "body": body})
-        seconds = time.perf_counter() - t0
-        if runtime.metrics is not None:
-            runtime.metrics.observe(self.series[scope["path"]], outcome.status, seconds,
-                                    outcome.events, head.length or 0)
-        if self.ingest.access_log is not None:
-            self.ingest.access_log.request(scope["path"], outcome.status, outcome.events, seconds,
-                                           runtime.slot, outcome.token, scope.get("client"))
+    def __init__(self, signal: Signal, writer: Writer, series: int,
+                 access_log: AccessLog | None) -> None:
+        super().__init__(writer.runtime, series, access_log)
+        self.signal = signal
+        self.writer = writer
 
-    async def handle(self, signal: Signal, head: Head, receive: Receive, outcome: Outcome) -> bytes:
-        ingest = self.ingest
-        runtime = self.runtime
-        config = runtime.config
+    def head_of(self, scope: Scope) -> Head:
+        return Head.parse(scope, self.runtime.config.otlp_stream(self.signal.name))
+
+    def content_type(self, head: Head) -> bytes:
+        return (PROTOBUF if head.content_type == PROTOBUF else JSON).encode()
+
+    def outward(self, exc: HTTPError) -> HTTPError:
+        return retriable(exc, self.runtime.config.retry_after_s)
+
+    def error_body(self, error: HTTPError, content_type: bytes) -> bytes:
+        return status_body(error, content_type.decode())[0]
+
+    async def handle(self, head: Head, receive: Receive,
+                     outcome: Outcome) -> tuple[bytes, dict[str, str]]:
+        signal = self.signal
+        writer = self.writer
+        config = self.runtime.config
         check_idempotency_key(head.idempotency_key)
-        ingest.check_ready()
+        writer.check_ready()
         if head.content_type not in (PROTOBUF, JSON):
             raise HTTPError(415, "unsupported_media_type",
                             f"Content-Type {head.content_type or '(none)'!r} is not accepted on "
                             f"/v1/{signal.name}; use {PROTOBUF} or {JSON}")
         encoding = encoding_of(head.encoding)
-        reservation = ingest.reserve(head, outcome.token)
+        reservation = writer.reserve(head, outcome.token)
         try:
             body = await read_body(receive, config.max_body_bytes, head.length, reservation)
             offload = (encoding != "identity" or len(body) > INLINE_BODY_BYTES
@@ -270,12 +241,8 @@ class OtlpIngest:
             except CometError as exc:  # out of memory: as the storage errors' table says
                 raise storage_error(exc, config.retry_after_s) from None
             if decoded.count:
-                work_store = partial(store, runtime, head.stream, EVENTS, decoded.events,
-                                     decoded.key, idempotency_key=head.idempotency_key,
-                                     token=outcome.token)
-                await ingest.store(head.stream, work_store,
-                                   offload or config.storage.durability == "always", outcome.token)
+                await writer.store_events(head, decoded.events, decoded.key, outcome.token, offload)
         finally:
             reservation.release()
         outcome.events = decoded.count
-        return answer(signal, head.content_type, decoded)
+        return answer(signal, head.content_type, decoded), {}

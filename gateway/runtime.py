@@ -31,15 +31,17 @@ from .auth import AuthFailed
 from .config import GatewayConfig
 from .errors import HTTPError, clipped, errors_answered
 from .limits import Refusals
-from .metrics import WorkerMetrics
+from .metrics import Layout, WorkerMetrics
 from .tenants import Creators, IdempotencyShards
 
 log = logging.getLogger("comet.gateway.runtime")
 
 
 class Runtime:
-    def __init__(self, config: GatewayConfig) -> None:
+    def __init__(self, config: GatewayConfig, layout: Layout) -> None:
         self.config = config
+        self.layout = layout
+        """Of this worker's metrics file: the route table's (gateway.routes.LAYOUT)."""
         self.log: Log | None = None
         self.metrics: WorkerMetrics | None = None
         self.draining = False
@@ -116,7 +118,7 @@ class Runtime:
                 event(log, "slot_claim_failed", logging.ERROR, error=str(exc))
                 return
             self._slot = slot
-            self.metrics = WorkerMetrics.open(self.config.data_dir, slot)
+            self.metrics = WorkerMetrics.open(self.config.data_dir, slot, self.layout)
             # the time a claim blocked inside the storage (another opener of .slots) counts too
             event(log, "slot_claimed", slot=slot, waited_s=round(time.monotonic() - started, 1))
             return

@@ -19,7 +19,7 @@ from starlette.testclient import TestClient
 
 from gateway.app import create_app
 from gateway.config import GatewayConfig, StreamPolicy
-from gateway.ingest import ShardHops
+from gateway.writes import ShardHops
 from storage_c import BatchResult, Config, Durability, Log, SyncFailed
 from storage_c.testing import SYNC, faults
 

@@ -11,7 +11,7 @@ from typing import Iterator
 import pytest
 from starlette.testclient import TestClient
 
-from gateway import openapi
+from gateway import openapi, routes
 from gateway.app import create_app
 from storage_c import Log
 
@@ -37,17 +37,21 @@ def documented(client: TestClient) -> set[tuple[str, str]]:
 
 def test_the_document_describes_every_route_and_nothing_else(client: TestClient) -> None:
     assert routed(client) == documented(client)
-    assert set(openapi.OPERATIONS) == routed(client)  # no description of a route that is gone
+    assert set(routes.SCOPES) == routed(client)  # every route of the table, and only those
     assert {("/streams/{name}/groups", "GET"), ("/streams/{name}/groups/{group}", "PUT"),
             ("/streams/{name}/groups/{group}", "DELETE"), ("/streams/{name}", "DELETE"),
             ("/streams/{name}/groups/{group}", "GET")} <= documented(client)
 
 
-def test_a_route_without_a_description_stops_the_app_from_being_built(
-        data_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delitem(openapi.OPERATIONS, ("/streams/{name}", "DELETE"))
-    with pytest.raises(LookupError, match="DELETE /streams/{name} is routed but"):
-        create_app(config(data_dir))
+def test_a_route_is_declared_with_one_handler() -> None:
+    """A route of the table has a Starlette endpoint or a plain ASGI route, never both or
+    neither; its scope and its description are required fields of the declaration."""
+    operation = routes.TABLE[1]
+    with pytest.raises(TypeError, match="GET /streams/{name}: give an endpoint or a plain route"):
+        routes.Operation(operation.path, operation.method, operation.scope, operation.describe)
+    with pytest.raises(TypeError, match="give an endpoint or a plain route"):
+        routes.Operation(operation.path, operation.method, operation.scope, operation.describe,
+                         operation.endpoint, routes.TABLE[0].plain)
 
 
 def allowed(client: TestClient, template: str) -> set[str]:

@@ -22,6 +22,7 @@ from gateway import metrics
 from gateway.app import create_app
 from storage_c import Config, Log
 from gateway.metrics import BUCKETS, STALL_WINDOW_S, WorkerMetrics, worst_stalls
+from gateway.routes import LAYOUT
 
 from .support.gateway_app import config
 from .support.server import HOST, SMALL, GatewayProcess
@@ -44,7 +45,7 @@ def histogram(text: str) -> dict[Key, dict[str, float]]:
         le = labels.pop("le", None)
         assert set(labels) == {"method", "route", "class"}, labels  # never a stream
         key = (labels["method"], labels["route"], labels["class"])
-        assert key[0] in metrics.METHODS and key[1] in metrics.ROUTES and key[2] in metrics.CLASSES
+        assert key[0] in metrics.METHODS and key[1] in LAYOUT.routes and key[2] in metrics.CLASSES
         name = sample.name.removeprefix(HIST + "_")
         series.setdefault(key, {})["le " + le if name == "bucket" and le else name] = sample.value
     expected_les = [f"le {float(b)}" for b in BUCKETS] + ["le +Inf"]
@@ -248,8 +249,8 @@ def test_classes_buckets_and_the_stall_window(data_dir: Path) -> None:
     """In one process: every class, a bound counts in its own bucket (le is <=), a
     duration above the last bucket only in +Inf, and a stall is reported for
     STALL_WINDOW_S seconds, not after."""
-    w = WorkerMetrics.open(data_dir, 0)
-    series = metrics.series_of("/streams/{name}", "DELETE")
+    w = WorkerMetrics.open(data_dir, 0, LAYOUT)
+    series = LAYOUT.series_of("/streams/{name}", "DELETE")
     for status, seconds in [(101, 0.001), (204, 0.0005), (302, 0.0006), (404, 11.0), (503, 10.0),
                             (599, 0.1)]:
         w.request(series, status, seconds)
@@ -257,7 +258,7 @@ def test_classes_buckets_and_the_stall_window(data_dir: Path) -> None:
     w.tick(0.05, now=1001.2)
     w.close()
     with Log(data_dir, Config(background_flush=False)) as log:
-        text = metrics.render(log, data_dir)
+        text = metrics.render(log, data_dir, LAYOUT)
     got = {key[2]: values for key, values in histogram(text).items()
            if key[:2] == ("DELETE", "/streams/{name}")}
     assert {cls: v["count"] for cls, v in got.items()} == {"1xx": 1, "2xx": 1, "3xx": 1,
@@ -267,7 +268,7 @@ def test_classes_buckets_and_the_stall_window(data_dir: Path) -> None:
     assert got["4xx"]["le 10.0"] == 0 and got["4xx"]["le +Inf"] == 1
     assert got["5xx"]["le 10.0"] == 2 and got["5xx"]["le 0.1"] == 1
     assert got["4xx"]["sum"] == pytest.approx(11.0)
-    words = metrics.read_all_workers(data_dir)[0]
+    words = metrics.read_all_workers(data_dir, LAYOUT)[0]
     assert worst_stalls(words, now=1001.9) == (200_000_000, 11_000_000_000)
     assert worst_stalls(words, now=1000 + STALL_WINDOW_S - 0.5) == (200_000_000, 11_000_000_000)
     assert worst_stalls(words, now=1000 + STALL_WINDOW_S + 0.5) == (50_000_000, 0)
@@ -286,7 +287,7 @@ def test_per_stream_families_and_a_stream_deleted_while_listed(data_dir: Path,
         listed = log.streams()
         log.delete_stream("gone")
         monkeypatch.setattr(log, "streams", lambda: listed)
-        text = metrics.render(log, data_dir)
+        text = metrics.render(log, data_dir, LAYOUT)
     families = {f.name: f for f in text_string_to_metric_families(text)}
     for name in ("comet_stream_appended_entries", "comet_stream_entries",
                  "comet_append_latency_max_seconds", "comet_stream_disk_bytes"):

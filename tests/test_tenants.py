@@ -71,11 +71,12 @@ def test_one_tokens_slow_uploads_leave_the_budget_to_the_others(tmp_path: Path) 
 def test_a_tenant_holds_at_most_its_share_of_the_budget(data_dir: Path) -> None:
     """inflight_share of inflight_bytes per token; a token with nothing in flight always
     gets one request in, whatever it declares."""
-    from gateway.ingest import Reservation
+    from gateway.bodies import Reservation
+    from gateway.routes import LAYOUT
     from gateway.runtime import Runtime
 
     runtime = Runtime(config(data_dir, auth="on", tokens=TENANTS, inflight_bytes=1000,
-                             inflight_share=0.25, max_body_bytes=900))
+                             inflight_share=0.25, max_body_bytes=900), LAYOUT)
     alpha = Reservation(runtime, "a-1", TENANTS[0])
     alpha.hold(900)  # alone for its tenant: in, though above its share
     second = Reservation(runtime, "a-1", TENANTS[0])
@@ -175,25 +176,25 @@ def test_the_first_requests_of_a_new_stream_open_it_once(data_dir: Path,
     connection) wait for one open on a thread, not a thread each; when that open fails for
     its token (alpha's share of the streams is spent), a waiting request of another token
     (carol) tries for itself and creates the stream."""
-    from gateway.ingest import Ingest
+    from gateway.writes import Writer
     cfg = config(data_dir, auth="on", tokens=TENANTS, max_streams=4)  # a token may create 1
     app = create_app(cfg)
     opens: list[str | None] = []
-    real_open = Ingest.open_stream
+    real_open = Writer.open_stream
 
-    def slow_open(self: Ingest, stream: str, token: Token | None = None) -> None:
+    def slow_open(self: Writer, stream: str, token: Token | None = None) -> None:
         opens.append(token.name if token else None)
         time.sleep(0.2)  # long enough for every request below to find the stream closed
         real_open(self, stream, token)
 
-    monkeypatch.setattr(Ingest, "open_stream", slow_open)
+    monkeypatch.setattr(Writer, "open_stream", slow_open)
     with TestClient(app) as c:
         assert c.post("/streams/a-0", content=b"{}", headers=bearer("alpha")).status_code == 202
         opens.clear()
         alpha, carol = TENANTS[0], TENANTS[2]
 
         async def together(tokens: list[Token]) -> list[BaseException | None]:
-            return await asyncio.gather(*(app.ingest.open_once("a-new", t) for t in tokens),
+            return await asyncio.gather(*(app.writer.open_once("a-new", t) for t in tokens),
                                         return_exceptions=True)
 
         portal = c.portal
