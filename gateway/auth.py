@@ -17,7 +17,7 @@ from typing import Callable
 
 from .config import GatewayConfig
 from .errors import HTTPError, check_name
-from .tokens import ADMIN, READ, WRITE, Token
+from .tokens import ADMIN, READ, Token
 
 OPEN = "open"
 TOKEN = "token"
@@ -92,14 +92,6 @@ def require(token: Token | None, config: GatewayConfig, scope: str, stream: str 
     elif not config.access.allows(token, scope, stream):
         check_name(stream)  # a bad name is a 400 of its own, whoever asks
         raise HTTPError(403, "forbidden", f"token {token.name!r} lacks {scope} on stream {stream!r}")
-
-
-def authorize(header: str, config: GatewayConfig, scope: str, stream: str | None) -> Token | None:
-    """identify, then require: the token (None when auth is off)."""
-    token = identify(header, config)
-    if token is not None:
-        require(token, config, scope, stream)
-    return token
 
 
 def readable(token: Token | None, config: GatewayConfig) -> Callable[[str], bool]:
