@@ -37,6 +37,7 @@ from typing import Any, Iterator
 
 from botocore.exceptions import ClientError
 
+from comet.objectstore import boto3_client_for
 from storage_c.jsonlog import event
 
 from .lakefs import Lake, LakeError
@@ -225,18 +226,7 @@ class _Lease:
 
 def s3_client(lake: Lake) -> Any:
     """A boto3 S3 client for the lake's store (its endpoint, region and credentials)."""
-    import boto3
-    from botocore.config import Config
-
-    kwargs: dict[str, Any] = {"region_name": lake.region_name(),
-                              "config": Config(connect_timeout=5, read_timeout=60,
-                                               retries={"max_attempts": 3})}
-    if lake.endpoint():
-        kwargs["endpoint_url"] = lake.endpoint()
-    if lake.access_key:
-        kwargs.update(aws_access_key_id=lake.access_key, aws_secret_access_key=lake.secret_key,
-                      aws_session_token=lake.session_token)
-    return boto3.client("s3", **kwargs)
+    return boto3_client_for(lake.store())
 
 
 def _status(exc: Exception) -> int:
