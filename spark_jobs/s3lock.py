@@ -81,7 +81,7 @@ class _Held:
 class _Lease:
     def __init__(self, lake: Lake, stream: str, group: str) -> None:
         self.lake, self.stream, self.group = lake, stream, group
-        self.s3 = s3_client(lake)
+        self.s3 = boto3_client_for(lake.store())
         self.bucket, _, prefix = lake.root.partition("/")
         rel = lock_rel(stream, group)
         self.key = f"{prefix}/{rel}" if prefix else rel
@@ -196,7 +196,7 @@ class _Lease:
 
     # ---- the object ---------------------------------------------------------------------
 
-    def _put(self, **condition: str) -> str:
+    def _put(self, **condition: Any) -> str:
         # Every write of the lock differs (its time), so its ETag changes: a
         # run taking over an expired lease with If-Match on what it read
         # fails if the holder renewed it meanwhile.
@@ -222,11 +222,6 @@ class _Lease:
         # lease never looks expired.
         expired = now > got["LastModified"].timestamp() + lease_s + 1
         return _Held(text, str(got["ETag"]), expired)
-
-
-def s3_client(lake: Lake) -> Any:
-    """A boto3 S3 client for the lake's store (its endpoint, region and credentials)."""
-    return boto3_client_for(lake.store())
 
 
 def _status(exc: Exception) -> int:
