@@ -52,10 +52,13 @@ def aws(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[pytest.Monk
     yield monkeypatch
 
 
-def with_profiles(aws: pytest.MonkeyPatch, tmp_path: Path, profile: str | None = None) -> None:
-    (tmp_path / "config").write_text(PROFILES)
-    aws.setenv("AWS_CONFIG_FILE", str(tmp_path / "config"))
+def configure(aws: pytest.MonkeyPatch, tmp_path: Path, env: dict[str, str], profile: str | None) -> None:
+    """These variables, and with a profile the config file of PROFILES naming it."""
+    for name, value in env.items():
+        aws.setenv(name, value)
     if profile is not None:
+        (tmp_path / "config").write_text(PROFILES)
+        aws.setenv("AWS_CONFIG_FILE", str(tmp_path / "config"))
         aws.setenv("AWS_PROFILE", profile)
 
 
@@ -119,10 +122,7 @@ ENDPOINT_FORMS: dict[str, tuple[dict[str, str], str | None, str | None, str | No
 def test_every_endpoint_form_configures_the_three_clients_alike(
         form: str, aws: pytest.MonkeyPatch, tmp_path: Path) -> None:
     env, profile, option, expected = ENDPOINT_FORMS[form]
-    for name, value in env.items():
-        aws.setenv(name, value)
-    if profile is not None:
-        with_profiles(aws, tmp_path, profile)
+    configure(aws, tmp_path, env, profile)
     region = {None: "us-east-1", "default": "ap-south-1", "edge": "eu-central-1"}[profile]
     assert_clients_agree(s3_location("s3://edge/lake", endpoint_url=option), expected, region)
 
@@ -146,11 +146,8 @@ REGION_FORMS: dict[str, tuple[dict[str, str], str | None, str | None, str]] = {
 def test_every_region_form_configures_the_three_clients_alike(
         form: str, aws: pytest.MonkeyPatch, tmp_path: Path) -> None:
     env, profile, option, expected = REGION_FORMS[form]
-    for name, value in env.items():
-        aws.setenv(name, value)
-    aws.setenv("AWS_ENDPOINT_URL", "http://store:9000")  # a missing profile fails boto3 otherwise
-    if profile is not None:
-        with_profiles(aws, tmp_path, profile)
+    # One endpoint for every form, whatever endpoint the profile names.
+    configure(aws, tmp_path, {**env, "AWS_ENDPOINT_URL": "http://store:9000"}, profile)
     location = s3_location("s3://edge/lake", region=option)
     if profile == "missing":
         assert (location.endpoint_url, location.region) == ("http://store:9000", expected)
@@ -211,8 +208,7 @@ def test_what_is_not_an_s3_url_is_refused(url: str) -> None:
 
 
 def test_the_sink_and_the_lake_read_the_same_store(aws: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    with_profiles(aws, tmp_path, "edge")
-    aws.setenv("AWS_ENDPOINT_URL", "http://global:9000")
+    configure(aws, tmp_path, {"AWS_ENDPOINT_URL": "http://global:9000"}, "edge")
     sink = S3Sink("edge", "/shipped", region=None)
     lake = Lake("s3://edge/lake")
     assert (sink.client.meta.endpoint_url, sink.client.meta.region_name) == \
