@@ -1,6 +1,6 @@
 """Where an S3 object store is and how every client of it is configured.
 
-Three libraries talk to S3 here: boto3 (``comet ship``'s sink, the lake's
+Three libraries talk to S3 in this project: boto3 (``comet ship``'s sink, the lake's
 lock), pyarrow's S3FileSystem (the lake's files) and delta-rs (the lake's
 Delta log).  Each reads the AWS settings its own way; this module reads them
 once, by the AWS SDKs' rule, into an ``S3Location``, and each ``*_for``
@@ -13,8 +13,9 @@ function below hands that one reading to one library:
   the profile;
 - region: the caller's, else ``AWS_REGION``, else ``AWS_DEFAULT_REGION``,
   else the AWS profile's ``region``, else ``us-east-1``;
-- credentials: the caller's keys, else each library's default chain
-  (environment, profile, instance role), which refreshes expiring ones;
+- credentials: the caller's keys, else each library's own default chain
+  (the environment; boto3's also the AWS config files and instance roles),
+  which renews credentials that expire;
 - attempts per request: ``AWS_MAX_ATTEMPTS``, else 3; connections time out
   after 5 s and requests after 60 s, so an unreachable store is an error
   within seconds, not a hang.
@@ -62,10 +63,6 @@ class S3Location:
     session_token: str | None = field(default=None, repr=False)
     attempts: int = DEFAULT_ATTEMPTS
 
-    @property
-    def url(self) -> str:
-        return f"s3://{self.bucket}/{self.prefix}"
-
 
 def split_s3_url(url: str) -> tuple[str, str]:
     """``s3://bucket/prefix`` as (bucket, prefix without slashes at either end)."""
@@ -81,14 +78,14 @@ def s3_location(url: str, *, endpoint_url: str | None = None, region: str | None
     """The store of ``s3://bucket/prefix``, by the rule above: what the caller
     gives wins, then the environment, then the AWS profile."""
     bucket, prefix = split_s3_url(url)
-    return S3Location(bucket, prefix, endpoint_url=endpoint_url or configured_endpoint(),
-                      region=region or configured_region(), access_key=access_key or None,
+    return S3Location(bucket, prefix, endpoint_url=endpoint_url or _configured_endpoint(),
+                      region=region or _configured_region(), access_key=access_key or None,
                       secret_key=secret_key if access_key else None,
                       session_token=session_token if access_key else None,
-                      attempts=configured_attempts())
+                      attempts=_configured_attempts())
 
 
-def configured_endpoint() -> str | None:
+def _configured_endpoint() -> str | None:
     """The endpoint the environment or the AWS profile names (None: AWS's own)."""
     if os.environ.get("AWS_IGNORE_CONFIGURED_ENDPOINT_URLS", "").lower() == "true":
         return None
@@ -100,14 +97,14 @@ def configured_endpoint() -> str | None:
     return service.get("endpoint_url") or profile.get("endpoint_url") or None
 
 
-def configured_region() -> str:
+def _configured_region() -> str:
     for name in REGION_VARIABLES:
         if os.environ.get(name):
             return os.environ[name]
     return str(_aws_profile().get("region") or DEFAULT_REGION)
 
 
-def configured_attempts() -> int:
+def _configured_attempts() -> int:
     """``AWS_MAX_ATTEMPTS`` (attempts in all, the first included), else 3."""
     try:
         return max(1, int(os.environ.get("AWS_MAX_ATTEMPTS") or DEFAULT_ATTEMPTS))
