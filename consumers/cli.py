@@ -20,6 +20,7 @@ from urllib.parse import urlparse
 
 import click
 
+from comet.objectstore import ENDPOINT_OPTION_HELP
 from storage_c import CometError
 from storage_c.clikit import check_data_dir, show
 from storage_c.jsonlog import event, log_to
@@ -133,7 +134,7 @@ def _timeout(value: float | None) -> float:
 @click.option("--max-object-age", type=float, default=60.0, show_default=True, help="Seconds.")
 @click.option("--level", type=int, default=1, show_default=True, help="zstd level.")
 @click.option("--assignment", help="i/n: ship the shards with shard % n == i.")
-@click.option("--endpoint-url", envvar="AWS_ENDPOINT_URL", help="S3 endpoint (default: AWS).")
+@click.option("--endpoint-url", help=ENDPOINT_OPTION_HELP)
 @click.option("--once", is_flag=True, help="Ship what is there, then exit.")
 @click.option("--max-retries", type=click.IntRange(min=0), default=None,
               help="Give up after N failed retries of one upload or request (exit 4). "

@@ -62,6 +62,7 @@ from typing import Any, Callable
 
 import orjson
 
+from comet.backoff import next_wait_s
 from storage_c import AckGapError, ReadBatch, otlp
 from storage_c.clikit import iso
 from storage_c.export import payload_of
@@ -71,7 +72,7 @@ from storage_c.testing import cut_point
 from .consumer import Consumer
 from .errors import ShipError, SinkFailure
 from .intents import Intent, IntentJournal
-from .loop import backoff, sleep_unless, stopper, store_dead_letters
+from .loop import sleep_unless, stopper, store_dead_letters
 from .otlp_sink import OtlpHttpSink, Outcome
 from .ship import ONCE_MAX_RETRIES, MiB
 
@@ -493,9 +494,8 @@ class Forwarder:
                                 max_retries=limit, key=batch.key, action="deliver to")
             if self._halt.is_set() or (stopped() and retry >= self.config.stop_retries):
                 return ABANDONED
-            delay = outcome.retry_after_s
-            if delay is None:
-                delay = backoff(retry, self.config.retry_backoff_s, self.config.max_backoff_s)
+            delay = next_wait_s(retry, self.config.retry_backoff_s, self.config.max_backoff_s,
+                                outcome.retry_after_s)
             if stopped():
                 time.sleep(min(delay, 1.0))
             else:

@@ -11,7 +11,6 @@ stored), so a crash at any point redelivers, never loses.
 
 from __future__ import annotations
 
-import random
 import threading
 import time
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ from typing import Callable, Iterable, Mapping, Protocol
 
 import orjson
 
+from comet.backoff import backoff_delay
 from storage_c import Log, ReadBatch
 from storage_c.export import json_value
 
@@ -72,12 +72,6 @@ def sleep_unless(stopped: Callable[[], bool], seconds: float) -> None:
         if left <= 0:
             return
         time.sleep(min(left, 0.05))
-
-
-def backoff(retry: int, base: float, cap: float) -> float:
-    """Exponential with full jitter in [50 %, 100 %] of the step."""
-    step = min(cap, base * (2 ** retry))
-    return step * random.uniform(0.5, 1.0)
 
 
 def dead_letter(consumer: GroupReader, batch: ReadBatch, error: BaseException, attempts: int) -> None:
@@ -139,7 +133,7 @@ def handle(consumer: GroupReader, batch: ReadBatch, handler: Callable[[ReadBatch
                 dead_letter(consumer, batch, exc, retry + 1)
                 stats.dead_lettered += len(batch)
                 return DEAD_LETTERED
-            sleep_unless(stopped, backoff(retry, retry_backoff, max_backoff))
+            sleep_unless(stopped, backoff_delay(retry, retry_backoff, max_backoff))
             if stopped():
                 return INTERRUPTED  # not acknowledged: the next run gets it again
             retry += 1

@@ -24,8 +24,6 @@ a client certificate for mutual TLS.
 from __future__ import annotations
 
 import base64
-import email.utils
-import time
 import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any, Mapping
@@ -42,6 +40,8 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (ExportTraceServiceRequest,
                                                                       ExportTraceServiceResponse)
 
+from comet.backoff import retry_after_s
+
 SIGNAL_PATHS = {"logs": "v1/logs", "traces": "v1/traces", "metrics": "v1/metrics"}
 REQUESTS: dict[str, type[Message]] = {"logs": ExportLogsServiceRequest,
                                       "traces": ExportTraceServiceRequest,
@@ -53,9 +53,6 @@ REJECTED_FIELD = {"logs": "rejected_log_records", "traces": "rejected_spans",
                   "metrics": "rejected_data_points"}
 RETRYABLE = frozenset({429, 502, 503, 504})
 PERMANENT_5XX = frozenset({501, 505})
-MAX_RETRY_AFTER_S = 900.0
-"""A Retry-After above this is read as this (a hostile or broken answer must
-not park a shipper for days)."""
 ID_FIELDS = frozenset({"traceId", "spanId", "parentSpanId"})
 """OTLP/JSON writes these bytes as hex, every other bytes field as base64."""
 MAX_ANSWER_CHARS = 2000
@@ -222,7 +219,7 @@ class OtlpHttpSink:
             return Outcome(False, retry=True, status=status,
                            answer=f"redirected to {where}: give comet ship that URL")
         retry = status in RETRYABLE or (status >= 500 and status not in PERMANENT_5XX)
-        delay = retry_after(headers.get("Retry-After")) if retry else None
+        delay = retry_after_s(headers.get("Retry-After")) if retry else None
         return Outcome(False, retry=retry, status=status, answer=text, retry_after_s=delay)
 
     def partial_success(self, content_type: str, data: bytes) -> tuple[int, str]:
@@ -246,24 +243,6 @@ class OtlpHttpSink:
 
     def close(self) -> None:
         self.pool.clear()
-
-
-def retry_after(value: str | None, now: float | None = None) -> float | None:
-    """Seconds from a Retry-After header (delay-seconds or an HTTP-date)."""
-    if not value:
-        return None
-    value = value.strip()
-    try:
-        seconds = float(value)
-    except ValueError:
-        try:
-            when = email.utils.parsedate_to_datetime(value)
-        except (TypeError, ValueError):
-            return None
-        seconds = when.timestamp() - (time.time() if now is None else now)
-    if seconds != seconds:  # NaN
-        return None
-    return min(max(seconds, 0.0), MAX_RETRY_AFTER_S)
 
 
 def _error_text(exc: BaseException) -> str:

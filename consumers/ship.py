@@ -59,6 +59,7 @@ from typing import Any, Callable, cast
 
 import zstandard
 
+from comet.backoff import backoff_delay
 from storage_c import ReadBatch
 from storage_c.clikit import iso
 from storage_c.export import HOUR_NS, ndjson_batch_ok, ndjson_line, partition_path
@@ -67,7 +68,7 @@ from storage_c.jsonlog import event
 from .consumer import Consumer
 from .errors import ShipError, SinkFailure, classify
 from .intents import Intent, IntentJournal
-from .loop import backoff, sleep_unless, stopper
+from .loop import sleep_unless, stopper
 from .sinks import Sink
 
 log = logging.getLogger("comet.ship")
@@ -314,7 +315,7 @@ class Shipper:
                       code=failure.code, error=failure.detail, hint=failure.hint)
                 if stopped() and (failure.permanent or retry >= self.config.stop_retries):
                     return False
-                delay = backoff(retry, self.config.retry_backoff_s, self.config.max_backoff_s)
+                delay = backoff_delay(retry, self.config.retry_backoff_s, self.config.max_backoff_s)
                 if stopped():
                     time.sleep(min(delay, 1.0))
                 else:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlparse
 
+from comet.objectstore import boto3_client_for, s3_location
 from storage_c.files import make_dirs_durably, remove_stale_temp_files, write_durably
 
 from .errors import SinkError
@@ -75,8 +76,8 @@ class DirectorySink:
 
 
 class S3Sink:
-    """S3 through boto3: endpoint, region and credentials come from the usual
-    AWS settings (environment, config files, instance roles) unless given."""
+    """S3 through boto3: endpoint, region and credentials are read by the one
+    rule of ``comet.objectstore`` unless given."""
 
     def __init__(self, bucket: str, prefix: str = "", *, endpoint_url: str | None = None,
                  region: str | None = None, client: Any = None) -> None:
@@ -85,13 +86,8 @@ class S3Sink:
                             permanent=True, code="InvalidBucketName",
                             hint="fix the bucket name in the sink URL")
         if client is None:
-            import boto3
-            from botocore.config import Config
-
-            # A dead endpoint fails an attempt in 10 s, not botocore's 60 s;
-            # botocore's own retries (AWS_MAX_ATTEMPTS, AWS_RETRY_MODE) still apply.
-            client = boto3.client("s3", endpoint_url=endpoint_url, region_name=region,
-                                  config=Config(connect_timeout=10))
+            location = s3_location(f"s3://{bucket}/{prefix}", endpoint_url=endpoint_url, region=region)
+            client = boto3_client_for(location)
         self.client = client
         self.bucket = bucket
         self.prefix = prefix.strip("/")

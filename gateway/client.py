@@ -206,7 +206,8 @@ class CometClient:
 
 def _backoff(attempt: int) -> float:
     """0.1 s doubling to 5 s, each drawn from its upper half: clients that failed together
-    do not all come back at once."""
+    do not all come back at once.  The rule of ``comet.backoff.backoff_delay``, written out
+    because a producer may copy this one file (tests/test_backoff.py holds the two equal)."""
     ceiling = min(BACKOFF_MAX_S, BACKOFF_FIRST_S * 2 ** (attempt - 1))
     return random.uniform(ceiling / 2, ceiling)
 

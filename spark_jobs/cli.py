@@ -21,6 +21,7 @@ from typing import Any
 
 import click
 
+from comet.objectstore import ENDPOINT_OPTION_HELP
 from storage_c import CometError
 from storage_c.clikit import check_data_dir
 from storage_c.jsonlog import log_to
@@ -56,7 +57,7 @@ SUBMIT_SCRIPT = Path(__file__).with_name("submit.py")
 @click.option("--master", help="Spark master (default local[*]); anything else goes through "
               "spark-submit.")
 @click.option("--conf", "confs", multiple=True, help="Spark setting key=value (repeatable).")
-@click.option("--endpoint-url", envvar="AWS_ENDPOINT_URL", help="S3 endpoint (default: AWS).")
+@click.option("--endpoint-url", help=ENDPOINT_OPTION_HELP)
 @click.option("--single-writer", is_flag=True,
               help="Only this process ever writes into the lake: needed on an S3 store without "
               "conditional writes (If-None-Match), such as OpenStack Swift's S3 API, which cannot "

@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator, cast
 
 import pyarrow as pa
 
+from comet.objectstore import delta_storage_options_for
 from storage_c.files import fsync_dir, make_dirs_durably
 from storage_c.jsonlog import event
 
@@ -71,20 +72,7 @@ class SchemaConflict(ValueError):
 
 def storage_options(lake: Lake) -> dict[str, str] | None:
     """delta-rs's settings for the lake's object store (None: a local lake)."""
-    if not lake.is_s3:
-        return None
-    out = {"AWS_REGION": lake.region_name()}
-    endpoint = lake.endpoint()
-    if endpoint:
-        out["AWS_ENDPOINT_URL"] = endpoint
-        if endpoint.startswith("http://"):
-            out["AWS_ALLOW_HTTP"] = "true"
-    if lake.access_key:
-        out["AWS_ACCESS_KEY_ID"] = lake.access_key
-        out["AWS_SECRET_ACCESS_KEY"] = lake.secret_key or ""
-        if lake.session_token:
-            out["AWS_SESSION_TOKEN"] = lake.session_token
-    return out
+    return delta_storage_options_for(lake.store()) if lake.is_s3 else None
 
 
 @dataclass(frozen=True)

@@ -23,11 +23,12 @@ from typing import Any, Callable
 
 import click
 
+from comet.objectstore import ENDPOINT_OPTION_HELP
 from storage_c import CometError
 from storage_c.clikit import check_data_dir
 from storage_c.jsonlog import log_to
 
-ENDPOINT = click.option("--endpoint-url", envvar="AWS_ENDPOINT_URL", help="S3 endpoint (default: AWS).")
+ENDPOINT = click.option("--endpoint-url", help=ENDPOINT_OPTION_HELP)
 
 
 @click.group("lake")

@@ -4,10 +4,9 @@ reader helper write and read through one code path.
 
 Spark's own ``s3a://`` needs the Hadoop AWS jars, which cannot be fetched
 here (no Maven); pyarrow's S3 filesystem is native code with no jars.  The
-endpoint, region and credentials come from the standard AWS settings
-(``AWS_ENDPOINT_URL``, ``AWS_DEFAULT_REGION``, ``AWS_ACCESS_KEY_ID``...)
-unless given; connections time out and retry a bounded number of times, so
-an unreachable endpoint is an error within seconds, not a hang.
+endpoint, region and credentials are those a ``Lake`` names, the rest read
+by the one rule of ``comet.objectstore``, which also bounds timeouts and
+retries, so an unreachable endpoint is an error within seconds, not a hang.
 
 A ``Lake`` is a small picklable value (URL + endpoint), not an open
 connection: Spark ships it to the tasks, which open their own filesystem.
@@ -23,16 +22,12 @@ import posixpath
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 from urllib.parse import urlparse
 
 import pyarrow.fs as pafs
 
+from comet.objectstore import S3Location, pyarrow_filesystem_for, s3_location
 from storage_c.files import make_dirs_durably, write_durably
-
-CONNECT_TIMEOUT_S = 5.0
-REQUEST_TIMEOUT_S = 60.0
-S3_ATTEMPTS = 3
 
 
 class LakeError(Exception):
@@ -86,6 +81,12 @@ class Lake:
             # cluster, the worker's application directory), where a relative
             # path would name another place.
             object.__setattr__(self, "url", absolute_local_url(self.url))
+        else:
+            # The store too is read here, for the same executors: their
+            # environment may name no endpoint or region.
+            store = self.store()
+            object.__setattr__(self, "endpoint_url", store.endpoint_url)
+            object.__setattr__(self, "region", store.region)
 
     def __getstate__(self) -> dict[str, object]:
         return {"url": self.url, "endpoint_url": self.endpoint_url, "region": self.region,
@@ -115,33 +116,17 @@ class Lake:
             self._fs.append(self._open())
         return self._fs[0]
 
-    def endpoint(self) -> str | None:
-        """The S3 endpoint: given, or from the standard AWS settings (None: AWS's own)."""
-        return (self.endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3")
-                or os.environ.get("AWS_ENDPOINT_URL"))
-
-    def region_name(self) -> str:
-        return (self.region or os.environ.get("AWS_REGION")
-                or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1")
+    def store(self) -> S3Location:
+        """The S3 lake's store: what this Lake names, the rest by the one rule
+        of ``comet.objectstore``."""
+        return s3_location(self.url, endpoint_url=self.endpoint_url, region=self.region,
+                           access_key=self.access_key, secret_key=self.secret_key,
+                           session_token=self.session_token)
 
     def _open(self) -> pafs.FileSystem:
         if not self.is_s3:
             return pafs.LocalFileSystem()
-        endpoint = self.endpoint()
-        kwargs: dict[str, Any] = {  # S3FileSystem's options, of several types
-            "region": self.region_name(),
-            "connect_timeout": CONNECT_TIMEOUT_S,
-            "request_timeout": REQUEST_TIMEOUT_S,
-            "retry_strategy": pafs.AwsStandardS3RetryStrategy(max_attempts=S3_ATTEMPTS),
-        }
-        if self.access_key:
-            kwargs.update(access_key=self.access_key, secret_key=self.secret_key,
-                          session_token=self.session_token)
-        if endpoint:
-            parsed = urlparse(endpoint)
-            kwargs["endpoint_override"] = parsed.netloc or parsed.path
-            kwargs["scheme"] = parsed.scheme or "https"
-        return pafs.S3FileSystem(**kwargs)
+        return pyarrow_filesystem_for(self.store())
 
     def path(self, *parts: str) -> str:
         return posixpath.join(self.root, *parts)

@@ -37,6 +37,7 @@ from typing import Any, Iterator
 
 from botocore.exceptions import ClientError
 
+from comet.objectstore import boto3_client_for
 from storage_c.jsonlog import event
 
 from .lakefs import Lake, LakeError
@@ -80,7 +81,7 @@ class _Held:
 class _Lease:
     def __init__(self, lake: Lake, stream: str, group: str) -> None:
         self.lake, self.stream, self.group = lake, stream, group
-        self.s3 = s3_client(lake)
+        self.s3 = boto3_client_for(lake.store())
         self.bucket, _, prefix = lake.root.partition("/")
         rel = lock_rel(stream, group)
         self.key = f"{prefix}/{rel}" if prefix else rel
@@ -195,7 +196,7 @@ class _Lease:
 
     # ---- the object ---------------------------------------------------------------------
 
-    def _put(self, **condition: str) -> str:
+    def _put(self, **condition: Any) -> str:
         # Every write of the lock differs (its time), so its ETag changes: a
         # run taking over an expired lease with If-Match on what it read
         # fails if the holder renewed it meanwhile.
@@ -221,22 +222,6 @@ class _Lease:
         # lease never looks expired.
         expired = now > got["LastModified"].timestamp() + lease_s + 1
         return _Held(text, str(got["ETag"]), expired)
-
-
-def s3_client(lake: Lake) -> Any:
-    """A boto3 S3 client for the lake's store (its endpoint, region and credentials)."""
-    import boto3
-    from botocore.config import Config
-
-    kwargs: dict[str, Any] = {"region_name": lake.region_name(),
-                              "config": Config(connect_timeout=5, read_timeout=60,
-                                               retries={"max_attempts": 3})}
-    if lake.endpoint():
-        kwargs["endpoint_url"] = lake.endpoint()
-    if lake.access_key:
-        kwargs.update(aws_access_key_id=lake.access_key, aws_secret_access_key=lake.secret_key,
-                      aws_session_token=lake.session_token)
-    return boto3.client("s3", **kwargs)
 
 
 def _status(exc: Exception) -> int:

@@ -26,10 +26,11 @@ import pytest
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (ExportLogsServiceRequest,
                                                                     ExportLogsServiceResponse)
 
+from comet.backoff import retry_after_s
 from consumers import Consumer
 from consumers.forward import ForwardConfig, Forwarder
 from consumers.intents import ShardBusy
-from consumers.otlp_sink import OtlpHttpSink, OtlpTarget, retry_after, signal_url
+from consumers.otlp_sink import OtlpHttpSink, OtlpTarget, signal_url
 from storage_c import Config, Log, decode_otlp
 from storage_c.otlp import encode
 from storage_c.testing import CUT_EXIT
@@ -228,8 +229,8 @@ def test_retry_after_is_honoured(data: Path) -> None:
     first, second = backend.seen
     assert second.at - first.at >= 0.95
     assert first.headers["idempotency-key"] == second.headers["idempotency-key"]
-    assert retry_after("Wed, 21 Oct 2099 07:28:00 GMT", now=0) == 900.0
-    assert retry_after("2", now=0) == 2.0 and retry_after("soon") is None and retry_after("-4") == 0.0
+    assert retry_after_s("Wed, 21 Oct 2099 07:28:00 GMT", now=0) == 900.0
+    assert retry_after_s("2", now=0) == 2.0 and retry_after_s("soon") is None and retry_after_s("-4") == 0.0
 
 
 def test_a_refused_batch_goes_to_dead_letters_and_shipping_goes_on(data: Path) -> None:
