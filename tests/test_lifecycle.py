@@ -20,8 +20,8 @@ from storage_c import Config, Log
 from storage_c.cli import main as comet
 
 from .support.gateway_app import JSON, config
-from .support.load import Poster
 from .support.noloss import check_stored_once
+from .support.posters import Poster
 from .support.processes import worker_argv
 from .support.server import COMET, SMALL, GatewayProcess
 

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from .support.load import Poster, wait_for
 from .support.noloss import check_stored_once
+from .support.posters import Poster, wait_for
 from .support.server import SMALL, GatewayProcess
 
 RELOADS = 20

@@ -24,8 +24,8 @@ from cryptography import x509
 
 from gateway.config import ConfigError, load
 
-from .support.load import Poster, wait_for
 from .support.noloss import check_stored_once
+from .support.posters import Poster, wait_for
 from .support.server import HOST, SMALL, GatewayProcess
 from .support.tls import Issued, Pki, issue
 

@@ -1,8 +1,8 @@
 """The commands the multi-process, crash, disk and load tests run in child processes.
 
 Run as `python tests/children/workers.py <command> <args...>` (tests/support/processes.py
-starts them).  Each command opens the data directory itself: a child never inherits a
-handle across fork.
+starts them).  A command that uses a log opens the data directory itself: a child never
+inherits a handle across fork.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Posters (load.py) posting to a running gateway from threads while a test damages its files
+"""Posters (posters.py) posting to a running gateway from threads while a test damages its files
 (tests/test_storage_gone.py, tests/test_storage_read_only.py) or its processes
 (``Havoc``: kill -9 of workers and HUPs of the master, tests/test_client.py): what each
 client was answered, which events were acknowledged, and the checks of those answers,
@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from .load import Answer, Poster
 from .noloss import Acks
+from .posters import Answer, Poster
 from .server import SMALL, GatewayProcess, ServerProcess
 
 STREAM = "ev"

@@ -7,7 +7,7 @@ no answer.  Every stored event names its request and its number: the fields ``"r
 and ``"i"`` of its JSON.  ``check`` reads the log (and, for a soak, the objects
 ``comet ship`` wrote before retention deleted their segments) against the ``Acks``:
 
-- ``Poster`` threads (load.py) post numbered NDJSON events and fill ``Acks`` as they go;
+- ``Poster`` threads (posters.py) post numbered NDJSON events and fill ``Acks`` as they go;
   ``check_stored_once`` checks what they were told (the gateway's tests);
 - locust's processes write every answer to ``acks-<pid>.ndjson``; ``locust_acks``
   reads those files (loadtests/loadtest.py);
@@ -316,7 +316,7 @@ def check_stored_count(data_dir: Path, stream: str, acknowledged: int) -> dict[s
 
 
 class AckRecorder(Protocol):
-    """A client that records what it was told in ``acks`` (load.py's ``Poster``)."""
+    """A client that records what it was told in ``acks`` (posters.py's ``Poster``)."""
 
     acks: Acks
 
