@@ -236,21 +236,21 @@ LOADTEST_USERS ?= 16
 SOAK_SECONDS ?= 300
 LOADTEST_ARGS ?=
 loadtest: system-deps $(STAMP) $(LOCUST_STAMP)
-	$(PY) loadtests/loadtest.py --run-time $(LOADTEST_SECONDS) --users $(LOADTEST_USERS) $(LOADTEST_ARGS)
+	$(PY) -m loadtests.loadtest --run-time $(LOADTEST_SECONDS) --users $(LOADTEST_USERS) $(LOADTEST_ARGS)
 
 # The same, paced, for SOAK_SECONDS with retention on and `comet ship` draining into a
 # directory: disk use and the consumer's lag sampled and bounded (loadtests/results/soak*).
 soak: system-deps $(STAMP) $(LOCUST_STAMP)
-	$(PY) loadtests/loadtest.py --soak --run-time $(SOAK_SECONDS) $(LOADTEST_ARGS)
+	$(PY) -m loadtests.loadtest --soak --run-time $(SOAK_SECONDS) $(LOADTEST_ARGS)
 
 bench: system-deps bench-deps $(STAMP)
-	$(PY) loadtests/bench_storage.py
-	$(PY) loadtests/bench_consumers.py
-	$(PY) loadtests/bench_gateway.py
-	$(PY) loadtests/bench_spark.py
-	$(PY) loadtests/bench_otlp.py
-	$(PY) loadtests/bench_forward.py
-	$(PY) loadtests/report.py
+	$(PY) -m loadtests.bench_storage
+	$(PY) -m loadtests.bench_consumers
+	$(PY) -m loadtests.bench_gateway
+	$(PY) -m loadtests.bench_spark
+	$(PY) -m loadtests.bench_otlp
+	$(PY) -m loadtests.bench_forward
+	$(PY) -m loadtests.report
 
 # The docs site from README.md and docs/ (mkdocs.yml) into site/: open site/index.html.
 # --strict: a page missing from the nav, or a broken link or anchor, fails the build.
@@ -261,7 +261,7 @@ docs: $(STAMP)
 # loadtests/results/REPORT.md and storage_batch.png from the existing results (no benchmark run).
 .PHONY: report
 report: $(STAMP)
-	$(PY) loadtests/report.py
+	$(PY) -m loadtests.report
 
 clean:
 	rm -rf build site $(VENV) $(LOCUST_VENV) storage_c/_comet*.so storage_c/_fastpath*.so storage_c/_comet.c .pytest_cache .bench-tmp

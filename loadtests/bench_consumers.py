@@ -1,7 +1,7 @@
 """Consumer benchmark: acks, read + ack, and `comet ship` to a directory against zstd 1
 and a write of the same NDJSON (its anchor), in the same run.
 
-    .venv/bin/python loadtests/bench_consumers.py [--quick]
+    .venv/bin/python -m loadtests.bench_consumers [--quick]
 """
 
 from __future__ import annotations
@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import random
 import shutil
-import sys
 import time
 from dataclasses import asdict, dataclass
 from functools import partial
@@ -19,11 +18,9 @@ from typing import Any, Callable
 import orjson
 import zstandard
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import benchlib  # noqa: E402
-
-from consumers import Consumer, DirectorySink, ShipConfig, Shipper  # noqa: E402
-from storage_c import Config, Log  # noqa: E402
+from consumers import Consumer, DirectorySink, ShipConfig, Shipper
+from loadtests import benchlib
+from storage_c import Config, Log
 
 SCRATCH = Path(__file__).resolve().parent / ".scratch" / "consumers"
 MB = 1_000_000

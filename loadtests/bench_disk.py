@@ -1,7 +1,7 @@
 """Chunked segment allocation against whole segments (the anchor): append cost (target
 within 5 %) and the disk a new 16-shard stream takes (≤ 16 MiB).
 
-    .venv/bin/python loadtests/bench_disk.py [--quick] [--rounds 3] [--mib 192]
+    .venv/bin/python -m loadtests.bench_disk [--quick] [--rounds 3] [--mib 192]
 """
 
 from __future__ import annotations
@@ -11,8 +11,7 @@ import shutil
 import time
 from pathlib import Path
 
-import benchlib
-
+from loadtests import benchlib
 from storage_c import Config, Log
 
 SCRATCH = Path(__file__).resolve().parent / ".scratch" / "disk"

@@ -2,7 +2,7 @@
 OTLP/HTTP receiver, against the receiver's own rate when wrk posts it the same requests,
 in the same run; then the catch-up after an outage while ingest goes on.
 
-    .venv/bin/python loadtests/bench_forward.py [--quick] [--outage-seconds S]
+    .venv/bin/python -m loadtests.bench_forward [--quick] [--outage-seconds S]
 
 The receiver is `comet serve` (2 workers, a fresh data directory per run): the edge box to
 regional gateway case.  The backlog: 1 M log records (--quick: 300 k) as the gateway
@@ -34,14 +34,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
-import bench_gateway as gw  # noqa: E402
-import benchlib  # noqa: E402
-from bench_otlp import logs_request  # noqa: E402
-
-from storage_c import Config, Log, decode_otlp  # noqa: E402
-from storage_c.otlp import encode  # noqa: E402
-from tests.support.server import SMALL, GatewayProcess  # noqa: E402
+from loadtests import bench_gateway as gw
+from loadtests import benchlib
+from loadtests.bench_otlp import logs_request
+from storage_c import Config, Log, decode_otlp
+from storage_c.otlp import encode
+from tests.support.server import SMALL, GatewayProcess
 
 LOADTESTS = Path(__file__).resolve().parent
 SCRATCH = LOADTESTS / ".scratch" / "forward"

@@ -1,12 +1,12 @@
 """Gateway benchmark: wrk against `comet serve` and against ``anchor_app.py`` (a bare
 Starlette app) with the same bodies, in the same run; stored entries must equal the 202s.
 
-    .venv/bin/python loadtests/bench_gateway.py [--quick]   # 5 rounds of 10 s (--quick: 1 of 5 s)
-    .venv/bin/python loadtests/bench_gateway.py --only gateway_single_tls,gateway_ndjson_tls
-    .venv/bin/python loadtests/bench_gateway.py --only gateway_single_keyed,gateway_ndjson_keyed
-    .venv/bin/python loadtests/bench_gateway.py --paced-only [--paced-seconds 60] [--quick]
-    .venv/bin/python loadtests/bench_gateway.py --paced-only --paced-fraction 0.3
-    .venv/bin/python loadtests/bench_gateway.py --paced-only --paced-rate 8000 \
+    .venv/bin/python -m loadtests.bench_gateway [--quick]   # 5 rounds of 10 s (--quick: 1 of 5 s)
+    .venv/bin/python -m loadtests.bench_gateway --only gateway_single_tls,gateway_ndjson_tls
+    .venv/bin/python -m loadtests.bench_gateway --only gateway_single_keyed,gateway_ndjson_keyed
+    .venv/bin/python -m loadtests.bench_gateway --paced-only [--paced-seconds 60] [--quick]
+    .venv/bin/python -m loadtests.bench_gateway --paced-only --paced-fraction 0.3
+    .venv/bin/python -m loadtests.bench_gateway --paced-only --paced-rate 8000 \
         --paced-bodies single --paced-seconds 30 --paced-rounds 2 --wrk-nice 10
 
 ``--only`` runs the named cases and what they are compared with, without the paced cases.
@@ -41,14 +41,12 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any, Mapping
 
-sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
-import benchlib  # noqa: E402
+from prometheus_client.parser import text_string_to_metric_families
 
-from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
-
-from tests.support.noloss import check_stored_count  # noqa: E402
-from tests.support.server import HOST, GatewayProcess, ServerProcess  # noqa: E402
-from tests.support.tls import Pki  # noqa: E402
+from loadtests import benchlib
+from tests.support.noloss import check_stored_count
+from tests.support.server import HOST, GatewayProcess, ServerProcess
+from tests.support.tls import Pki
 
 LOADTESTS = Path(__file__).resolve().parent
 SCRATCH = LOADTESTS / ".scratch" / "gateway"

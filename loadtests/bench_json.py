@@ -3,7 +3,7 @@ same bodies (anchor); target ≥ 1 GB/s on the gateway benchmark's 20 KB bodies
 (NDJSON and the array).  The spaced NDJSON row (every event compacted) is a
 reference without a target.
 
-    .venv/bin/python loadtests/bench_json.py [--quick] [--runs N] [--mib M]
+    .venv/bin/python -m loadtests.bench_json [--quick] [--runs N] [--mib M]
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-import benchlib
+from loadtests import benchlib
 
 LOADTESTS = Path(__file__).resolve().parent
 TARGET_GB_S = 1.0

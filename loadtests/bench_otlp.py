@@ -1,7 +1,7 @@
 """OTLP/HTTP benchmark: 100-record protobuf export requests (logs, spans) against the
 NDJSON path carrying the same records as the JSON events they become, in the same run.
 
-    .venv/bin/python loadtests/bench_otlp.py [--quick]   # 3 rounds of 10 s (--quick: 1 of 5 s)
+    .venv/bin/python -m loadtests.bench_otlp [--quick]   # 3 rounds of 10 s (--quick: 1 of 5 s)
 
 wrk posts one body over and over (loadtests/wrk/file_body.lua) to a fresh 2-worker
 `comet serve` per run (bench_gateway.one_run: the same server, wrk settings and checks:
@@ -21,16 +21,15 @@ from typing import Any
 
 import orjson
 
-sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
-import bench_gateway as gw  # noqa: E402
-import benchlib  # noqa: E402
-from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest  # noqa: E402
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest  # noqa: E402
-from opentelemetry.proto.logs.v1.logs_pb2 import SeverityNumber  # noqa: E402
-from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status  # noqa: E402
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.logs.v1.logs_pb2 import SeverityNumber
+from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
-from tests.support import otlp  # noqa: E402
-from tests.support.otlp_http import key_values  # noqa: E402
+from loadtests import bench_gateway as gw
+from loadtests import benchlib
+from tests.support import otlp
+from tests.support.otlp_http import key_values
 
 BODIES = gw.SCRATCH.parent / "otlp-bodies"
 RECORDS = 100

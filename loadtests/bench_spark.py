@@ -2,7 +2,7 @@
 spark-ship`` into its Delta Lake table (≥ 1.2× a JSON → Parquet job) against Spark's JSON
 reader on the same events; the Delta commit's own time and its share of each ship run.
 
-    .venv/bin/python loadtests/bench_spark.py [--quick] [--regenerate]
+    .venv/bin/python -m loadtests.bench_spark [--quick] [--regenerate]
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import os
 import random
 import shutil
 import string
-import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -23,10 +22,8 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import benchlib  # noqa: E402
-
-from storage_c import Config, Log  # noqa: E402
+from loadtests import benchlib
+from storage_c import Config, Log
 
 LOADTESTS = Path(__file__).resolve().parent
 SCRATCH = LOADTESTS / ".scratch" / "spark"

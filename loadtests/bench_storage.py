@@ -4,7 +4,7 @@ dirty limit) to a fresh data directory whose retention deletes old segments mean
 the Go Comet figures, the warm-page floor (memcpy into a pre-faulted mapping) and a buffered
 file write of the same bytes, all in the same run (rounds interleaved, medians reported).
 
-    .venv/bin/python loadtests/bench_storage.py [--quick | --gb GB] [--rounds N] [--results DIR]
+    .venv/bin/python -m loadtests.bench_storage [--quick | --gb GB] [--rounds N] [--results DIR]
     # default: the full volume, 3 rounds (~1.5 min here); --quick: 128 MiB per case
 """
 
@@ -26,7 +26,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-import benchlib
+from loadtests import benchlib
 from storage_c import Config, Log
 
 LOADTESTS = Path(__file__).resolve().parent

@@ -2,7 +2,7 @@
 wrk threads against `comet serve` (2 workers, ``max_streams = 0``); its anchor, in the same
 run, posts as many events into ONE stream of a fresh gateway.
 
-    .venv/bin/python loadtests/bench_streams.py [--quick] [--streams N] [--interleave]
+    .venv/bin/python -m loadtests.bench_streams [--quick] [--streams N] [--interleave]
 
 Checks every answer is 202 (the others counted by status), ``GET /streams`` and ``GET
 /metrics`` after the load (status, time), each worker's peak descriptors (/proc/PID/fd)
@@ -26,10 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
-import benchlib  # noqa: E402
-
-from tests.support.server import HOST, GatewayProcess  # noqa: E402
+from loadtests import benchlib
+from tests.support.server import HOST, GatewayProcess
 
 LOADTESTS = Path(__file__).resolve().parent
 SCRATCH = LOADTESTS / ".scratch" / "streams"

@@ -2,7 +2,7 @@
 ``--soak`` adds retention, `comet ship` into a directory and bounds on disk use and lag.
 
     make loadtest | make soak
-    .venv/bin/python loadtests/loadtest.py --run-time 30 --users 8 BatchUser KeyedUser
+    .venv/bin/python -m loadtests.loadtest --run-time 30 --users 8 BatchUser KeyedUser
 """
 
 from __future__ import annotations
@@ -21,14 +21,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from loadtests.benchlib import machine_info, write_atomic
+from loadtests.report import loadtest_summary
 from storage_c import CometError, Log, StreamNotFound
+from tests.support.noloss import READ_CONFIG, NoLossReport, check, locust_acks
+from tests.support.server import COMET, GatewayProcess, scan_log
 
 HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE), str(HERE.parent)]  # benchlib; the repository's tests.support
-from tests.support.noloss import READ_CONFIG, NoLossReport, check, locust_acks  # noqa: E402
-from tests.support.server import COMET, GatewayProcess, scan_log  # noqa: E402
-from benchlib import machine_info, write_atomic  # noqa: E402
-from report import loadtest_summary  # noqa: E402
 
 LOCUST_VENV = HERE.parent / ".venv-locust"
 REQUIREMENTS = HERE / "requirements-locust.txt"

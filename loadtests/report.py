@@ -1,7 +1,7 @@
 """Performance report: REPORT.md and the storage batch chart from the result files
 (it measures nothing).
 
-    make report   # or: .venv/bin/python loadtests/report.py [--results DIR] [--out FILE] [--chart FILE | --no-chart]
+    make report   # or: .venv/bin/python -m loadtests.report [--results DIR] [--out FILE] [--chart FILE | --no-chart]
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+from loadtests.benchlib import BUSY_SHARE, markdown_table, sweep_lines, sweep_table, write_atomic
+
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from benchlib import BUSY_SHARE, markdown_table, sweep_lines, sweep_table, write_atomic  # noqa: E402
 
 RESULTS = HERE / "results"
 CHART_NAME = "storage_batch.png"
@@ -34,19 +34,19 @@ class Area:
 
 
 AREAS = (
-    Area("storage", "Storage core at sustained volume (issue 14)", "loadtests/bench_storage.py",
+    Area("storage", "Storage core at sustained volume (issue 14)", "-m loadtests.bench_storage",
          ("comet_1", "comet_10", "comet_100", "comet_1000", "comet_floor_ratio_1000")),
-    Area("consumers", "Consumers (issue 3)", "loadtests/bench_consumers.py",
+    Area("consumers", "Consumers (issue 3)", "-m loadtests.bench_consumers",
          ("ack_group", "read_ack", "ship_dir")),
-    Area("gateway", "Gateway (issue 4)", "loadtests/bench_gateway.py",
+    Area("gateway", "Gateway (issue 4)", "-m loadtests.bench_gateway",
          ("gateway_single", "gateway_ndjson", "gateway_ndjson_novalidate", "gateway_single_paced")),
-    Area("spark", "Spark (issue 5)", "loadtests/bench_spark.py", ("comet_raw", "comet_ship")),
-    Area("otlp", "OTLP/HTTP ingest (issue 24)", "loadtests/bench_otlp.py", ("otlp_logs", "otlp_traces")),
-    Area("streams", "Many streams (issue 27)", "loadtests/bench_streams.py",
+    Area("spark", "Spark (issue 5)", "-m loadtests.bench_spark", ("comet_raw", "comet_ship")),
+    Area("otlp", "OTLP/HTTP ingest (issue 24)", "-m loadtests.bench_otlp", ("otlp_logs", "otlp_traces")),
+    Area("streams", "Many streams (issue 27)", "-m loadtests.bench_streams",
          ("streams_events", "streams_all_202", "streams_fds_0", "streams_rss_0", "streams_disk_per_shard")),
-    Area("paced", "Paced latency (issue 27)", "loadtests/bench_gateway.py --paced-only",
+    Area("paced", "Paced latency (issue 27)", "-m loadtests.bench_gateway --paced-only",
          ("gateway_single_paced", "gateway_ndjson_paced")),
-    Area("forward", "Forwarding to an OTLP backend (issue 35)", "loadtests/bench_forward.py",
+    Area("forward", "Forwarding to an OTLP backend (issue 35)", "-m loadtests.bench_forward",
          ("drain", "catch_up")),
 )
 LOADTEST = Area("loadtest", "Load test with locust (issue 6)", "make loadtest")

@@ -13,8 +13,8 @@ import pytest
 
 from storage_c import Config, Log
 
+from .children.workers import batch_payloads
 from .support.processes import worker
-from .workers import batch_payloads
 
 CFG = Config(shards=1, segment_bytes=1 << 20, background_flush=False)
 

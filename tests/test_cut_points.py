@@ -6,26 +6,17 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from storage_c.testing import CUT_EXIT, arm_cut_point, cut_point_names
 
-SCRIPT = """
-import sys
-from storage_c import Config, Log
-log = Log(sys.argv[1], Config(shards=1, durability="always"))
-for i in range(3):
-    log.append("s", b"entry %d" % i, shard=0)
-    print("acknowledged", i, flush=True)
-"""
-
+from .support.processes import worker_argv
 
 def run(tmp_path: Path, spec: str | None) -> subprocess.CompletedProcess[str]:
     env = {"COMET_CUT_POINT": spec} if spec is not None else {}
-    return subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path / "data")],
+    return subprocess.run(worker_argv("append_three_durably", tmp_path / "data"),
                           env=dict(os.environ, **env), capture_output=True, text=True,
                           timeout=60)
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import uuid
 from pathlib import Path
 from typing import Iterator
@@ -15,6 +14,7 @@ import pytest
 
 from storage_c import Config, Log
 
+from .support.processes import worker_argv
 from .support.storage import read_all
 
 MiB = 1 << 20
@@ -60,25 +60,6 @@ def test_segments_grow_in_chunks_up_to_their_size(data_dir: Path) -> None:
         assert log.stats("g").shards[0].segments == 2
 
 
-FILLER = r"""
-import sys
-from storage_c import Config, Log, StorageFull
-path, = sys.argv[1:]
-cfg = Config(shards=1, segment_bytes=64 << 20, segment_chunk_bytes=256 << 10)
-with Log(path, cfg) as log:
-    n = 0
-    try:
-        while True:
-            log.append("full", b"%08d" % n + b"y" * 992, shard=0)
-            n += 1
-    except StorageFull as exc:
-        print("full", n, exc, flush=True)
-    sys.stdin.readline()  # the test frees space
-    log.append("full", b"after", shard=0)
-    print("after", flush=True)
-"""
-
-
 @pytest.fixture
 def small_fs(tmp_path: Path) -> Iterator[Path]:
     """A 6 MiB tmpfs: a real filesystem that runs out of space."""
@@ -97,7 +78,7 @@ def test_a_full_filesystem_fails_appends_cleanly_and_recovers(small_fs: Path) ->
     data = small_fs / "data"
     ballast = small_fs / "ballast"
     ballast.write_bytes(b"\0" * (2 * MiB))
-    proc = subprocess.Popen([sys.executable, "-c", FILLER, str(data)], stdin=subprocess.PIPE,
+    proc = subprocess.Popen(worker_argv("fill_the_disk", data), stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None and proc.stdin is not None
     line = proc.stdout.readline().split(maxsplit=2)
@@ -115,24 +96,11 @@ def test_a_full_filesystem_fails_appends_cleanly_and_recovers(small_fs: Path) ->
         assert log.verify().ok
 
 
-WRITER = r"""
-import sys
-from storage_c import Config, Log
-path, stream, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
-cfg = Config(shards=2, segment_bytes=256 << 10, segment_chunk_bytes=64 << 10,
-             retention_max_total_bytes=3 << 20, retention_interval_ms=0)
-with Log(path, cfg) as log:
-    for i in range(count):
-        log.append(stream, b"%s-%08d-" % (stream.encode(), i) + b"z" * 980, shard=i % 2)
-print("ok", flush=True)
-"""
-
-
 def test_the_budget_frees_the_oldest_data_of_the_whole_directory(data_dir: Path) -> None:
     """A writer of stream b needs room: stream a's oldest segments go, though
     another process wrote them (and b's own shards have nothing to spare)."""
     def write(stream: str, count: int) -> None:
-        out = subprocess.run([sys.executable, "-c", WRITER, str(data_dir), stream, str(count)],
+        out = subprocess.run(worker_argv("write_within_budget", data_dir, stream, count),
                              capture_output=True, text=True, timeout=120)
         assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
 

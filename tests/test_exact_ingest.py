@@ -8,7 +8,6 @@ from __future__ import annotations
 import gzip
 import http.client
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
@@ -21,6 +20,7 @@ from gateway.app import create_app
 from storage_c import Config, EntryTooLarge, Log
 
 from .support.gateway_app import JSON, NDJSON, config, stored
+from .support.processes import worker_argv
 from .support.server import SMALL, GatewayProcess
 
 if TYPE_CHECKING:
@@ -174,26 +174,11 @@ def test_library_checks_the_uncompressed_size(data_dir: Path) -> None:
 
 # ---- nothing holds the event loop ----------------------------------------------------------
 
-POSTER = r"""
-import http.client, sys
-port, size = int(sys.argv[1]), int(sys.argv[2])
-line = b'{"pad":"' + b"p" * 1000 + b'"}\n'
-body = line * (size // len(line))
-conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-print("ready", flush=True)
-while True:
-    conn.request("POST", "/streams/big", body=body, headers={"content-type": "application/x-ndjson"})
-    r = conn.getresponse(); r.read()
-    assert r.status == 202, r.status
-    print("posted", flush=True)
-"""
-
-
 def test_health_answers_within_50ms_while_16mib_bodies_arrive(tmp_path: Path) -> None:
     with GatewayProcess(tmp_path / "data", workers=1, env={**SMALL, "COMET_STORAGE_SEGMENT_BYTES": str(64 << 20),
                                                     "COMET_MAX_BODY_BYTES": str(17 << 20)}) as server:
         server.wait_ready()
-        poster = subprocess.Popen([sys.executable, "-c", POSTER, str(server.port), str(16 << 20)],
+        poster = subprocess.Popen(worker_argv("post_big_bodies", server.port, 16 << 20),
                                   stdout=subprocess.PIPE)
         try:
             assert poster.stdout is not None

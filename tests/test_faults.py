@@ -18,8 +18,8 @@ import pytest
 from storage_c import Config, Durability, Log, StorageFull, StorageIOError, SyncFailed
 from storage_c.testing import KINDS, MAP, NAME, OPEN, READ, SIZE, SYNC, faults
 
-from .support import fault_worker
-from .support.processes import worker
+from .children import fault_worker
+from .support.processes import FAULT_WORKER, REPO, worker
 from .support.storage import fill
 
 SEG = 64 << 10
@@ -286,13 +286,12 @@ def test_every_sync_of_a_rotation_that_fails_is_seen(data_dir: Path, durability:
 # directory back.  A read error on a segment header must be an error naming
 # the file, never a reason to set the segment aside.
 
-WORKER = Path(__file__).resolve().parent / "support" / "fault_worker.py"
 TOTAL = 700  # entries of the walk's writer: three 64 KiB segments
 
 
 def run(*args: object) -> list[dict[str, Any]]:
-    env = dict(os.environ, PYTHONPATH=str(WORKER.parents[2]))
-    proc = subprocess.run([sys.executable, str(WORKER), *map(str, args)], env=env,
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.run([sys.executable, str(FAULT_WORKER), *map(str, args)], env=env,
                           capture_output=True, timeout=300)
     assert proc.returncode == 0, f"{args[:2]} exited {proc.returncode}:\n{proc.stderr.decode()}"
     return [json.loads(line) for line in proc.stdout.decode().splitlines()]

@@ -13,8 +13,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from storage_c import Config, Log
 
+from .support.noloss import check_stored_once
+from .support.posters import Poster
 from .support.server import SMALL, GatewayProcess
-from .support.noloss import Poster, check_stored_once
 
 
 def test_two_workers_share_the_work(data_dir: Path) -> None:

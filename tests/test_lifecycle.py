@@ -20,7 +20,9 @@ from storage_c import Config, Log
 from storage_c.cli import main as comet
 
 from .support.gateway_app import JSON, config
-from .support.noloss import Poster, check_stored_once
+from .support.noloss import check_stored_once
+from .support.posters import Poster
+from .support.processes import worker_argv
 from .support.server import COMET, SMALL, GatewayProcess
 
 TOOL = Config.inspector()
@@ -82,31 +84,12 @@ def test_delete_a_stream_while_a_gateway_writes_to_it(tmp_path: Path) -> None:
     assert not any((e["c"], e["i"]) in stored for e in early)
 
 
-CONSUMER = r"""
-import sys, time
-from consumers.consumer import Consumer
-path, = sys.argv[1:]
-with Consumer(path, "ev", "readers") as c:
-    idle = 0
-    while idle < 400:
-        batch = c.read(7, shard=0)
-        if not len(batch):
-            idle += 1
-            time.sleep(0.01)
-            continue
-        idle = 0
-        print(" ".join(str(e) for e in batch.entries), flush=True)
-        time.sleep(0.02)
-        c.ack_batch(batch)
-"""
-
-
 def test_reset_a_group_while_a_consumer_reads(data_dir: Path) -> None:
     with Log(data_dir, Config(shards=1)) as log:
         for i in range(100):
             log.append("ev", b'{"i":%d}' % i, shard=0)
         log.group("ev", 0, "readers")
-    proc = subprocess.Popen([sys.executable, "-c", CONSUMER, str(data_dir)], stdout=subprocess.PIPE,
+    proc = subprocess.Popen(worker_argv("consume_and_print", data_dir), stdout=subprocess.PIPE,
                             text=True)
     assert proc.stdout is not None
     seen: list[int] = []

@@ -4,36 +4,23 @@ duplicate, a misplaced batch..., then a short real run against `comet serve`."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
-from types import ModuleType, SimpleNamespace
+from types import SimpleNamespace
 import orjson
 import pytest
 import zstandard
 
+from loadtests import loadtest as lt
 from storage_c import Config, Log
 
 from .support.noloss import NoLossReport, check, check_stored_once, locust_acks
 
 REPO = Path(__file__).resolve().parent.parent
-RUNNER = REPO / "loadtests" / "loadtest.py"
-
-
-def load_runner() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("comet_loadtest", RUNNER)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
-lt = load_runner()
 CONFIG = Config(shards=4, segment_bytes=64 << 10, background_flush=False, retention_interval_ms=0,
                 retention_protect_unconsumed=False)
 
@@ -237,10 +224,10 @@ def test_short_locust_run_loses_nothing(tmp_path: Path) -> None:
     results, scratch = tmp_path / "results", tmp_path / "scratch"
     t0 = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, str(RUNNER), "--run-time", "15", "--users", "8",
+        [sys.executable, "-m", "loadtests.loadtest", "--run-time", "15", "--users", "8",
          "--results-dir", str(results), "--scratch", str(scratch), "--name", "lt",
          "--max-p95-ms", "2000"],
-        capture_output=True, text=True, timeout=150)
+        capture_output=True, text=True, timeout=150, cwd=REPO)
     wall = time.monotonic() - t0
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]

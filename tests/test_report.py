@@ -7,7 +7,6 @@ are what the report expects.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -16,24 +15,11 @@ from typing import Any
 
 import pytest
 
+from loadtests import bench_storage, benchlib, report
+
 REPO = Path(__file__).resolve().parent.parent
 LOADTESTS = REPO / "loadtests"
 REAL_RESULTS = LOADTESTS / "results"
-
-
-def _load(name: str, path: Path) -> Any:
-    if str(LOADTESTS) not in sys.path:
-        sys.path.insert(0, str(LOADTESTS))   # the benchmarks import benchlib by name
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-report = _load("comet_loadtests_report", LOADTESTS / "report.py")
-benchlib = _load("benchlib", LOADTESTS / "benchlib.py")
 
 MACHINE = {"nproc": "2", "cpu_model": "Test CPU", "kernel": "6.1", "python": "3.11.7",
            "date_utc": "2030-01-02T03:04:05+00:00", "scratch_filesystem": "ext4 /dev/test",
@@ -168,7 +154,7 @@ def test_report_tables_ratios_verdicts_and_chart(tmp_path: Path) -> None:
     runs = section(text, "Runs")
     assert table_row(runs, "Storage core at sustained volume (issue 14)")[1:6] == [
         "2030-01-02T03:04:05+00:00", "quick", "3", "abc1234", "1.0 min"]
-    assert "`.venv/bin/python loadtests/bench_storage.py --quick`" in runs
+    assert "`.venv/bin/python -m loadtests.bench_storage --quick`" in runs
     assert table_row(runs, "Spark (issue 5)")[1] == "not run"
 
     unmet = section(text, "Targets not met")
@@ -255,9 +241,9 @@ def test_command_line(tmp_path: Path) -> None:
     results = tmp_path / "r"
     write(results, "storage", storage_json())
     out = tmp_path / "o" / "R.md"
-    proc = subprocess.run([sys.executable, str(LOADTESTS / "report.py"), "--results",
+    proc = subprocess.run([sys.executable, "-m", "loadtests.report", "--results",
                            str(results), "--out", str(out)], capture_output=True, text=True,
-                          timeout=120)
+                          timeout=120, cwd=REPO)
     assert proc.returncode == 0, proc.stderr
     assert "gateway: not run (missing)" in proc.stdout
     assert out.exists() and (tmp_path / "o" / "storage_batch.png").exists()
@@ -266,7 +252,6 @@ def test_command_line(tmp_path: Path) -> None:
 def test_storage_sweep_and_rows() -> None:
     """bench_storage's rows (Go Comet ratio, targets, Comet ÷ floor) and batch_sweep come
     from the series it measured."""
-    bench = _load("bench_storage", LOADTESTS / "bench_storage.py")
     figures = {"comet_1": 400.0, "comet_10": 1_200.0, "comet_100": 10_000.0,
                "comet_1000": 100_000.0, "comet_1000_budget": 120_000.0, "cffi_floor": 120.0,
                **{f"floor_{n}": 20.0 * n for n in (1, 10, 100, 1000)},
@@ -274,7 +259,7 @@ def test_storage_sweep_and_rows() -> None:
     series = {k: benchlib.Series(k, "ns/call", [v, v * 1.1, v * 0.9]) for k, v in figures.items()}
     writer = {"floor": {"ns_per_call": 7_000.0, "ratio_to_floor": 1.0, "min": 6e3, "max": 8e3},
               "entries": {"ns_per_call": 21_000.0, "ratio_to_floor": 3.0, "min": 2e4, "max": 2.2e4}}
-    rows = {r["key"]: r for r in bench.build_rows(series, writer)}
+    rows = {r["key"]: r for r in bench_storage.build_rows(series, writer)}
     core = rows["core_writer_1000"]  # bench_entries.c's figure: a reference, no verdict
     assert core["role"] == "anchor" and core["pass"] is None and "3.00×" in core["ratio_text"]
     assert rows["comet_1"]["pass"] is True and rows["comet_1"]["ratio"] == pytest.approx(1.8)  # 720/400
@@ -283,13 +268,13 @@ def test_storage_sweep_and_rows() -> None:
     ratio = rows["comet_floor_ratio_1000"]
     assert ratio["figure"] == pytest.approx(5.0) and ratio["unit"] == "x" and ratio["pass"] is False
     assert rows["floor_1000"]["role"] == "anchor" and rows["file_1"]["role"] == "anchor"
-    sweep = bench.batch_sweep(series)
+    sweep = bench_storage.batch_sweep(series)
     for line in sweep["lines"]:
         assert [p["batch"] for p in line["points"]] == [1, 10, 100, 1000]
     comet = {p["batch"]: p["entries_per_s"] for p in sweep["lines"][0]["points"]}
     assert comet[1000] == pytest.approx(1000 * 1e9 / 100_000.0)
     assert "batch 1000" in benchlib.sweep_table(sweep)
-    assert "| Go ÷ Comet | 1.80× |" in bench.entry_table(series)
+    assert "| Go ÷ Comet | 1.80× |" in bench_storage.entry_table(series)
 
 
 def _bound_met(value: float, target: dict[str, Any]) -> bool:

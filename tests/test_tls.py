@@ -14,7 +14,6 @@ import socket
 import ssl
 import subprocess
 import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
@@ -25,7 +24,8 @@ from cryptography import x509
 
 from gateway.config import ConfigError, load
 
-from .support.noloss import Acks, check_stored_once
+from .support.noloss import check_stored_once
+from .support.posters import Poster, wait_for
 from .support.server import HOST, SMALL, GatewayProcess
 from .support.tls import Issued, Pki, issue
 
@@ -232,71 +232,13 @@ def renew(pki: Pki, name: str) -> Issued:
 
 
 @dataclass
-class TlsClient:
-    """Posts numbered events over TLS from a thread, on one keep-alive connection
-    or a new connection per request; records every answer, every request sent
-    without one, and the server certificate's serial of each new connection."""
+class TlsPoster(Poster):
+    """A poster that keeps the server certificate's serial of each new connection."""
 
-    server: GatewayProcess
-    name: str
-    keep_alive: bool
-    batch: int = 2
-    acked: list[tuple[int, int, int, list[dict[str, Any]]]] = field(default_factory=list)
-    acks: Acks = field(default_factory=Acks)
-    statuses: dict[int, int] = field(default_factory=dict)
-    failures: list[str] = field(default_factory=list)
     serials: list[int] = field(default_factory=list)
-    stop: threading.Event = field(default_factory=threading.Event)
 
-    def run(self) -> None:
-        conn: http.client.HTTPConnection | None = None
-        i = 0
-        while not self.stop.is_set():
-            rid = f"{self.name}.{i}"
-            events: list[dict[str, Any]] = [{"c": self.name, "i": i * self.batch + k, "r": rid}
-                                            for k in range(self.batch)]
-            i += 1
-            try:
-                if conn is None:
-                    conn = self.server.connection(timeout=30)
-                    conn.connect()
-                    self.serials.append(peer_serial(conn.sock))
-                conn.request("POST", "/streams/ev", body=b"\n".join(orjson.dumps(e) for e in events),
-                             headers={"content-type": "application/x-ndjson"})
-                r = conn.getresponse()
-                data = r.read()
-            except (OSError, http.client.HTTPException) as exc:
-                self.failures.append(f"{rid}: {type(exc).__name__}: {exc}")
-                self.acks.refused(rid, 0)
-                if conn is not None:
-                    conn.close()
-                conn = None
-                continue
-            self.statuses[r.status] = self.statuses.get(r.status, 0) + 1
-            if r.status == 202:
-                res = orjson.loads(data)
-                self.acked.append((res["shard"], res["first"], res["count"], events))
-                self.acks.acknowledged("ev", res["shard"], res["first"], res["count"], rid,
-                                       base=events[0]["i"])
-            else:
-                self.acks.refused(rid, r.status)
-            if not self.keep_alive or r.getheader("connection", "").lower() == "close":
-                conn.close()
-                conn = None
-        if conn is not None:
-            conn.close()
-
-    def start(self) -> threading.Thread:
-        t = threading.Thread(target=self.run, daemon=True)
-        t.start()
-        return t
-
-
-def wait_for(what: str, check: Any, timeout: float = 30, state: Any = None) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}: {state and state()}"
-        time.sleep(0.02)
+    def connected(self, conn: http.client.HTTPConnection) -> None:
+        self.serials.append(peer_serial(conn.sock))
 
 
 RENEWALS = 3
@@ -308,8 +250,9 @@ def test_a_renewed_certificate_is_taken_on_hup_under_load_without_a_failed_reque
     pki = Pki.make(tmp_path / "pki")
     with GatewayProcess(tmp_path / "data", env={**SMALL, **pki.env()}, tls=pki.client_context()) as server:
         server.wait_ready()
-        clients = [TlsClient(server, "fresh", keep_alive=False), TlsClient(server, "keep-0", keep_alive=True),
-                   TlsClient(server, "keep-1", keep_alive=True)]
+        clients = [TlsPoster(server, "fresh", keep_alive=False, batch=2),
+                   TlsPoster(server, "keep-0", keep_alive=True, batch=2),
+                   TlsPoster(server, "keep-1", keep_alive=True, batch=2)]
         threads = [c.start() for c in clients]
         serial = pki.server.serial
         try:

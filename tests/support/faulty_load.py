@@ -1,4 +1,4 @@
-"""Clients posting to a running gateway from threads while a test damages its files
+"""Posters (posters.py) posting to a running gateway from threads while a test damages its files
 (tests/test_storage_gone.py, tests/test_storage_read_only.py) or its processes
 (``Havoc``: kill -9 of workers and HUPs of the master, tests/test_client.py): what each
 client was answered, which events were acknowledged, and the checks of those answers,
@@ -6,7 +6,6 @@ the log lines and /readyz."""
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
 import random
@@ -15,14 +14,12 @@ import shutil
 import signal
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-import orjson
-
-from .noloss import Acks, check
-from .server import HOST, SMALL, GatewayProcess, ServerProcess
+from .noloss import Acks
+from .posters import Answer, Poster
+from .server import SMALL, GatewayProcess, ServerProcess
 
 STREAM = "ev"
 SHARD_OF = re.compile(r"shard (\d+) of stream|/shard-(\d+)\b")  # its number, or its directory
@@ -30,71 +27,12 @@ SHARD_OF = re.compile(r"shard (\d+) of stream|/shard-(\d+)\b")  # its number, or
 ENV = {**SMALL, "COMET_STORAGE_FSYNC_INTERVAL_MS": "100"}
 
 
-@dataclass
-class Answer:
-    sent: float       # monotonic, before the request was written
-    received: float   # monotonic, after its answer was read
-    status: int       # 0: no answer
-    body: dict[str, Any]
-    rid: str = ""
-    base: int = 0     # the number of its first event
-
-
-@dataclass
-class Client:
-    """Posts numbered NDJSON events (``{"c", "i", "r"}``, as tests/support/noloss.py
-    reads them) until stopped, and keeps every answer with its times."""
-
-    port: int
-    name: str
-    batch: int = 5
-    answers: list[Answer] = field(default_factory=list)
-    acks: Acks = field(default_factory=Acks)
-    stop: threading.Event = field(default_factory=threading.Event)
-
-    def run(self) -> None:
-        conn: http.client.HTTPConnection | None = None
-        i = 0
-        while not self.stop.is_set():
-            rid = f"{self.name}.{i}"
-            body = b"\n".join(orjson.dumps({"c": self.name, "i": i * self.batch + k, "r": rid})
-                              for k in range(self.batch))
-            sent = time.monotonic()
-            try:
-                if conn is None:
-                    conn = http.client.HTTPConnection(HOST, self.port, timeout=30)
-                conn.request("POST", f"/streams/{STREAM}", body=body,
-                             headers={"content-type": "application/x-ndjson"})
-                r = conn.getresponse()
-                data = orjson.loads(r.read() or b"{}")
-                self.answers.append(Answer(sent, time.monotonic(), r.status, data, rid,
-                                           i * self.batch))
-                if r.status == 202:
-                    self.acks.acknowledged(STREAM, data["shard"], data["first"], data["count"],
-                                           rid, None, i * self.batch)
-                else:
-                    self.acks.refused(rid, r.status)
-                    self.stop.wait(0.005)  # a refused client retries, not in a tight loop
-            except (OSError, http.client.HTTPException):
-                self.answers.append(Answer(sent, time.monotonic(), 0, {}))
-                self.acks.refused(rid, 0)
-                if conn is not None:
-                    conn.close()
-                conn = None
-                self.stop.wait(0.01)
-            i += 1
-        if conn is not None:
-            conn.close()
-
-
 class Load:
-    """``n`` clients in threads; ``until`` waits (bounded) for a condition on them."""
+    """``n`` posters in threads; ``until`` waits (bounded) for a condition on their answers."""
 
     def __init__(self, server: GatewayProcess, n: int = 3) -> None:
-        self.clients = [Client(server.port, f"c{k}") for k in range(n)]
-        self.threads = [threading.Thread(target=c.run, daemon=True) for c in self.clients]
-        for t in self.threads:
-            t.start()
+        self.clients = [Poster(server, f"c{k}", stream=STREAM) for k in range(n)]
+        self.threads = [c.start() for c in self.clients]
 
     def answers(self) -> list[Answer]:
         return [a for c in self.clients for a in list(c.answers)]
@@ -188,7 +126,7 @@ def check_answers(answers: list[Answer], refused_shards: set[int] | None,
     return first
 
 
-def acks_before(clients: list[Client], cutoff: float) -> Acks:
+def acks_before(clients: list[Poster], cutoff: float) -> Acks:
     """The 202s that reached their client before ``cutoff`` (monotonic)."""
     acks = Acks()
     for c in clients:

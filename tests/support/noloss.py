@@ -7,7 +7,7 @@ no answer.  Every stored event names its request and its number: the fields ``"r
 and ``"i"`` of its JSON.  ``check`` reads the log (and, for a soak, the objects
 ``comet ship`` wrote before retention deleted their segments) against the ``Acks``:
 
-- ``Poster`` threads post numbered NDJSON events and fill ``Acks`` as they go;
+- ``Poster`` threads (posters.py) post numbered NDJSON events and fill ``Acks`` as they go;
   ``check_stored_once`` checks what they were told (the gateway's tests);
 - locust's processes write every answer to ``acks-<pid>.ndjson``; ``locust_acks``
   reads those files (loadtests/loadtest.py);
@@ -21,8 +21,6 @@ answer (a worker killed under it) may be stored, once.
 
 from __future__ import annotations
 
-import http.client
-import threading
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, NamedTuple, Protocol, Sequence
@@ -32,7 +30,6 @@ import zstandard
 
 from storage_c import CometError, Config, Log, StreamNotFound
 
-from .server import HOST, ServerProcess
 
 READ_CONFIG = Config(create=False, auto_create_streams=False, background_flush=False,
                      retention_interval_ms=0)
@@ -319,76 +316,9 @@ def check_stored_count(data_dir: Path, stream: str, acknowledged: int) -> dict[s
 
 
 class AckRecorder(Protocol):
-    """A client that records what it was told in ``acks`` (``Poster``)."""
+    """A client that records what it was told in ``acks`` (posters.py's ``Poster``)."""
 
     acks: Acks
-
-
-@dataclass
-class Poster:
-    """Posts numbered NDJSON events from a thread; remembers what each answer said:
-    ``acked`` holds (shard, first, count, events) of every 202, ``acks`` every answer.
-    Request ``n`` of poster ``name`` is ``"{name}.{n}"``; its events are
-    ``{"c": name, "i": <the poster's event number>, "r": <the request>}``."""
-
-    server: ServerProcess
-    name: str
-    stream: str = "ev"
-    keyed: bool = False
-    batch: int = 5
-    acked: list[tuple[int, int, int, list[dict[str, Any]]]] = field(default_factory=list)
-    acks: Acks = field(default_factory=Acks)
-    statuses: dict[int, int] = field(default_factory=dict)
-    errors: int = 0
-    sent: int = 0
-    stop: threading.Event = field(default_factory=threading.Event)
-
-    def events(self, request: int) -> list[dict[str, Any]]:
-        rid = f"{self.name}.{request}"
-        return [{"c": self.name, "i": request * self.batch + k, "r": rid} for k in range(self.batch)]
-
-    def run(self, limit: int | None = None) -> None:
-        conn: http.client.HTTPConnection | None = None
-        i = 0
-        key = self.name if self.keyed else None
-        while not self.stop.is_set() and (limit is None or i < limit):
-            events = self.events(i)
-            rid = events[0]["r"]
-            body = b"\n".join(orjson.dumps(e) for e in events)
-            path = f"/streams/{self.stream}" + (f"?key={key}" if key else "")
-            try:
-                if conn is None:
-                    conn = http.client.HTTPConnection(HOST, self.server.port, timeout=30)
-                conn.request("POST", path, body=body, headers={"content-type": "application/x-ndjson"})
-                r = conn.getresponse()
-                data = r.read()
-                self.statuses[r.status] = self.statuses.get(r.status, 0) + 1
-                if r.status == 202:
-                    res = orjson.loads(data)
-                    self.acked.append((res["shard"], res["first"], res["count"], events))
-                    self.acks.acknowledged(self.stream, res["shard"], res["first"], res["count"],
-                                           rid, key, events[0]["i"])
-                else:
-                    self.acks.refused(rid, r.status)
-                if r.getheader("connection", "").lower() == "close":
-                    conn.close()
-                    conn = None
-            except (OSError, http.client.HTTPException):
-                self.errors += 1  # killed worker, closed connection: no answer, no promise
-                self.acks.refused(rid, 0)
-                if conn is not None:
-                    conn.close()
-                conn = None
-                self.stop.wait(0.01)
-            i += 1
-            self.sent = i
-        if conn is not None:
-            conn.close()
-
-    def start(self, limit: int | None = None) -> threading.Thread:
-        t = threading.Thread(target=self.run, args=(limit,), daemon=True)
-        t.start()
-        return t
 
 
 def merged(clients: Sequence[AckRecorder]) -> Acks:

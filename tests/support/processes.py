@@ -1,4 +1,4 @@
-"""tests/workers.py's programs in child processes of their own (never a fork of pytest)."""
+"""The programs of tests/children/ in child processes of their own (never a fork of pytest)."""
 
 from __future__ import annotations
 
@@ -9,17 +9,24 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
-WORKERS = REPO / "tests" / "workers.py"
+CHILDREN = REPO / "tests" / "children"
+WORKERS = CHILDREN / "workers.py"
+FAULT_WORKER = CHILDREN / "fault_worker.py"
+
+
+def worker_argv(*args: object) -> list[str]:
+    """The command line of ``tests/children/workers.py <args>``."""
+    return [sys.executable, str(WORKERS), *map(str, args)]
 
 
 def worker(*args: object, **popen: Any) -> subprocess.Popen[bytes]:
-    """Starts ``tests/workers.py <args>`` in a real child process."""
+    """Starts ``tests/children/workers.py <args>`` in a real child process."""
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    return subprocess.Popen([sys.executable, str(WORKERS), *map(str, args)], env=env, **popen)
+    return subprocess.Popen(worker_argv(*args), env=env, **popen)
 
 
 def run_worker(*args: object, timeout: float = 120) -> str:
-    """Runs ``tests/workers.py <args>`` to its end; its stdout (it must exit 0)."""
+    """Runs ``tests/children/workers.py <args>`` to its end; its stdout (it must exit 0)."""
     proc = worker(*args, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     out, err = proc.communicate(timeout=timeout)
     assert proc.returncode == 0, f"worker {args} failed ({proc.returncode}):\n{err.decode()}"

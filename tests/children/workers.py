@@ -1,7 +1,8 @@
-"""Child-process programs for the multi-process and crash tests.
+"""The commands the multi-process, crash, disk and load tests run in child processes.
 
-Run as `python tests/workers.py <command> <args...>`.  Each command opens the
-data directory itself: a child never inherits a handle across fork.
+Run as `python tests/children/workers.py <command> <args...>` (tests/support/processes.py
+starts them).  A command that uses a log opens the data directory itself: a child never
+inherits a handle across fork.
 """
 
 from __future__ import annotations
@@ -269,11 +270,86 @@ def try_append(path: str, stream: str) -> None:
             print(f"refused: {type(exc).__name__}: {exc}")
 
 
+def append_three_durably(path: str) -> None:
+    """Appends three entries with durability always, printing "acknowledged i" after
+    each: where an armed cut point (COMET_CUT_POINT) ends the process shows."""
+    log = Log(path, Config(shards=1, durability="always"))
+    for i in range(3):
+        log.append("s", b"entry %d" % i, shard=0)
+        print("acknowledged", i, flush=True)
+
+
+def fill_the_disk(path: str) -> None:
+    """Appends 1000-byte entries until StorageFull, prints "full <count> <error>", waits
+    for a line on stdin (the test frees space), appends one more and prints "after"."""
+    cfg = Config(shards=1, segment_bytes=64 << 20, segment_chunk_bytes=256 << 10)
+    with Log(path, cfg) as log:
+        n = 0
+        try:
+            while True:
+                log.append("full", b"%08d" % n + b"y" * 992, shard=0)
+                n += 1
+        except StorageFull as exc:
+            print("full", n, exc, flush=True)
+        sys.stdin.readline()
+        log.append("full", b"after", shard=0)
+        print("after", flush=True)
+
+
+def write_within_budget(path: str, stream: str, count: str) -> None:
+    """Appends ``count`` 1000-byte entries over two shards under a 3 MiB retention
+    budget of the whole directory, then prints "ok"."""
+    cfg = Config(shards=2, segment_bytes=256 << 10, segment_chunk_bytes=64 << 10,
+                 retention_max_total_bytes=3 << 20, retention_interval_ms=0)
+    with Log(path, cfg) as log:
+        for i in range(int(count)):
+            log.append(stream, b"%s-%08d-" % (stream.encode(), i) + b"z" * 980, shard=i % 2)
+    print("ok", flush=True)
+
+
+def consume_and_print(path: str) -> None:
+    """Reads shard 0 of "ev" as group "readers", 7 entries at a time, printing each
+    batch's entry numbers before acknowledging it; ends after 4 s without an entry."""
+    from consumers.consumer import Consumer
+
+    with Consumer(path, "ev", "readers") as c:
+        idle = 0
+        while idle < 400:
+            batch = c.read(7, shard=0)
+            if not len(batch):
+                idle += 1
+                time.sleep(0.01)
+                continue
+            idle = 0
+            print(" ".join(str(e) for e in batch.entries), flush=True)
+            time.sleep(0.02)
+            c.ack_batch(batch)
+
+
+def post_big_bodies(port: str, size: str) -> None:
+    """Posts NDJSON bodies of ``size`` bytes to /streams/big of the gateway on ``port``
+    over one connection, forever: "ready", then "posted" after each 202."""
+    import http.client
+
+    line = b'{"pad":"' + b"p" * 1000 + b'"}\n'
+    body = line * (int(size) // len(line))
+    conn = http.client.HTTPConnection("127.0.0.1", int(port), timeout=60)
+    print("ready", flush=True)
+    while True:
+        conn.request("POST", "/streams/big", body=body, headers={"content-type": "application/x-ndjson"})
+        r = conn.getresponse()
+        r.read()
+        assert r.status == 202, r.status
+        print("posted", flush=True)
+
+
 COMMANDS = {f.__name__: f for f in (try_append, read_through_deletion, crash_appender, writer, hold_slot,
                                     die_holding_lock, hold_s3_lease, hold_state_locks,
                                     always_appender, append_always,
                                     fill_until_full, rotating_writer, append_one, group_offset,
-                                    consume_assigned, consume_slowly)}
+                                    consume_assigned, consume_slowly, append_three_durably,
+                                    fill_the_disk, write_within_budget, consume_and_print,
+                                    post_big_bodies)}
 
 if __name__ == "__main__":
     COMMANDS[sys.argv[1]](*sys.argv[2:])
