@@ -6,6 +6,11 @@ within 5 %) and the disk a new 16-shard stream takes (≤ 16 MiB).
 
 from __future__ import annotations
 
+if __name__ == "__main__" and not __package__:  # run by its path: again as a module
+    from by_path import rerun_as_module  # type: ignore[import-not-found]
+
+    rerun_as_module(__file__)
+
 import os
 import shutil
 import time

@@ -24,6 +24,11 @@ Rounds alternate anchor and drain; a ratio is the median of per-round ratios.
 
 from __future__ import annotations
 
+if __name__ == "__main__" and not __package__:  # run by its path: again as a module
+    from by_path import rerun_as_module  # type: ignore[import-not-found]
+
+    rerun_as_module(__file__)
+
 import gzip
 import os
 import random

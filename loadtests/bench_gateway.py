@@ -28,6 +28,11 @@ next to its anchor, so a slow or fast spell of this VM (runs of one case spread 
 
 from __future__ import annotations
 
+if __name__ == "__main__" and not __package__:  # run by its path: again as a module
+    from by_path import rerun_as_module  # type: ignore[import-not-found]
+
+    rerun_as_module(__file__)
+
 import dataclasses
 import json
 import os

@@ -11,6 +11,11 @@ ratios of records/s.  Target: the OTLP path at least 0.5x the NDJSON path.
 
 from __future__ import annotations
 
+if __name__ == "__main__" and not __package__:  # run by its path: again as a module
+    from by_path import rerun_as_module  # type: ignore[import-not-found]
+
+    rerun_as_module(__file__)
+
 import random
 import shutil
 import signal

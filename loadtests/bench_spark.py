@@ -7,6 +7,11 @@ reader on the same events; the Delta commit's own time and its share of each shi
 
 from __future__ import annotations
 
+if __name__ == "__main__" and not __package__:  # run by its path: again as a module
+    from by_path import rerun_as_module  # type: ignore[import-not-found]
+
+    rerun_as_module(__file__)
+
 import gc
 import importlib.metadata
 import os

@@ -10,6 +10,11 @@ file write of the same bytes, all in the same run (rounds interleaved, medians r
 
 from __future__ import annotations
 
+if __name__ == "__main__" and not __package__:  # run by its path: again as a module
+    from by_path import rerun_as_module  # type: ignore[import-not-found]
+
+    rerun_as_module(__file__)
+
 import gc
 import json
 import math

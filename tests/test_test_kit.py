@@ -53,3 +53,14 @@ def test_child_programs_live_in_tests_children() -> None:
     programs = {str(s.relative_to(REPO)) for s in SOURCES
                 if s.parts[len(REPO.parts)] == "tests" and runs_as_a_program(s)}
     assert programs - own_runners == {"tests/children/workers.py", "tests/children/fault_worker.py"}
+
+
+def test_a_benchmark_runs_by_its_path_too(tmp_path: Path) -> None:
+    """``python loadtests/bench_x.py`` from any directory runs it as the module."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, str(REPO / "loadtests" / "bench_storage.py"), "--help"],
+                         capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "usage:" in out.stdout and "--gb" in out.stdout
