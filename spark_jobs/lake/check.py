@@ -7,8 +7,7 @@
   of the rows and of the rejects have no duplicate, and lie within the runs'
   ranges.
 - Per shipper (stream incarnation and group) and shard, the runs' ranges
-  (``comet.ranges`` of each run's commit; a conversion's ranges of the
-  format-1 runs) follow each other with no gap and no overlap.
+  (``comet.ranges`` of each run's commit) follow each other with no gap and no overlap.
 - With the data directory: the ranges agree with the group's offsets (the
   group is not acked past the last run's end).
 
@@ -37,9 +36,8 @@ from typing import TYPE_CHECKING, Any, Iterable
 import numpy as np
 
 from .delta import LakeTable
-from .history import CONVERT_KEY, commit_actions
+from .history import commit_actions
 from .lakefs import Lake
-from .legacy import format_1_streams
 
 if TYPE_CHECKING:
     from deltalake import DeltaTable
@@ -47,7 +45,7 @@ if TYPE_CHECKING:
 EXAMPLES = 5
 """How many entries a problem names (then: "and N more")."""
 Incarnation = int | None
-"""A stream incarnation; None: a converted stream the data directory no longer had."""
+"""A stream incarnation; None: a commit that does not say it."""
 
 
 @dataclass(frozen=True)
@@ -69,7 +67,7 @@ class RunRanges:
     run: int
     version: int
     ranges: dict[int, list[tuple[int, int]]]
-    """Per shard, the ``[start, end)`` ranges (one per run; a conversion's can be several)."""
+    """Per shard, the ``[start, end)`` ranges (one per run)."""
     rows: int = 0
     rejects: int = 0
 
@@ -108,10 +106,7 @@ def check(lake: Lake, data_dir: str | None = None, group: str = "spark-ship") ->
     main = main_table.open()
     rejects = rejects_table.open()
     if main is None:
-        old = format_1_streams(lake)
-        report.problems.append(
-            f"the lake is in the format before Delta Lake (streams {', '.join(old)}): "
-            f"`comet lake convert --data-dir DATA_DIR {lake.url}`" if old else f"{lake.url} has no Delta table")
+        report.problems.append(f"{lake.url} has no Delta table")
         return report
     main_log = read_log(main_table, main)
     committed: dict[str, int] = {}
@@ -163,20 +158,6 @@ def read_log(table: LakeTable, opened: DeltaTable) -> TableLog:
                                       {int(s): [(int(a), int(b))]
                                        for s, (a, b) in json.loads(info["comet.ranges"]).items()},
                                       int(info.get("comet.rows", 0)), int(info.get("comet.rejects", 0))))
-        elif CONVERT_KEY in info:
-            converted = json.loads(info[CONVERT_KEY])
-            for add in adds:
-                stream = add["partitionValues"]["stream"]
-                meta = converted.get(stream, {})
-                out.origins[add["path"]] = Origin(frozenset([_int(meta.get("incarnation"))]),
-                                                  meta.get("app"), meta.get("last_run"))
-            for stream, meta in sorted(converted.items()):
-                out.runs.append(RunRanges(
-                    meta.get("app") or f"format-1/{stream}", stream, _int(meta.get("incarnation")),
-                    meta.get("group"), int(meta["last_run"]), version,
-                    {int(s): [(int(a), int(b)) for a, b in segments]
-                     for s, segments in meta["ranges"].items()},
-                    int(meta.get("rows", 0)), int(meta.get("rejects", 0))))
         else:  # a compaction: its files hold the rows of the files it removed, partition by partition
             by_partition: dict[tuple[str, ...], set[Incarnation]] = defaultdict(set)
             for remove in removes:
