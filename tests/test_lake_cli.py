@@ -181,7 +181,7 @@ def test_vacuum_keeps_a_pending_runs_files_and_removes_a_dead_attempts(
     ship_in_process(data_dir, lake)
     append(data_dir, 40, 20)
     stop_at(monkeypatch, "spark_ship.written")
-    with pytest.raises(RuntimeError, match="stopped at written"):
+    with pytest.raises(RuntimeError, match="stopped at spark_ship.written"):
         ship_in_process(data_dir, lake)
     monkeypatch.undo()
     root = Path(lake.root)
