@@ -66,8 +66,8 @@ class RunRanges:
     group: str | None
     run: int
     version: int
-    ranges: dict[int, list[tuple[int, int]]]
-    """Per shard, the ``[start, end)`` ranges (one per run)."""
+    ranges: dict[int, tuple[int, int]]
+    """Per shard, the run's ``[start, end)`` range."""
     rows: int = 0
     rejects: int = 0
 
@@ -155,7 +155,7 @@ def read_log(table: LakeTable, opened: DeltaTable) -> TableLog:
                 out.origins[add["path"]] = origin
             out.runs.append(RunRanges(app, str(info.get("comet.stream")), incarnation,
                                       info.get("comet.group"), run, version,
-                                      {int(s): [(int(a), int(b))]
+                                      {int(s): (int(a), int(b))
                                        for s, (a, b) in json.loads(info["comet.ranges"]).items()},
                                       int(info.get("comet.rows", 0)), int(info.get("comet.rejects", 0))))
         else:  # a compaction: its files hold the rows of the files it removed, partition by partition
@@ -241,21 +241,21 @@ def check_ranges(runs: list[RunRanges], report: CheckReport) -> None:
             report.problems.append(f"{app}: a run is committed twice ({numbers})")
         ends: dict[int, tuple[int, int]] = {}  # shard -> (end, run that ended there)
         for r in app_runs:
-            for shard, segments in sorted(r.ranges.items()):
-                for start, end in segments:
-                    if start == end:
-                        continue
-                    if shard in ends and start != ends[shard][0]:
-                        prev_end, prev_run = ends[shard]
-                        what = "a gap" if start > prev_end else "an overlap"
-                        report.problems.append(
-                            f"{app} shard {shard}: {what} between run {prev_run} (ends at entry "
-                            f"{prev_end}) and run {r.run} (starts at entry {start})")
-                    ends[shard] = (end, r.run)
+            for shard, (start, end) in sorted(r.ranges.items()):
+                if start == end:
+                    continue
+                if shard in ends and start != ends[shard][0]:
+                    prev_end, prev_run = ends[shard]
+                    what = "a gap" if start > prev_end else "an overlap"
+                    report.problems.append(
+                        f"{app} shard {shard}: {what} between run {prev_run} (ends at entry "
+                        f"{prev_end}) and run {r.run} (starts at entry {start})")
+                ends[shard] = (end, r.run)
     by_stream: dict[tuple[str, Incarnation, int], list[tuple[int, int, str]]] = defaultdict(list)
     for r in runs:
-        for shard, segments in r.ranges.items():
-            by_stream[(r.stream, r.incarnation, shard)] += [(a, b, r.app) for a, b in segments if a < b]
+        for shard, (a, b) in r.ranges.items():
+            if a < b:
+                by_stream[(r.stream, r.incarnation, shard)].append((a, b, r.app))
     for (stream, incarnation, shard), spans in sorted(by_stream.items(), key=str):
         spans.sort()
         for (a1, b1, app1), (a2, b2, app2) in zip(spans, spans[1:]):
@@ -272,8 +272,8 @@ def check_entries(entries: dict[tuple[str, frozenset[Incarnation], int], list[np
     known: dict[str, set[Incarnation]] = defaultdict(set)
     for r in runs:
         known[r.stream].add(r.incarnation)
-        for shard, segments in r.ranges.items():
-            covered[(r.stream, r.incarnation, shard)] += segments
+        for shard, span in r.ranges.items():
+            covered[(r.stream, r.incarnation, shard)].append(span)
     merged: dict[tuple[str, frozenset[Incarnation], int], list[np.ndarray]] = defaultdict(list)
     for (stream, incarnations, shard), arrays in entries.items():
         # a file of unknown origin (no run added it) may hold any incarnation's rows
@@ -348,9 +348,8 @@ def check_offsets(offsets: dict[str, tuple[int, dict[int, int | None]]], runs: l
         stream_offsets = offsets.get(r.stream)
         if stream_offsets is None or stream_offsets[0] != r.incarnation:
             continue
-        for shard, segments in r.ranges.items():
-            if segments:
-                ends[(r.stream, shard)] = segments[-1][1]
+        for shard, (_, run_end) in r.ranges.items():
+            ends[(r.stream, shard)] = run_end
     for stream, (incarnation, shard_offsets) in sorted(offsets.items()):
         shipped = {shard: end for (s, shard), end in ends.items() if s == stream}
         if not shipped:
@@ -378,12 +377,11 @@ def summary(runs: list[RunRanges], entries: dict[tuple[str, frozenset[Incarnatio
         s = out.setdefault((r.stream, r.incarnation), {"stream": r.stream, "incarnation": r.incarnation,
                                                        "runs": 0, "entries": 0, "ranges": {}})
         s["runs"] += 1
-        for shard, segments in r.ranges.items():
-            for a, b in segments:
-                if a == b:
-                    continue
-                lo, hi = s["ranges"].get(str(shard), (a, b))
-                s["ranges"][str(shard)] = (min(lo, a), max(hi, b))
+        for shard, (a, b) in r.ranges.items():
+            if a == b:
+                continue
+            lo, hi = s["ranges"].get(str(shard), (a, b))
+            s["ranges"][str(shard)] = (min(lo, a), max(hi, b))
     for (stream, incarnations, _), arrays in entries.items():
         if len(incarnations) == 1:
             key = (stream, next(iter(incarnations)))
