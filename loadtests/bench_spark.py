@@ -210,8 +210,8 @@ class Bench:
             import pyarrow.parquet as pq
             return sum(pq.read_metadata(p).num_rows for p in out.rglob("*.parquet"))
         else:
-            from spark_jobs.lakefs import Lake
-            from spark_jobs.ship import ShipOptions, ship
+            from spark_jobs.lake.lakefs import Lake
+            from spark_jobs.spark.ship import ShipOptions, ship
 
             report = ship(ShipOptions(str(self.root / "log"), STREAM, Lake(str(out)),
                                       value_schema=SCHEMA), lambda: self.spark)
@@ -365,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
     ctx = benchlib.Context("bench_spark", SCRATCH, MEASURED_CODE)
     root, meta = dataset(ctx, scale.entries, args.regenerate)
 
-    from spark_jobs.session import spark_session
+    from spark_jobs.spark.session import spark_session
 
     spark = spark_session(MASTER, app="comet-bench-spark", conf=SPARK_CONF)
     records: list[dict[str, Any]] = []

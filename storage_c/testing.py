@@ -133,8 +133,8 @@ def cut_point_names() -> list[str]:
 
 
 def cut_point(name: str) -> None:
-    """Code above the core reaching its named cut point (cutpoint.h, ``ship.*``):
-    armed (``COMET_CUT_POINT``), the nth hit ends the process there."""
+    """Code above the core reaching its named cut point (cutpoint.h: ``ship.*``,
+    ``spark_ship.*``): armed (``COMET_CUT_POINT``), the nth hit ends the process there."""
     if lib.comet_cut_reached(name.encode()) != 0:
         raise ValueError(f"no cut point named {name!r}; see storage_c/src/cutpoint.h")
 

@@ -124,7 +124,7 @@ def spark() -> Iterator[SparkSession]:
     the spark group under pytest-xdist (XDIST_GROUPS)."""
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
-    from spark_jobs.session import spark_session
+    from spark_jobs.spark.session import spark_session
 
     session: SparkSession = spark_session("local[2]", app="comet-tests",
                             conf=[("spark.sql.shuffle.partitions", "4"),

@@ -22,9 +22,9 @@ import orjson
 import pytest
 
 from gateway.client import CometClient, CometHTTPError, CometRetriesExhausted, PostResult
-from spark_jobs.lake import read_table
-from spark_jobs.lakefs import Lake
-from spark_jobs.ship import ShipOptions, ship
+from spark_jobs.lake.read import read_table
+from spark_jobs.lake.lakefs import Lake
+from spark_jobs.spark.ship import ShipOptions, ship
 from storage_c import Log
 
 from .support.docs import code_blocks

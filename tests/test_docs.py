@@ -89,8 +89,8 @@ def reader_outputs(rejects: int) -> list[str]:
 def small_lake(tmp_path: Path, rejects: int) -> Path:
     """A lake that ``comet spark-ship``'s real tasks wrote (in this process, no JVM)
     in one run: 5 rows and ``rejects`` rejects of stream "events"."""
-    from spark_jobs.lakefs import Lake
-    from spark_jobs.ship import ShipOptions, ship
+    from spark_jobs.lake.lakefs import Lake
+    from spark_jobs.spark.ship import ShipOptions, ship
     from storage_c import Config, Log
     from tests.support.lake import in_process
 

@@ -73,7 +73,7 @@ def test_payload_of_reads_plain_values_back() -> None:
 
 def test_one_hive_layout() -> None:
     from consumers import object_key
-    from spark_jobs.writer import partition_dir
+    from spark_jobs.lake.layout import partition_dir
 
     ns = 1_800_000_000 * 10**9  # 2027-01-15T08:00:00Z
     hour = ns // (3600 * 10**9)

@@ -1,4 +1,4 @@
-"""spark_jobs.jvm_output: each line of Spark's JVM's stderr becomes a log record
+"""spark_jobs.spark.jvm_output: each line of Spark's JVM's stderr becomes a log record
 (no JVM needed: the lines are given as the JVM writes them)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from spark_jobs.jvm_output import STDERR_LOGGER, log_line
+from spark_jobs.spark.jvm_output import STDERR_LOGGER, log_line
 
 
 def records(caplog: pytest.LogCaptureFixture, *lines: bytes) -> list[tuple[str, int, str]]:

@@ -1,16 +1,14 @@
-"""``comet lake``: history, compact, vacuum, check and convert, beside spark-ship.
+"""``comet lake``: history, compact, vacuum and check, beside spark-ship.
 
 The runs are real ``comet spark-ship`` runs whose tasks run in this process
 (tests/support/lake.py: no JVM); the command line itself (its JSON, its one
-Error line, its exit status) and the conversion's crashes run as real
-``comet lake`` processes."""
+Error line, its exit status) runs as real ``comet lake`` processes."""
 
 from __future__ import annotations
 
 import json
 import os
 import shutil
-import signal
 import subprocess
 import time
 from pathlib import Path
@@ -21,19 +19,17 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from spark_jobs import ship as ship_module
-from spark_jobs.check import check
-from spark_jobs.convert import ConvertError, convert
-from spark_jobs.delta import LakeTable
-from spark_jobs.history import history
-from spark_jobs.lake import read_table
-from spark_jobs.lakefs import Lake
-from spark_jobs.plan import Shipper, read_plan
-from spark_jobs.ship import ShipOptions, ship
-from spark_jobs.upkeep import compact, pending_plans, vacuum
+from spark_jobs.spark import ship as ship_module
+from spark_jobs.lake.check import check
+from spark_jobs.lake.delta import LakeTable
+from spark_jobs.lake.history import history
+from spark_jobs.lake.read import read_table
+from spark_jobs.lake.lakefs import Lake
+from spark_jobs.lake.plan import Shipper, read_plan
+from spark_jobs.spark.ship import ShipOptions, ship
+from spark_jobs.lake.upkeep import compact, pending_plans, vacuum
 from storage_c import Config, Log
 
-from .support.format1 import write_run
 from .support.lake import check_exactly_once, entry_keys, in_process
 from .support.server import COMET
 from .support.storage import fill
@@ -76,7 +72,7 @@ def stop_at(monkeypatch: pytest.MonkeyPatch, point: str) -> None:
         if name == point:
             raise RuntimeError(f"stopped at {name}")
 
-    monkeypatch.setattr(ship_module, "crash_point", crash)
+    monkeypatch.setattr(ship_module, "cut_point", crash)
 
 
 @pytest.fixture
@@ -184,8 +180,8 @@ def test_vacuum_keeps_a_pending_runs_files_and_removes_a_dead_attempts(
     append(data_dir, 0, 40)
     ship_in_process(data_dir, lake)
     append(data_dir, 40, 20)
-    stop_at(monkeypatch, "written")
-    with pytest.raises(RuntimeError, match="stopped at written"):
+    stop_at(monkeypatch, "spark_ship.written")
+    with pytest.raises(RuntimeError, match="stopped at spark_ship.written"):
         ship_in_process(data_dir, lake)
     monkeypatch.undo()
     root = Path(lake.root)
@@ -305,7 +301,7 @@ def test_check_beside_a_run_between_its_two_commits(data_dir: Path, lake: Lake,
     append(data_dir, 0, 40)
     ship_in_process(data_dir, lake)
     append(data_dir, 40, 20)
-    stop_at(monkeypatch, "committing")
+    stop_at(monkeypatch, "spark_ship.committing")
     with pytest.raises(RuntimeError):
         ship_in_process(data_dir, lake)
     monkeypatch.undo()
@@ -314,158 +310,6 @@ def test_check_beside_a_run_between_its_two_commits(data_dir: Path, lake: Lake,
     report = check(lake, str(data_dir))
     assert report.ok, report.problems
     assert report.tables["rejects"]["files_of_runs_not_committed"] >= 1
-
-
-# ---- convert ---------------------------------------------------------------------------------
-
-def format_1_lake(data_dir: Path, root: Path, runs: int = 2, pending: bool = False) -> None:
-    """A format-1 lake of stream ev: ``runs`` runs of 20 entries each (and a
-    run a crash stopped, with ``pending``)."""
-    with Log(data_dir, CFG) as log:
-        for run in range(1, runs + 1 + pending):
-            fill(log, "ev", events(run * 100, 20), shards=2 if run == 1 else None, batch=5)
-            ends = {s: log.shard_stats("ev", s).next_entry for s in range(2)}
-            write_run(root, log, "ev", run, ends, manifest=run <= runs)
-
-
-def test_convert_a_format_1_lake_then_ship_on(data_dir: Path, lake: Lake) -> None:
-    import polars as pl
-
-    root = Path(lake.root)
-    format_1_lake(data_dir, root, pending=True)
-    manifests = [json.loads(p.read_bytes()) for p in sorted(root.glob("_comet/ev/manifests/*.json"))]
-    listed = {f["path"] for m in manifests for f in m["files"]}
-    with pytest.raises(ValueError, match="comet lake convert --data-dir DATA_DIR"):
-        ship_in_process(data_dir, lake)
-    out = convert(lake, str(data_dir))
-    meta = out["streams"]["ev"]
-    assert (meta["first_run"], meta["last_run"], meta["not_shipped"], meta["gone"]) == (1, 2, [3], None)
-    assert meta["ranges"] == {"0": [[0, 20]], "1": [[0, 20]]}
-    main = LakeTable.main(lake).open()
-    assert main is not None
-    assert {p.removeprefix(lake.root + "/") for p in main.file_uris()} == \
-        {p for p in listed if not p.startswith("_rejects/")}  # exactly the manifests' data files
-    rejects = read_table(lake, "ev", kind="rejects")
-    assert rejects.num_rows == sum(m["rejects"] for m in manifests) > 0
-    assert rejects.column("error")[0].as_py().startswith(f"shard {rejects.column('shard')[0]} entry ")
-    assert pl.read_delta(lake.path("_rejects")).height == rejects.num_rows  # `stream`: a partition only
-    assert read_table(lake, "ev").num_rows == sum(m["rows"] for m in manifests)
-    incarnation = _incarnation(data_dir)
-    shipper = Shipper("ev", incarnation, "spark-ship")
-    assert LakeTable.main(lake).committed_run(shipper.app_id) == 2
-    plan = read_plan(lake, shipper, 2)
-    assert plan is not None and plan.resolved and plan.ends == {0: 20, 1: 20}
-    assert not (root / "_comet" / "ev").exists() and (root / "_comet/format-1/ev/manifests").is_dir()
-    assert check(lake, str(data_dir)).ok
-    # the next run continues after the last manifest: run 3 ships the pending run's entries
-    report = ship_in_process(data_dir, lake)
-    assert (report.run, report.rows + report.rejects) == (3, 20)
-    check_exactly_once(lake, data_dir, "ev", CFG)
-    assert check(lake, str(data_dir)).ok
-    with pytest.raises(ConvertError, match="is converted already: nothing to do"):
-        convert(lake, str(data_dir))
-
-
-def test_convert_a_lake_without_rejects_makes_its_rejects_table_empty(data_dir: Path, lake: Lake) -> None:
-    """As after a first spark-ship run: the rejects table readers are told to
-    read exists, empty, when the runs converted had no reject."""
-    import polars as pl
-
-    with Log(data_dir, CFG) as log:
-        fill(log, "ev", [orjson.dumps({"id": i, "device": "d"}) for i in range(10)], shards=2, batch=5)
-        write_run(Path(lake.root), log, "ev", 1, {s: log.shard_stats("ev", s).next_entry for s in range(2)})
-    convert(lake, str(data_dir))
-    assert read_table(lake, "ev").num_rows == 10
-    assert read_table(lake, "ev", kind="rejects").num_rows == 0
-    assert pl.read_delta(lake.path("_rejects")).height == 0
-    assert check(lake, str(data_dir)).ok
-
-
-def test_convert_refuses_what_it_cannot_convert_and_changes_nothing(data_dir: Path, lake: Lake) -> None:
-    root = Path(lake.root)
-    format_1_lake(data_dir, root)
-    before = lake_files(root)
-    manifest_path = root / "_comet/ev/manifests/00000002.json"
-    manifest_bytes = manifest_path.read_bytes()
-    with pytest.raises(ConvertError, match="give --data-dir"):
-        convert(lake, None)
-    empty = data_dir.parent / "other-data"
-    with Log(empty, CFG) as log:
-        log.create_stream("unrelated", 1)
-    with pytest.raises(ConvertError, match="stream 'ev' is not in .*--gone ev"):
-        convert(lake, str(empty))
-    with pytest.raises(ConvertError, match="--gone x: the lake has no format-1 stream"):
-        convert(lake, str(data_dir), frozenset(["x"]))
-    # a column whose type changed between runs
-    manifest = json.loads(manifest_bytes)
-    data = next(f for f in manifest["files"] if f["kind"] == "data")
-    original = (root / data["path"]).read_bytes()
-    table = pq.read_table(root / data["path"])
-    pq.write_table(table.set_column(0, "id", table.column("id").cast(pa.string())), root / data["path"])
-    with pytest.raises(ConvertError, match="has .* bytes, its manifest says"):
-        convert(lake, str(data_dir))
-    data["bytes"] = (root / data["path"]).stat().st_size
-    (root / "_comet/ev/manifests/00000002.json").write_text(json.dumps(manifest))
-    with pytest.raises(ConvertError, match="column 'id' is int64 in .* and string in"):
-        convert(lake, str(data_dir))
-    (root / data["path"]).write_bytes(original)
-    data["bytes"] = len(original)
-    (root / "_comet/ev/manifests/00000002.json").write_text(json.dumps(manifest))
-    (root / data["path"]).unlink()
-    with pytest.raises(ConvertError, match="is missing: the lake lost committed rows"):
-        convert(lake, str(data_dir))
-    (root / data["path"]).write_bytes(original)
-    manifest_path.write_bytes(manifest_bytes)
-    assert lake_files(root) == before
-
-
-def test_convert_a_stream_that_is_gone_or_created_again(data_dir: Path, lake: Lake, tmp_path: Path) -> None:
-    root = Path(lake.root)
-    format_1_lake(data_dir, root)
-    with Log(data_dir, CFG) as log:  # deleted and created again since
-        log.delete_stream("ev")
-    append(data_dir, 0, 40)
-    out = convert(lake, str(data_dir))
-    meta = out["streams"]["ev"]
-    assert meta["incarnation"] is None and "created again" in meta["gone"] and meta["app"] is None
-    assert not (root / "_comet/runs").exists()
-    assert check(lake, str(data_dir)).ok
-    old_rows = read_table(lake, "ev").num_rows
-    # the stream of today is another incarnation: shipped from its start, the old rows stay
-    report = ship_in_process(data_dir, lake)
-    assert report.run == 1 and report.rows + report.rejects == 40
-    assert read_table(lake, "ev").num_rows == old_rows + report.rows
-    checked = check(lake, str(data_dir))
-    assert checked.ok, checked.problems
-    # a stream the data directory no longer has: converted when the user says it is gone
-    other = Lake(str(tmp_path / "lake2"))
-    format_1_lake(tmp_path / "data2", Path(other.root))
-    with Log(tmp_path / "data2", CFG) as log:
-        log.delete_stream("ev")
-    with pytest.raises(ConvertError, match="--gone ev"):
-        convert(other, str(tmp_path / "data2"))
-    assert convert(other, str(tmp_path / "data2"), frozenset(["ev"]))["streams"]["ev"]["gone"] == \
-        f"not in {tmp_path / 'data2'} (--gone)"
-    assert check(other).ok
-
-
-@pytest.mark.parametrize("point", ["convert-rejects-committed", "convert-committed", "convert-planned"])
-def test_a_conversion_killed_midway_is_finished_by_the_next(data_dir: Path, lake: Lake, point: str) -> None:
-    root = Path(lake.root)
-    format_1_lake(data_dir, root)
-    killed = comet_lake("convert", lake.url, "--data-dir", data_dir,
-                        env=dict(os.environ, COMET_SPARK_SHIP_CRASH=point))
-    assert killed.returncode == -signal.SIGKILL, killed.stderr
-    assert (root / "_comet/ev/manifests").is_dir()  # still format 1: spark-ship refuses it
-    done = comet_lake("convert", lake.url, "--data-dir", data_dir)
-    assert done.returncode == 0, done.stderr
-    out = json.loads(done.stdout)
-    assert out["resumed"] == (point != "convert-rejects-committed")
-    assert out["tables"] == {"main": 0, "rejects": 0}
-    assert check(lake, str(data_dir)).ok
-    append(data_dir, 1000, 10)
-    assert ship_in_process(data_dir, lake).run == 3
-    check_exactly_once(lake, data_dir, "ev", CFG)
 
 
 # ---- on S3 ---------------------------------------------------------------------------------
@@ -496,36 +340,10 @@ def test_the_commands_on_an_s3_lake(data_dir: Path, moto_s3: str, aws_env: None)
     check_exactly_once(lake, data_dir, "ev", CFG)
 
 
-def test_convert_an_s3_lake(tmp_path: Path, moto_s3: str, aws_env: None) -> None:
-    import boto3
-
-    s3 = boto3.client("s3", endpoint_url=moto_s3)
-    s3.create_bucket(Bucket="edge")
-    local, data_dir = tmp_path / "old", tmp_path / "data"
-    format_1_lake(data_dir, local, pending=True)
-    for path in local.rglob("*"):
-        if path.is_file():
-            s3.upload_file(str(path), "edge", f"old/{path.relative_to(local)}")
-    env = dict(os.environ, AWS_ENDPOINT_URL=moto_s3)
-    got = comet_lake("convert", "s3://edge/old", "--data-dir", data_dir, env=env)
-    assert got.returncode == 0, got.stderr
-    assert json.loads(got.stdout)["archived"] == ["_comet/format-1/ev"]
-    keys = {o["Key"] for o in s3.list_objects_v2(Bucket="edge", Prefix="old/_comet/")["Contents"]}
-    # (pyarrow leaves a directory's marker object where it deleted the last file)
-    assert not [k for k in keys if k.startswith("old/_comet/ev/") and not k.endswith("/")]
-    assert {k.removeprefix("old/_comet/format-1/") for k in keys if "format-1/" in k} == \
-        {str(p.relative_to(local / "_comet")) for p in (local / "_comet").rglob("*") if p.is_file()}
-    got = comet_lake("check", "s3://edge/old", "--data-dir", data_dir, env=env)
-    assert got.returncode == 0, got.stderr
-    lake = Lake("s3://edge/old", endpoint_url=moto_s3)
-    assert ship_in_process(data_dir, lake).run == 3
-    check_exactly_once(lake, data_dir, "ev", CFG)
-
-
 # ---- the command line ------------------------------------------------------------------------
 
 def test_the_command_line(data_dir: Path, lake: Lake) -> None:
-    assert {"history", "compact", "vacuum", "check", "convert"} <= set(
+    assert {"history", "compact", "vacuum", "check"} <= set(
         comet_lake("--help").stdout.split())
     append(data_dir, 0, 40)
     ship_in_process(data_dir, lake)

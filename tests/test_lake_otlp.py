@@ -1,6 +1,6 @@
 """The OTLP streams in the lake: ``comet spark-ship`` ships the gateway's
 events (tests/support/otlp.py's layout) with the built-in schemas
-(spark_jobs/otlp_schema.py), without ``--schema`` and without a JVM (the
+(spark_jobs/spark/otlp_schema.py), without ``--schema`` and without a JVM (the
 tasks run in this process: tests/support/lake.py)."""
 
 from __future__ import annotations
@@ -18,13 +18,13 @@ import pyarrow as pa
 import pytest
 from click.testing import CliRunner
 
-from spark_jobs import otlp_rows
-from spark_jobs.cli import spark_ship
-from spark_jobs.delta import LakeTable
-from spark_jobs.lake import read_table
-from spark_jobs.lakefs import Lake
-from spark_jobs.otlp_schema import DDL, STREAM_SIGNALS, ddl, signal_of, value_type
-from spark_jobs.ship import ShipOptions, ShipReport, ship
+from spark_jobs.spark import otlp_rows
+from spark_jobs.spark.cli import spark_ship
+from spark_jobs.lake.delta import LakeTable
+from spark_jobs.lake.read import read_table
+from spark_jobs.lake.lakefs import Lake
+from spark_jobs.spark.otlp_schema import DDL, STREAM_SIGNALS, ddl, signal_of, value_type
+from spark_jobs.spark.ship import ShipOptions, ShipReport, ship
 from storage_c import Config, Log
 
 from .support import otlp
@@ -289,20 +289,20 @@ def test_a_run_a_crash_interrupted_is_redone_with_the_otlp_schema(
         data_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The plan says the stream is OTLP: the redo (by a call that could not tell
     from the stream's name) reads the events as the crashed attempt did."""
-    from spark_jobs import ship as ship_module
+    from spark_jobs.spark import ship as ship_module
 
     class Killed(BaseException):
         pass
 
-    def crash_point(name: str) -> None:
-        if name == "resolved":
+    def cut_point(name: str) -> None:
+        if name == "spark_ship.resolved":
             raise Killed(name)
 
     lake = Lake(str(tmp_path / "lake"))
     spans = events_of("traces")
     append(data_dir, "app-spans", [orjson.dumps(e) for e in spans])
     with monkeypatch.context() as patched:
-        patched.setattr(ship_module, "crash_point", crash_point)
+        patched.setattr(ship_module, "cut_point", cut_point)
         with pytest.raises(Killed):
             run(data_dir, "app-spans", lake, otlp="traces")
     assert read_table(lake, "app-spans").num_columns == 0  # nothing committed

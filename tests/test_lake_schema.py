@@ -1,4 +1,4 @@
-"""How the lake's schema grows (spark_jobs/evolve.py, the parser's evolve mode): no Spark."""
+"""How the lake's schema grows (spark_jobs/lake/evolve.py, the parser's evolve mode): no Spark."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from typing import Any, cast
 
 import pyarrow as pa
 
-from spark_jobs.arrow import JsonParser
-from spark_jobs.evolve import canonical, conform, fits, mismatch, normalize, resolve
+from spark_jobs.spark.arrow import JsonParser
+from spark_jobs.lake.evolve import canonical, conform, fits, mismatch, normalize, resolve
 
 LONG, DOUBLE, TEXT, BOOL = pa.int64(), pa.float64(), pa.string(), pa.bool_()
 

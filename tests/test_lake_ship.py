@@ -19,13 +19,13 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from spark_jobs import ship as ship_module
-from spark_jobs.delta import LakeTable, arrow_schema
-from spark_jobs.lake import read_table
-from spark_jobs.lakefs import Lake
-from spark_jobs.lock import LakeBusy, run_lock
-from spark_jobs.plan import plan_runs, read_plan
-from spark_jobs.ship import ShipOptions, ShipReport, ship
+from spark_jobs.spark import ship as ship_module
+from spark_jobs.lake.delta import LakeTable, arrow_schema
+from spark_jobs.lake.read import read_table
+from spark_jobs.lake.lakefs import Lake
+from spark_jobs.lake.lock import LakeBusy, run_lock
+from spark_jobs.lake.plan import plan_runs, read_plan
+from spark_jobs.spark.ship import ShipOptions, ShipReport, ship
 from storage_c import Config, Log
 
 from .support.lake import check_exactly_once, committed_runs, duckdb_table, in_process, shipper_of
@@ -65,11 +65,11 @@ class Killed(BaseException):
 
 
 def crash_at(monkeypatch: pytest.MonkeyPatch, point: str) -> None:
-    def crash_point(name: str) -> None:
+    def cut_point(name: str) -> None:
         if name == point:
             raise Killed(name)
 
-    monkeypatch.setattr(ship_module, "crash_point", crash_point)
+    monkeypatch.setattr(ship_module, "cut_point", cut_point)
 
 
 # ---- schema growth ----------------------------------------------------------------------
@@ -322,7 +322,7 @@ def test_a_crash_between_the_two_commits_commits_each_table_once(
     table's commit is redone, and the rejects' commit is not made again."""
     lake = Lake(str(tmp_path / "lake"))
     put(data_dir, [{"id": i} for i in range(20)] + [b"bad one", b"bad two"])
-    crash_at(monkeypatch, "committing")
+    crash_at(monkeypatch, "spark_ship.committing")
     with pytest.raises(Killed):
         run(data_dir, lake)
     monkeypatch.undo()
@@ -348,7 +348,7 @@ def test_deltalake_polars_and_duckdb_read_the_same_rows(data_dir: Path, tmp_path
     put(data_dir, [{"id": 30 + i, "g": {"x": i, "y": "y"}, "temp": 1.5} for i in range(30)])
     run(data_dir, lake, entries_per_task=5)  # the schema grew
     put(data_dir, [{"id": 60 + i} for i in range(30)])
-    crash_at(monkeypatch, "written")  # run 3's files, in no commit
+    crash_at(monkeypatch, "spark_ship.written")  # run 3's files, in no commit
     with pytest.raises(Killed):
         run(data_dir, lake, entries_per_task=5)
     monkeypatch.undo()

@@ -52,9 +52,9 @@ def test_nothing_above_storage_c_uses_its_c_binding() -> None:
 
 
 def test_spark_submit_script_does_not_go_back_through_the_comet_group() -> None:
-    assert "storage_c.cli" not in imported_modules(REPO / "spark_jobs" / "submit.py")
-    loaded = modules_after("import spark_jobs.submit")
-    assert "storage_c.cli" not in loaded and "spark_jobs.cli" in loaded
+    assert "storage_c.cli" not in imported_modules(REPO / "spark_jobs" / "spark" / "submit.py")
+    loaded = modules_after("import spark_jobs.spark.submit")
+    assert "storage_c.cli" not in loaded and "spark_jobs.spark.cli" in loaded
 
 
 def modules_after(code: str, *argv: str) -> set[str]:
@@ -124,8 +124,8 @@ def test_each_package_owns_its_commands() -> None:
     assert owners == {"stat": "storage_c.cli", "tail": "storage_c.cli", "verify": "storage_c.cli",
                       "group": "storage_c.admin", "stream": "storage_c.admin",
                       "consume": "consumers.cli", "ship": "consumers.cli",
-                      "serve": "gateway.cli", "spark-ship": "spark_jobs.cli",
-                      "lake": "spark_jobs.lake_cli"}
+                      "serve": "gateway.cli", "spark-ship": "spark_jobs.spark.cli",
+                      "lake": "spark_jobs.lake.cli"}
 
 
 def test_a_command_that_cannot_load_says_why(monkeypatch: pytest.MonkeyPatch) -> None:

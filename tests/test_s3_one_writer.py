@@ -1,9 +1,9 @@
 """One writer in an S3 lake, against moto's S3 server: the run's lock
-(spark_jobs/s3lock.py): of two runs at once one ships and the other is told
+(spark_jobs/lake/lock/s3lease.py): of two runs at once one ships and the other is told
 who does; a lease is renewed while its run works, and taken over once a
 killed run's has run out.  A store without conditional writes is refused
 unless the lake has one writer; then the Delta commits go through a local
-copy of the log (spark_jobs/logmirror.py).  No JVM: ``comet spark-ship``'s
+copy of the log (spark_jobs/lake/logmirror.py).  No JVM: ``comet spark-ship``'s
 runs here are ``ship()`` with its tasks in this process."""
 
 from __future__ import annotations
@@ -25,12 +25,13 @@ from typing import Any, Callable, Iterator
 import orjson
 import pytest
 
-from spark_jobs import delta, s3lock
-from spark_jobs.lakefs import Lake
-from spark_jobs.lockinfo import LakeBusy, lock_rel
-from spark_jobs.logmirror import LogMoved, local_log
-from spark_jobs.s3lock import NoConditionalWrites, s3_lease
-from spark_jobs.ship import ShipOptions, ship
+from spark_jobs.lake import delta
+from spark_jobs.lake.lock import s3lease
+from spark_jobs.lake.lakefs import Lake
+from spark_jobs.lake.lock.holder import LakeBusy, lock_rel
+from spark_jobs.lake.logmirror import LogMoved, local_log
+from spark_jobs.lake.lock.s3lease import NoConditionalWrites, s3_lease
+from spark_jobs.spark.ship import ShipOptions, ship
 from storage_c import Config, Log
 
 from .support.lake import check_exactly_once, in_process
@@ -133,7 +134,7 @@ def test_of_two_runs_at_once_one_takes_the_lock_and_the_other_is_told_who(lake: 
 
 def test_a_lease_is_renewed_while_its_run_works(lake: Lake, s3: Any,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(s3lock, "LEASE_S", 1.0)
+    monkeypatch.setattr(s3lease, "LEASE_S", 1.0)
     with s3_lease(lake, "ev", "g"):
         first = s3.head_object(Bucket=bucket(lake), Key=KEY)["LastModified"]
         # renewed past the moment the lease would have run out without renewal
@@ -151,7 +152,7 @@ def test_an_expired_lease_is_taken_over_by_one_of_two(lake: Lake, s3: Any,
             "group": "g", "lease_s": 2.0}
     s3.put_object(Bucket=bucket(lake), Key=KEY, Body=json.dumps(dead).encode())
     assert "(pid 999999 on elsewhere, since 2026-01-01T00:00:00Z)" in try_lock(lake)
-    monkeypatch.setattr(s3lock, "LEASE_S", 30.0)
+    monkeypatch.setattr(s3lease, "LEASE_S", 30.0)
     wait_for(lambda: store_age(s3, lake) > 2.0 + 1)  # run out, by the store's clock
     got, taken = two_at_once(s3, lake)
     assert got[0] == "took" and ME in got[1]
@@ -161,7 +162,7 @@ def test_an_expired_lease_is_taken_over_by_one_of_two(lake: Lake, s3: Any,
 
 def test_a_run_that_lost_its_lease_leaves_the_new_holders_lock(
         lake: Lake, s3: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    monkeypatch.setattr(s3lock, "LEASE_S", 0.6)
+    monkeypatch.setattr(s3lease, "LEASE_S", 0.6)
     other = {"pid": 4242, "host": "elsewhere", "since": "2026-11-27T00:00:00Z", "stream": "ev",
              "group": "g", "lease_s": 120.0}
     with s3_lease(lake, "ev", "g"):

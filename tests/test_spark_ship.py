@@ -17,12 +17,12 @@ import orjson
 import pytest
 
 from storage_c import Config, Log
-from spark_jobs import ship as ship_module
-from spark_jobs.delta import LakeTable
-from spark_jobs.lake import read_dataframe, read_table
-from spark_jobs.lakefs import Lake, LakeError
-from spark_jobs.plan import plan_runs
-from spark_jobs.ship import ShipOptions, ship
+from spark_jobs.spark import ship as ship_module
+from spark_jobs.lake.delta import LakeTable
+from spark_jobs.lake.read import read_dataframe, read_table
+from spark_jobs.lake.lakefs import Lake, LakeError
+from spark_jobs.lake.plan import plan_runs
+from spark_jobs.spark.ship import ShipOptions, ship
 
 from .support.lake import check_exactly_once, committed_files, committed_runs, shipper_of
 from .support.processes import REPO
@@ -244,8 +244,8 @@ def test_local_lake_paths_are_absolute_before_executors_see_them(tmp_path: Path,
     import pyarrow as pa
     from pyspark import cloudpickle
 
-    from spark_jobs.offsets import SourceOptions
-    from spark_jobs.writer import ShipTask
+    from spark_jobs.spark.offsets import SourceOptions
+    from spark_jobs.spark.writer import ShipTask
 
     driver, executor = tmp_path / "driver", tmp_path / "executor"
     driver.mkdir()
@@ -314,11 +314,11 @@ def test_a_run_removes_what_killed_runs_left(spark: SparkSession, data_dir: Path
     class Killed(BaseException):
         pass
 
-    def crash_point(name: str) -> None:
-        if name == "written":
+    def cut_point(name: str) -> None:
+        if name == "spark_ship.written":
             raise Killed(name)
 
-    monkeypatch.setattr(ship_module, "crash_point", crash_point)
+    monkeypatch.setattr(ship_module, "cut_point", cut_point)
     with pytest.raises(Killed):
         ship(options(data_dir, lake, entries_per_task=200), lambda: spark)
     monkeypatch.undo()
@@ -369,7 +369,7 @@ def test_a_bad_schema_is_one_line_and_starts_no_python_worker(data_dir: Path, tm
     python.write_text(f"#!/bin/sh\necho \"$@\" >> {workers}\nexec {sys.executable} \"$@\"\n")
     python.chmod(0o755)
     env = dict(os.environ, PYSPARK_PYTHON=str(python))
-    for name in ("COMET_SPARK_SHIP_CRASH", "SPARK_LOCAL_IP", "COMET_SPARK_LOG_LEVEL"):
+    for name in ("COMET_CUT_POINT", "SPARK_LOCAL_IP", "COMET_SPARK_LOG_LEVEL"):
         env.pop(name, None)  # the default log level, as a user has it
     bad = subprocess.run([str(COMET), "spark-ship", str(data_dir), "ev", str(tmp_path / "lake"),
                           "--event-time-field", "at", "--schema", "id lon g,,", "--master", "local[1]"],
@@ -404,7 +404,7 @@ def test_the_command_with_relative_paths(data_dir: Path, tmp_path: Path) -> None
         (spark_home / name).symlink_to(Path(pyspark.__file__).parent / name)
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable, SPARK_LOCAL_IP="127.0.0.1",
                SPARK_HOME=str(spark_home))
-    for name in ("COMET_SPARK_SHIP_CRASH", "COMET_SPARK_LOG_LEVEL"):  # the default level: WARN
+    for name in ("COMET_CUT_POINT", "COMET_SPARK_LOG_LEVEL"):  # the default level: WARN
         env.pop(name, None)
     command = [str(COMET), "spark-ship", os.path.relpath(data_dir, work), "ev", "lake",
                "--event-time-field", "at", "--master", "local-cluster[1,1,1024]"]
@@ -487,12 +487,12 @@ def test_cheap_checks_and_a_run_with_nothing_new_start_no_jvm(data_dir: Path, tm
 def test_otlp_schemas_as_spark_reads_them_and_a_run_in_its_executors(
         spark: SparkSession, data_dir: Path, tmp_path: Path) -> None:
     """The built-in OTLP schemas are Spark DDL that Spark's parser reads as
-    spark_jobs/otlp_schema.py does; an OTLP stream's tasks run in Spark's
+    spark_jobs/spark/otlp_schema.py does; an OTLP stream's tasks run in Spark's
     Python workers (the rows' checks: tests/test_lake_otlp.py)."""
     from pyspark.sql.types import MapType, TimestampType
 
-    from spark_jobs.otlp_schema import SIGNALS, ddl, value_type
-    from spark_jobs.schema import given_value_type
+    from spark_jobs.spark.otlp_schema import SIGNALS, ddl, value_type
+    from spark_jobs.spark.schema import given_value_type
 
     from .support import otlp
     from .support.otlp_requests import metrics_request
@@ -525,7 +525,7 @@ def socket_port() -> int:
 
 def test_a_cluster_master_goes_through_spark_submit(tmp_path: Path) -> None:
     """--master other than local[...] re-runs the job with spark-submit."""
-    import spark_jobs.submit
+    import spark_jobs.spark.submit
 
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -542,5 +542,5 @@ def test_a_cluster_master_goes_through_spark_submit(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     args = orjson.loads(record.read_bytes())
     assert args == ["--master", "yarn", "--conf", "spark.executor.memory=2g",
-                    spark_jobs.submit.__file__, str(tmp_path / "data"), "ev", "s3://b/lake",
+                    spark_jobs.spark.submit.__file__, str(tmp_path / "data"), "ev", "s3://b/lake",
                     "--conf", "spark.executor.memory=2g", "--group", "g1"]

@@ -1,6 +1,7 @@
-"""``comet spark-ship`` killed with SIGKILL at every step of its run, and at
-random moments: after each kill the lake, read as users read it (deltalake,
-Polars, DuckDB), holds no entry twice and every row of every committed run;
+"""``comet spark-ship`` ended at every step of its run (its cut points,
+``COMET_CUT_POINT``: the process dies there as under a SIGKILL), and killed
+with SIGKILL at random moments: after each kill the lake, read as users read
+it (deltalake, Polars, DuckDB), holds no entry twice and every row of every committed run;
 a final run leaves every entry exactly once.  (Power cuts:
 tests/powercut/test_spark_ship.py.)"""
 
@@ -18,10 +19,11 @@ from pathlib import Path
 import orjson
 import pytest
 
-from spark_jobs.delta import LakeTable
-from spark_jobs.lakefs import Lake
-from spark_jobs.ship import ShipOptions, ship
+from spark_jobs.lake.delta import LakeTable
+from spark_jobs.lake.lakefs import Lake
+from spark_jobs.spark.ship import ShipOptions, ship
 from storage_c import Config, Log
+from storage_c.testing import CUT_EXIT
 
 from .support.lake import check_exactly_once, in_process
 from .support.lake_readers import (
@@ -33,7 +35,9 @@ CFG = Config(shards=4, segment_bytes=1 << 20, compression_threshold=512)
 T0_MS = 1_763_700_000_000  # 2025-11-21T04:40Z
 BAD = [b"\xff not json", b'{"id": "x"}', b"[1, 2]"]
 """Entries that go to the rejects table: not JSON, a field of another type, not an object."""
-CRASH_POINTS = ["planned", "written", "resolved", "committing", "committed", "acking"]
+CRASH_POINTS = [f"spark_ship.{step}" for step in
+                ("planned", "written", "resolved", "committing", "committed", "acking")]
+"""The cut points of a run (storage_c/src/cutpoint.h), in its order."""
 
 
 def add_events(data_dir: Path, n: int, start: int) -> None:
@@ -50,13 +54,14 @@ def add_events(data_dir: Path, n: int, start: int) -> None:
 
 def run_job(data_dir: Path, lake_dir: Path, *, crash: str | None = None,
             kill_after: float | None = None, timeout: float = 240) -> int:
-    """``comet spark-ship`` in its own session; killed with SIGKILL at a
-    fault point or after ``kill_after`` seconds.  Returns the exit status."""
+    """``comet spark-ship`` in its own session; ended at the cut point
+    ``crash`` or killed with SIGKILL after ``kill_after`` seconds.  Returns
+    the exit status."""
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable, SPARK_LOCAL_IP="127.0.0.1",
                COMET_SPARK_LOG_LEVEL="ERROR")
-    env.pop("COMET_SPARK_SHIP_CRASH", None)
+    env.pop("COMET_CUT_POINT", None)
     if crash:
-        env["COMET_SPARK_SHIP_CRASH"] = crash
+        env["COMET_CUT_POINT"] = crash
     proc = subprocess.Popen([str(COMET), "spark-ship", str(data_dir), "ev", str(lake_dir),
                              "--event-time-field", "at", "--entries-per-task", "700",
                              "--master", "local[2]"],
@@ -71,8 +76,11 @@ def run_job(data_dir: Path, lake_dir: Path, *, crash: str | None = None,
         _, err = proc.communicate(timeout=timeout)
     finally:
         wait_group_gone(proc.pid)
-    if proc.returncode not in (0, -signal.SIGKILL):
+    if proc.returncode not in (0, -signal.SIGKILL, CUT_EXIT):
         raise AssertionError(f"spark-ship failed ({proc.returncode}):\n{err.decode()[-3000:]}")
+    if proc.returncode == CUT_EXIT:
+        assert crash and f"comet: cut point {crash}\n" in err.decode(), (
+            f"spark-ship died at another cut point than {crash}:\n{err.decode()[-3000:]}")
     return proc.returncode
 
 
@@ -157,7 +165,7 @@ def test_exactly_once_under_sigkill(data_dir: Path, tmp_path: Path) -> None:
     # time.  (Later, a kill at "acking" comes as a run redoes the acks a kill
     # after the commit left behind: the step after "committed".)
     add_events(data_dir, 3000, 0)
-    assert step("acking") == -signal.SIGKILL
+    assert step("spark_ship.acking") == CUT_EXIT
     full_run_s = took[-1][1]
     # A kill at each step of the protocol, in its order (a kill before the
     # commit leaves a plan the next run redoes: it goes on to the next step),
@@ -169,7 +177,7 @@ def test_exactly_once_under_sigkill(data_dir: Path, tmp_path: Path) -> None:
         add_events(data_dir, 700, produced)
         produced += 700
         if crash:
-            assert step(crash) == -signal.SIGKILL
+            assert step(crash) == CUT_EXIT
         else:
             step(None, kill_after=rng.uniform(1.0, full_run_s))
     assert step(None) == 0  # finishes the interrupted run, ships the rest

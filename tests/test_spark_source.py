@@ -13,8 +13,8 @@ import orjson
 import pytest
 
 from storage_c import Config, Log
-from spark_jobs.offsets import SourceOptions, cap, resolve_start
-from spark_jobs.source import CometStreamReader
+from spark_jobs.spark.offsets import SourceOptions, cap, resolve_start
+from spark_jobs.spark.source import CometStreamReader
 
 from .support.docs import code_blocks
 from .support.storage import fill, read_all
@@ -223,7 +223,7 @@ def test_cap_shares_the_limit_between_shards() -> None:
 def test_value_schema_as_ddl_or_structtype_json() -> None:
     from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-    from spark_jobs.schema import value_ddl
+    from spark_jobs.spark.schema import value_ddl
 
     struct = StructType([StructField("id", LongType()), StructField("odd name", StringType())])
     assert value_ddl(struct.json()) == "`id` bigint, `odd name` string"

@@ -22,12 +22,12 @@ import pyarrow as pa
 import pytest
 
 from storage_c import Config, Log
-from spark_jobs.delta import storage_options
-from spark_jobs.lake import read_table
-from spark_jobs.lakefs import Lake
-from spark_jobs.lockinfo import LakeBusy
-from spark_jobs.s3lock import s3_lease
-from spark_jobs.ship import ShipOptions, ship
+from spark_jobs.lake.delta import storage_options
+from spark_jobs.lake.read import read_table
+from spark_jobs.lake.lakefs import Lake
+from spark_jobs.lake.lock.holder import LakeBusy
+from spark_jobs.lake.lock.s3lease import s3_lease
+from spark_jobs.spark.ship import ShipOptions, ship
 
 from .support.lake import check_exactly_once, in_process
 from .support.server import COMET
@@ -89,7 +89,7 @@ def test_swift_refuses_conditional_writes_and_so_delta_rs_commits(s3env: SwiftS3
             "Code": "NotImplemented", "Message": "Conditional object PUTs are not supported."}
     # delta-rs 1.6 creates each commit file with If-None-Match: *, and none of
     # its S3 options makes it do otherwise (so a single-writer lake's commits
-    # go through a local copy of the log: spark_jobs/logmirror.py)
+    # go through a local copy of the log: spark_jobs/lake/logmirror.py)
     rows = pa.table({"x": [1, 2]})
     base = storage_options(swift_lake(swift, "s3://facts/t"))
     assert base is not None

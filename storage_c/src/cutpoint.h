@@ -65,7 +65,20 @@
     /* a batch delivered (the endpoint answered 2xx), the group's offset not moved */           \
     X(SHIP_DELIVERED, "ship.delivered")                                                            \
     /* the group's offset moved past delivered batches (in the mapping), not synced */          \
-    X(SHIP_ACKED, "ship.acked")
+    X(SHIP_ACKED, "ship.acked")                                                                    \
+    /* The steps of a comet spark-ship run, reached from Python the same way (the driver,       \
+     * spark_jobs/spark/ship.py).  Its plan written, no task started: */                        \
+    X(SPARK_SHIP_PLANNED, "spark_ship.planned")                                                    \
+    /* every task's Parquet files written, the run's schema not settled */                      \
+    X(SPARK_SHIP_WRITTEN, "spark_ship.written")                                                    \
+    /* the schema settled, its columns added, the plan rewritten resolved; nothing committed */ \
+    X(SPARK_SHIP_RESOLVED, "spark_ship.resolved")                                                  \
+    /* the rejects table's commit made (or the table created), the main table's not */          \
+    X(SPARK_SHIP_COMMITTING, "spark_ship.committing")                                              \
+    /* the main table's commit made, the group not acked */                                     \
+    X(SPARK_SHIP_COMMITTED, "spark_ship.committed")                                                \
+    /* the group acked in every shard of the run's ranges but the last */                       \
+    X(SPARK_SHIP_ACKING, "spark_ship.acking")
 
 typedef enum cut_id {
 #define COMET_CUT_ENUM(id, name) CUT_##id,

@@ -246,12 +246,12 @@ def read_through_deletion(path: str, stream: str, total: str, ready: str) -> Non
 def hold_s3_lease(endpoint: str, url: str, stream: str, group: str, lease_s: str) -> None:
     """Takes an S3 lake's lock for the stream and group with a lease of
     ``lease_s`` seconds, prints "held", then works (renews it) until killed."""
-    from spark_jobs import s3lock
-    from spark_jobs.lakefs import Lake
+    from spark_jobs.lake.lock import s3lease
+    from spark_jobs.lake.lakefs import Lake
 
-    s3lock.LEASE_S = float(lease_s)
+    s3lease.LEASE_S = float(lease_s)
     lake = Lake(url, endpoint_url=endpoint, access_key="test", secret_key="test")
-    with s3lock.s3_lease(lake, stream, group):
+    with s3lease.s3_lease(lake, stream, group):
         print("held", flush=True)
         time.sleep(600)
 

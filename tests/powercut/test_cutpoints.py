@@ -31,7 +31,8 @@ from .harness import (
     ROUNDS, SEED, PowerCutFS, Writer, make_synced_dir, read_state, run_to_exit, seeded,
     writeback)
 
-POINTS = [p for p in cut_point_names() if not p.startswith("ship.")]  # test_ship_otlp.py's
+POINTS = [p for p in cut_point_names()  # those reached above the core: test_ship_otlp.py's, spark-ship's
+          if not p.startswith(("ship.", "spark_ship."))]
 RECOVERY_POINTS = [p for p in POINTS if p.startswith("recovery.")]
 WRITER_POINTS = [p for p in POINTS if p not in RECOVERY_POINTS]
 REACH_S = 60  # a point not reached by then fails the test: it names a step that never runs

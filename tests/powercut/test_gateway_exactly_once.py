@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gateway.client import CometClient, CometHTTPError, PostResult
-from spark_jobs.lake import read_table
-from spark_jobs.lakefs import Lake
-from spark_jobs.ship import ShipOptions, ship
+from spark_jobs.lake.read import read_table
+from spark_jobs.lake.lakefs import Lake
+from spark_jobs.spark.ship import ShipOptions, ship
 from storage_c import Config
 
 from ..support.lake import check_exactly_once

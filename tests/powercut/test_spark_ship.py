@@ -5,7 +5,7 @@ plans) are all on the power-cut mount.  In each round a writer appends JSON
 entries (durability ``interval``, a 10 s flush; every 40th entry is not JSON:
 a reject) while the real ``comet spark-ship`` command runs (Spark
 ``local[2]``, a checkpoint every 2 versions); the cut comes at one of the
-run's crash points (``spark_jobs.ship.crash_point``: planned, written,
+run's cut points (``spark_ship.*`` of storage_c/src/cutpoint.h: planned, written,
 resolved, committing, committed, acking - the process waits there until the
 power goes), after the run ended, or at a random moment of the run; in the
 ``clean`` mode or the ``pages`` one (the page cache wrote back some of what
@@ -57,7 +57,8 @@ from .harness import PowerCutFS, Writer, discard_output, drain, make_synced_dir,
 from .scenarios import durable_stream
 
 SPARK_CUTS = int(os.environ.get("POWERCUT_SPARK_CUTS", "15"))
-POINTS = ["planned", "written", "resolved", "committing", "committed", "acking", "end"]
+POINTS = [*(f"spark_ship.{step}" for step in ("planned", "written", "resolved", "committing", "committed",
+                                               "acking")), "end"]
 # fsync_interval_ms = 10 s: a round takes less, so what a run plans is not
 # durable in the log unless the run makes it so
 ENV = {"POWERCUT_RATE": "100", "POWERCUT_JSON": "1", "POWERCUT_FSYNC_MS": "10000",
@@ -79,9 +80,9 @@ class LakeView:
 
 def read_lake(lake: Path, where: str) -> LakeView:
     """The lake's tables as deltalake's log lists them now, read by pyarrow
-    (spark_jobs.lake; the tables must read)."""
-    from spark_jobs.lake import read_table
-    from spark_jobs.lakefs import Lake
+    (spark_jobs.lake.read; the tables must read)."""
+    from spark_jobs.lake.read import read_table
+    from spark_jobs.lake.lakefs import Lake
 
     view = LakeView()
     for table, kind in ((lake, "main"), (lake / "_rejects", "rejects")):
@@ -280,7 +281,7 @@ def test_a_commit_names_only_durable_entries(powercut: PowerCutFS) -> None:
     commit took them back from the log but not from the lake; the log gave
     their numbers to new entries, which the next run (starting after the
     commit) never shipped."""
-    view, state = one_run_then_cut(powercut, "committed")
+    view, state = one_run_then_cut(powercut, "spark_ship.committed")
     check_lake(view, state, "after the cut", complete=False)
 
 

@@ -422,11 +422,11 @@ def run_ship(data: Path, rnd: int, args: list[str]) -> None:
     (``S``) and closed again.  Then the real command runs in this process
     with its JSON log lines on stdout as ``L {json}``; at the end ``X``.
     ``spark-ship`` also prints ``P name`` at each of the run's crash points
-    (spark_jobs.ship.crash_point), and ``P unsynced-main`` /
+    (its ``spark_ship.*`` cut points, storage_c/src/cutpoint.h), and ``P unsynced-main`` /
     ``P unsynced-rejects`` after each Delta commit, before the commit is
     synced; at the one named PAUSE_AT it waits for a line on stdin: the
     test cuts the power there (or kills it).  POWERCUT_CHECKPOINT_EVERY
-    sets spark_jobs.delta.CHECKPOINT_EVERY (checkpoints under the cuts).
+    sets spark_jobs.lake.delta.CHECKPOINT_EVERY (checkpoints under the cuts).
     ``ship`` waits so after
     the object (or request) POWERCUT_SHIP_PAUSE of shard 0 (1: its first)
     was stored, before it is acknowledged; POWERCUT_READER_FSYNC_MS sets the
@@ -479,27 +479,27 @@ def run_ship(data: Path, rnd: int, args: list[str]) -> None:
         cli += ["--once"] if how == "once" else []
         ship.main([str(data), STREAM, target, *cli], standalone_mode=False)
     else:
-        import spark_jobs.ship
-        from spark_jobs.cli import spark_ship
+        import spark_jobs.spark.ship
+        from spark_jobs.spark.cli import spark_ship
 
-        def crash_point(name: str) -> None:
+        def cut_point(name: str) -> None:
             say(f"P {name}")
             if name == how:
                 sys.stdin.readline()
 
-        spark_jobs.ship.crash_point = crash_point
-        import spark_jobs.delta
-        from spark_jobs.delta import LakeTable
+        spark_jobs.spark.ship.cut_point = cut_point
+        import spark_jobs.lake.delta
+        from spark_jobs.lake.delta import LakeTable
 
         made_durable = LakeTable.made_durable
 
         def committed_unsynced(self: LakeTable, table: object) -> None:
-            crash_point(f"unsynced-{self.name}")
+            cut_point(f"unsynced-{self.name}")
             made_durable(self, table)  # type: ignore[arg-type]  # the DeltaTable, passed on
 
         setattr(LakeTable, "made_durable", committed_unsynced)
         if "POWERCUT_CHECKPOINT_EVERY" in os.environ:
-            spark_jobs.delta.CHECKPOINT_EVERY = int(os.environ["POWERCUT_CHECKPOINT_EVERY"])
+            spark_jobs.lake.delta.CHECKPOINT_EVERY = int(os.environ["POWERCUT_CHECKPOINT_EVERY"])
         spark_ship.main([str(data), STREAM, target, "--schema", "p string, pad string",
                          "--conf", "spark.sql.shuffle.partitions=2", "--master", "local[2]"],
                         standalone_mode=False)

@@ -9,9 +9,9 @@ from typing import Any, Callable, Iterable, Iterator, cast
 
 import pyarrow as pa
 
-from spark_jobs.lake import read_table, table_of
-from spark_jobs.lakefs import Lake
-from spark_jobs.plan import Shipper
+from spark_jobs.lake.read import read_table, table_of
+from spark_jobs.lake.lakefs import Lake
+from spark_jobs.lake.plan import Shipper
 from storage_c import Config, Log
 
 
@@ -34,7 +34,7 @@ class _Context:
 
 
 class InProcessSpark:
-    """What ``spark_jobs.ship`` uses of a Spark session, run in this process:
+    """What ``spark_jobs.spark.ship`` uses of a Spark session, run in this process:
     the tasks are the real ``ShipTask``, called here instead of in an executor."""
 
     sparkContext = _Context()

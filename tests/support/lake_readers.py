@@ -24,11 +24,11 @@ def is_table(table: Path) -> bool:
 
 
 def _deltalake(table: Path, columns: tuple[str, str]) -> Keys:
-    """The files deltalake's log lists, read by pyarrow (spark_jobs.lake): what
+    """The files deltalake's log lists, read by pyarrow (spark_jobs.lake.read): what
     ``DeltaTable.to_pyarrow_table`` does, without its Rust filesystem handler,
     whose threads make a process abort at exit now and then."""
-    from spark_jobs.lake import read_table
-    from spark_jobs.lakefs import Lake
+    from spark_jobs.lake.read import read_table
+    from spark_jobs.lake.lakefs import Lake
 
     rejects = table.name == "_rejects"
     read = read_table(Lake(str(table.parent if rejects else table)),

@@ -1,4 +1,4 @@
-"""What every lock of a shipper (``lock.py``, ``s3lock.py``) shares: where
+"""What every lock of a shipper (the local ``flock``, the S3 lease) shares: where
 it is in the lake, the note saying who holds it, and the refusal a second
 run gets (``LakeBusy``)."""
 
@@ -9,7 +9,7 @@ import os
 import socket
 import time
 
-from .lakefs import Lake
+from ..lakefs import Lake
 
 LOCKS_DIR = "_comet/locks"
 

@@ -40,8 +40,8 @@ from botocore.exceptions import ClientError
 from comet.objectstore import boto3_client_for
 from storage_c.jsonlog import event
 
-from .lakefs import Lake, LakeError
-from .lockinfo import LakeBusy, busy_message, holder_text, lock_rel
+from ..lakefs import Lake, LakeError
+from .holder import LakeBusy, busy_message, holder_text, lock_rel
 
 log = logging.getLogger("comet.lake")
 

@@ -75,8 +75,8 @@ def spark_ship(data_dir: str, stream: str, lake: str, group: str, schema: str | 
     from .jvm_output import spark_log_level
     from deltalake.exceptions import DeltaError
 
-    from .lakefs import Lake, LakeError
-    from .lockinfo import LakeBusy
+    from ..lake.lakefs import Lake, LakeError
+    from ..lake.lock import LakeBusy
     from .session import SparkStartError, job_session, under_spark_submit
     from .ship import ShipOptions, ship
 

@@ -161,7 +161,7 @@ class _Parser:
     def type(self) -> pa.DataType:
         import pyarrow as pa
 
-        from .arrow import TIMESTAMP
+        from ..lake.layout import TIMESTAMP
 
         name = self.take().lower()
         plain: dict[str, pa.DataType] = {"string": pa.string(), "int": pa.int32(), "long": pa.int64(), "bigint": pa.int64(),

@@ -2,17 +2,17 @@
 
     report = ship(ShipOptions("./data", "events", Lake("s3://bucket/lake")), spark_session)
 
-One call is one run (the protocol: ``LAKE.md``): finish a run a crash
+One call is one run (the protocol: ``lake/LAKE.md``): finish a run a crash
 interrupted, or plan a new one from the group's offsets to the committed
 ends; read, parse and write each range's Parquet in a Spark task
 (``writer.ShipTask``); settle the schema; commit the files to the Delta
-tables with the run's app transaction (``delta.py``); ack the group.
+tables with the run's app transaction (``lake/delta.py``); ack the group.
 Under spark-submit: ``submit.py``.
 
 Spark is started last, and only for work: every check that needs no JVM
 (the options, the lake, the stream, the group, what is new, the shipper's
 lock) comes first, and a run with nothing to ship never starts it.  The
-lock (``lock.py``): a second run of the same stream and group at the same
+lock (``lake/lock``): a second run of the same stream and group at the same
 time is refused at once and changes nothing.  A given value schema is
 checked by Spark's parser as soon as the session is up, before any job.
 The OTLP streams have built-in schemas (``otlp_schema.py``), which need
@@ -34,18 +34,17 @@ import pyarrow as pa
 from storage_c import Config, GroupNotFound, Log, check_group_name
 from storage_c.files import remove_stale_temp_files
 from storage_c.jsonlog import event
+from storage_c.testing import cut_point
 
+from ..lake.delta import COMMIT_ATTEMPTS, LakeTable, SchemaConflict, main_schema, ranges_text, rejects_schema
+from ..lake.evolve import fits, resolve, type_name
+from ..lake.lakefs import Lake
+from ..lake.layout import REJECTS_DIR, WrittenFile
+from ..lake.lock import LakeBusy, run_lock
+from ..lake.plan import RunPlan, Shipper, plan_runs, read_plan, remove_old_plans, struct_to_json, write_plan
 from . import otlp_schema
-from .delta import COMMIT_ATTEMPTS, LakeTable, SchemaConflict, main_schema, ranges_text, rejects_schema
-from .evolve import fits, resolve, type_name
-from .lakefs import Lake
-from .legacy import refuse_format_1
-from .lock import run_lock
-from .lockinfo import LakeBusy
 from .offsets import Offsets, SourceOptions, bounds, cap, shard_list, to_json
-from .plan import RunPlan, Shipper, plan_runs, read_plan, remove_old_plans, struct_to_json, write_plan
 from .schema import check_value_type, given_value_type, sample_value_type, value_ddl
-from .writer import WrittenFile
 
 log = logging.getLogger("comet.spark_ship")
 
@@ -141,7 +140,6 @@ def ship(opts: ShipOptions, spark: Callable[[], Any]) -> ShipReport:
     signal = opts.signal  # a wrong one fails here, before anything else
     lake = opts.lake
     lake.check()
-    refuse_format_1(lake)
     report = ShipReport(None)
     # A reader: the run registers its group and acks it, like any consumer,
     # with the flusher that makes the acks durable.
@@ -285,7 +283,7 @@ def _plan(storage: Log, opts: ShipOptions, shipper: Shipper, shards: list[int], 
                    opts.entries_per_task, opts.event_time_field, opts.event_time_unit,
                    otlp=opts.signal)
     write_plan(opts.lake, plan)
-    crash_point("planned")
+    cut_point("spark_ship.planned")
     return plan
 
 
@@ -313,15 +311,6 @@ def durable_end(storage: Log, stream: str, shard: int) -> int:
 
 # ---- running ----------------------------------------------------------------------------
 
-def crash_point(name: str) -> None:
-    """Fault injection for the crash tests: ``COMET_SPARK_SHIP_CRASH=<name>``
-    kills this process with SIGKILL at that point of a run."""
-    if os.environ.get("COMET_SPARK_SHIP_CRASH") == name:
-        import signal
-
-        os.kill(os.getpid(), signal.SIGKILL)
-
-
 def _execute(spark: Any, opts: ShipOptions, plan: RunPlan) -> RunOutcome:
     from .source import split
 
@@ -331,7 +320,7 @@ def _execute(spark: Any, opts: ShipOptions, plan: RunPlan) -> RunOutcome:
     tasks = list(enumerate(split(starts, ends, plan.entries_per_task)))
     value_type = plan.value_type
     files = _run_tasks(spark, opts, plan, value_type, plan.evolve and not plan.resolved, tasks)
-    crash_point("written")
+    cut_point("spark_ship.written")
     main = LakeTable.main(opts.lake)
     if plan.resolved:  # a redo: the schema was settled, its columns added
         schema, added = value_type, main.add_columns(value_type)
@@ -339,7 +328,7 @@ def _execute(spark: Any, opts: ShipOptions, plan: RunPlan) -> RunOutcome:
         schema, files, added = _settle(spark, opts, plan, files, tasks)
         plan.value_schema, plan.resolved = struct_to_json(schema), True
         write_plan(opts.lake, plan)
-        crash_point("resolved")
+        cut_point("spark_ship.resolved")
     data = [f for f in files if f.kind == "data"]
     rejects = [f for f in files if f.kind == "rejects"]
     rows, rejected = sum(f.rows for f in data), sum(f.rows for f in rejects)
@@ -354,7 +343,7 @@ def _execute(spark: Any, opts: ShipOptions, plan: RunPlan) -> RunOutcome:
                                             plan.run, metadata)
     else:
         LakeTable.rejects(opts.lake).ensure(rejects_schema())
-    crash_point("committing")
+    cut_point("spark_ship.committing")
     if main.commit(data, main_schema(schema), plan.shipper.app_id, plan.run, metadata) is None:
         # Committed by another run of this shipper since this one read the
         # table (it held the lock before this one, whose lease had run out):
@@ -363,7 +352,7 @@ def _execute(spark: Any, opts: ShipOptions, plan: RunPlan) -> RunOutcome:
                        f"spark-ship while this one ran (its lock's lease ran out?): this run's "
                        "files are not in the lake and nothing was acked; run again")
     commit_seconds = time.monotonic() - started
-    crash_point("committed")
+    cut_point("spark_ship.committed")
     return RunOutcome(files, rows, rejected, added, commit_seconds)
 
 
@@ -414,14 +403,12 @@ def _settle(spark: Any, opts: ShipOptions, plan: RunPlan, files: list[WrittenFil
 
 
 def _file_rel(f: WrittenFile) -> str:
-    from .writer import REJECTS_DIR
-
     return f"{REJECTS_DIR}/{f.path}" if f.kind == "rejects" else f.path
 
 
 def acks_behind(storage: Log, shipper: Shipper, ranges: dict[int, tuple[int, int]]) -> bool:
     """The group is not acked to the end of ``ranges`` in some shard (so
-    ``crash_point("acking")`` is where acks are being done, a redo's too)."""
+    ``cut_point("spark_ship.acking")`` is where acks are being done, a redo's too)."""
     for shard, (start, end) in ranges.items():
         if end > start:
             try:
@@ -436,7 +423,7 @@ def _ack(storage: Log, stream: str, group: str, ranges: dict[int, tuple[int, int
     out = {}
     for shard, (start, end) in sorted(ranges.items()):
         if shard == max(ranges):
-            crash_point("acking")
+            cut_point("spark_ship.acking")
         g = storage.group(stream, shard, group)
         out[shard] = g.ack(end - 1) if end > start else g.offset
     return out

@@ -7,8 +7,7 @@
   of the rows and of the rejects have no duplicate, and lie within the runs'
   ranges.
 - Per shipper (stream incarnation and group) and shard, the runs' ranges
-  (``comet.ranges`` of each run's commit; a conversion's ranges of the
-  format-1 runs) follow each other with no gap and no overlap.
+  (``comet.ranges`` of each run's commit) follow each other with no gap and no overlap.
 - With the data directory: the ranges agree with the group's offsets (the
   group is not acked past the last run's end).
 
@@ -37,9 +36,8 @@ from typing import TYPE_CHECKING, Any, Iterable
 import numpy as np
 
 from .delta import LakeTable
-from .history import CONVERT_KEY, commit_actions
+from .history import commit_actions
 from .lakefs import Lake
-from .legacy import format_1_streams
 
 if TYPE_CHECKING:
     from deltalake import DeltaTable
@@ -47,7 +45,7 @@ if TYPE_CHECKING:
 EXAMPLES = 5
 """How many entries a problem names (then: "and N more")."""
 Incarnation = int | None
-"""A stream incarnation; None: a converted stream the data directory no longer had."""
+"""A stream incarnation; None: a commit that does not say it."""
 
 
 @dataclass(frozen=True)
@@ -68,8 +66,8 @@ class RunRanges:
     group: str | None
     run: int
     version: int
-    ranges: dict[int, list[tuple[int, int]]]
-    """Per shard, the ``[start, end)`` ranges (one per run; a conversion's can be several)."""
+    ranges: dict[int, tuple[int, int]]
+    """Per shard, the run's ``[start, end)`` range."""
     rows: int = 0
     rejects: int = 0
 
@@ -108,10 +106,7 @@ def check(lake: Lake, data_dir: str | None = None, group: str = "spark-ship") ->
     main = main_table.open()
     rejects = rejects_table.open()
     if main is None:
-        old = format_1_streams(lake)
-        report.problems.append(
-            f"the lake is in the format before Delta Lake (streams {', '.join(old)}): "
-            f"`comet lake convert --data-dir DATA_DIR {lake.url}`" if old else f"{lake.url} has no Delta table")
+        report.problems.append(f"{lake.url} has no Delta table")
         return report
     main_log = read_log(main_table, main)
     committed: dict[str, int] = {}
@@ -160,23 +155,9 @@ def read_log(table: LakeTable, opened: DeltaTable) -> TableLog:
                 out.origins[add["path"]] = origin
             out.runs.append(RunRanges(app, str(info.get("comet.stream")), incarnation,
                                       info.get("comet.group"), run, version,
-                                      {int(s): [(int(a), int(b))]
+                                      {int(s): (int(a), int(b))
                                        for s, (a, b) in json.loads(info["comet.ranges"]).items()},
                                       int(info.get("comet.rows", 0)), int(info.get("comet.rejects", 0))))
-        elif CONVERT_KEY in info:
-            converted = json.loads(info[CONVERT_KEY])
-            for add in adds:
-                stream = add["partitionValues"]["stream"]
-                meta = converted.get(stream, {})
-                out.origins[add["path"]] = Origin(frozenset([_int(meta.get("incarnation"))]),
-                                                  meta.get("app"), meta.get("last_run"))
-            for stream, meta in sorted(converted.items()):
-                out.runs.append(RunRanges(
-                    meta.get("app") or f"format-1/{stream}", stream, _int(meta.get("incarnation")),
-                    meta.get("group"), int(meta["last_run"]), version,
-                    {int(s): [(int(a), int(b)) for a, b in segments]
-                     for s, segments in meta["ranges"].items()},
-                    int(meta.get("rows", 0)), int(meta.get("rejects", 0))))
         else:  # a compaction: its files hold the rows of the files it removed, partition by partition
             by_partition: dict[tuple[str, ...], set[Incarnation]] = defaultdict(set)
             for remove in removes:
@@ -260,21 +241,21 @@ def check_ranges(runs: list[RunRanges], report: CheckReport) -> None:
             report.problems.append(f"{app}: a run is committed twice ({numbers})")
         ends: dict[int, tuple[int, int]] = {}  # shard -> (end, run that ended there)
         for r in app_runs:
-            for shard, segments in sorted(r.ranges.items()):
-                for start, end in segments:
-                    if start == end:
-                        continue
-                    if shard in ends and start != ends[shard][0]:
-                        prev_end, prev_run = ends[shard]
-                        what = "a gap" if start > prev_end else "an overlap"
-                        report.problems.append(
-                            f"{app} shard {shard}: {what} between run {prev_run} (ends at entry "
-                            f"{prev_end}) and run {r.run} (starts at entry {start})")
-                    ends[shard] = (end, r.run)
+            for shard, (start, end) in sorted(r.ranges.items()):
+                if start == end:
+                    continue
+                if shard in ends and start != ends[shard][0]:
+                    prev_end, prev_run = ends[shard]
+                    what = "a gap" if start > prev_end else "an overlap"
+                    report.problems.append(
+                        f"{app} shard {shard}: {what} between run {prev_run} (ends at entry "
+                        f"{prev_end}) and run {r.run} (starts at entry {start})")
+                ends[shard] = (end, r.run)
     by_stream: dict[tuple[str, Incarnation, int], list[tuple[int, int, str]]] = defaultdict(list)
     for r in runs:
-        for shard, segments in r.ranges.items():
-            by_stream[(r.stream, r.incarnation, shard)] += [(a, b, r.app) for a, b in segments if a < b]
+        for shard, (a, b) in r.ranges.items():
+            if a < b:
+                by_stream[(r.stream, r.incarnation, shard)].append((a, b, r.app))
     for (stream, incarnation, shard), spans in sorted(by_stream.items(), key=str):
         spans.sort()
         for (a1, b1, app1), (a2, b2, app2) in zip(spans, spans[1:]):
@@ -291,8 +272,8 @@ def check_entries(entries: dict[tuple[str, frozenset[Incarnation], int], list[np
     known: dict[str, set[Incarnation]] = defaultdict(set)
     for r in runs:
         known[r.stream].add(r.incarnation)
-        for shard, segments in r.ranges.items():
-            covered[(r.stream, r.incarnation, shard)] += segments
+        for shard, span in r.ranges.items():
+            covered[(r.stream, r.incarnation, shard)].append(span)
     merged: dict[tuple[str, frozenset[Incarnation], int], list[np.ndarray]] = defaultdict(list)
     for (stream, incarnations, shard), arrays in entries.items():
         # a file of unknown origin (no run added it) may hold any incarnation's rows
@@ -367,9 +348,8 @@ def check_offsets(offsets: dict[str, tuple[int, dict[int, int | None]]], runs: l
         stream_offsets = offsets.get(r.stream)
         if stream_offsets is None or stream_offsets[0] != r.incarnation:
             continue
-        for shard, segments in r.ranges.items():
-            if segments:
-                ends[(r.stream, shard)] = segments[-1][1]
+        for shard, (_, run_end) in r.ranges.items():
+            ends[(r.stream, shard)] = run_end
     for stream, (incarnation, shard_offsets) in sorted(offsets.items()):
         shipped = {shard: end for (s, shard), end in ends.items() if s == stream}
         if not shipped:
@@ -397,12 +377,11 @@ def summary(runs: list[RunRanges], entries: dict[tuple[str, frozenset[Incarnatio
         s = out.setdefault((r.stream, r.incarnation), {"stream": r.stream, "incarnation": r.incarnation,
                                                        "runs": 0, "entries": 0, "ranges": {}})
         s["runs"] += 1
-        for shard, segments in r.ranges.items():
-            for a, b in segments:
-                if a == b:
-                    continue
-                lo, hi = s["ranges"].get(str(shard), (a, b))
-                s["ranges"][str(shard)] = (min(lo, a), max(hi, b))
+        for shard, (a, b) in r.ranges.items():
+            if a == b:
+                continue
+            lo, hi = s["ranges"].get(str(shard), (a, b))
+            s["ranges"][str(shard)] = (min(lo, a), max(hi, b))
     for (stream, incarnations, _), arrays in entries.items():
         if len(incarnations) == 1:
             key = (stream, next(iter(incarnations)))

@@ -4,7 +4,7 @@ A task runs in an executor's Python worker and does the whole data path
 there, in native code: the C reader joins the range's payloads into one
 buffer, pyarrow's C++ JSON reader parses it against the value schema
 (``arrow.JsonParser``, rejects included; without ``--schema`` the schema
-grows with new fields, ``evolve.py``), and pyarrow writes zstd Parquet to a
+grows with new fields, ``lake/evolve.py``), and pyarrow writes zstd Parquet to a
 local directory or to S3.  The rows never go through the JVM - Spark
 schedules, retries and collects the file lists; moving every row to the
 JVM and back to Python for writing would cost more than the rest together.
@@ -29,7 +29,6 @@ from __future__ import annotations
 import os
 import posixpath
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from typing import Any, Iterator, cast
 
 import numpy as np
@@ -38,22 +37,13 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from storage_c import StreamNotFound
-from storage_c.export import HOUR_NS, partition_path
 from storage_c.files import make_dirs_durably, publish_durably
 
-from .arrow import TIMESTAMP, BatchParser, JsonParser, parsed_batches
-from .lakefs import Lake
+from ..lake.lakefs import Lake
+from ..lake.layout import META_COLUMNS, REJECT_SCHEMA, REJECTS_DIR, TIMESTAMP, WrittenFile, partition_dir
+from .arrow import BatchParser, JsonParser, parsed_batches
 from .source import RangePartition, shared_log
 
-META_COLUMNS = [pa.field("_comet_shard", pa.int32()), pa.field("_comet_entry", pa.int64()),
-                pa.field("_comet_time", TIMESTAMP)]
-_REJECT_COLUMNS: list[tuple[str, pa.DataType]] = [
-    ("shard", pa.int32()), ("entry", pa.int64()), ("timestamp", TIMESTAMP),
-    ("value", pa.binary()), ("error", pa.string()),
-]
-REJECT_SCHEMA = pa.schema(_REJECT_COLUMNS)
-"""The rejects table's columns (``stream``, ``dt``, ``hour`` are its partitions)."""
-REJECTS_DIR = "_rejects"
 HOUR_US = 3_600_000_000
 PARQUET_OPTIONS: dict[str, Any] = {"compression": "zstd"}  # pyarrow's zstd level (1): fast, half snappy's size
 UNIT_TO_US = {"s": 1_000_000, "ms": 1_000, "us": 1, "ns": None}
@@ -61,39 +51,6 @@ UNIT_TO_US = {"s": 1_000_000, "ms": 1_000, "us": 1, "ns": None}
 
 def data_schema(value_type: pa.StructType) -> pa.Schema:
     return pa.schema(list(value_type) + META_COLUMNS)
-
-
-def partition_dir(stream: str, hour: int) -> str:
-    """The table's partition of ``hour`` (hours since the epoch): the layout
-    every export of the log shares."""
-    return partition_path(stream, hour * HOUR_NS)
-
-
-def partition_values(stream: str, hour: int) -> dict[str, str]:
-    """The Delta partition values of ``hour`` (hours since the epoch)."""
-    at = datetime.fromtimestamp(hour * 3600, tz=timezone.utc)
-    return {"stream": stream, "dt": f"{at:%Y-%m-%d}", "hour": str(at.hour)}
-
-
-@dataclass
-class WrittenFile:
-    """One Parquet file a task wrote: what the driver's commit needs."""
-
-    kind: str
-    """``data`` or ``rejects``."""
-    path: str
-    """Relative to its table's root."""
-    task: int
-    hour: int
-    rows: int
-    bytes: int
-    shard: int
-    first_entry: int
-    last_entry: int
-    first_time_us: int
-    last_time_us: int
-    value_type: pa.StructType | None = None
-    """The value type the file was written with (data files)."""
 
 
 @dataclass

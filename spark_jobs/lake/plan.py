@@ -72,7 +72,7 @@ class RunPlan:
     event_time_field: str | None = None
     event_time_unit: str = "ms"
     otlp: str | None = None
-    """The OTLP signal whose built-in schema ``value_schema`` is (``otlp_schema.py``):
+    """The OTLP signal whose built-in schema ``value_schema`` is (``spark/otlp_schema.py``):
     the tasks read the events with ``otlp_rows.OtlpParser``."""
     resolved: bool = False
     """``value_schema`` is the run's final schema: a redo parses with it as it is."""

@@ -9,7 +9,7 @@ anything starts a Python worker, and only once a run has work to do.
 
 Without one, ``comet spark-ship`` starts from the lake's columns and lets
 pyarrow's JSON reader find the fields they lack, first in a sample of the
-run's entries (here, on the driver), then in the tasks (``evolve.py``).
+run's entries (here, on the driver), then in the tasks (``lake/evolve.py``).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import pyarrow as pa
 
 from storage_c import Log
 
-from .evolve import PARTITION_NAMES, RESERVED_PREFIX, canonical, reserved
+from ..lake.evolve import PARTITION_NAMES, RESERVED_PREFIX, canonical, reserved
 
 if TYPE_CHECKING:
     from pyspark.sql.types import StructType

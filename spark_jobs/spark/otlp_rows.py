@@ -33,7 +33,7 @@ from storage_c import Log
 from storage_c.records import NdjsonBatch
 
 from .arrow import ERROR_FIELDS, int64s, meta_columns, parsed_schema
-from .evolve import json_type, type_name
+from ..lake.evolve import json_type, type_name
 
 Convert = Callable[[Any], Any]
 """One field's conversion: the event's object in, the field's row value out."""

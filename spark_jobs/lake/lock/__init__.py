@@ -9,7 +9,7 @@ nothing.
 A local lake's lock is ``flock`` on ``_comet/locks/<stream>/<group>.lock``:
 the kernel releases it when the process dies, however it dies, so a killed
 run never leaves it held.  The file says who holds it, for the message.
-An S3 lake's is a lease (``s3lock.py``).
+An S3 lake's is a lease (``s3lease.py``); what both share, ``holder.py``.
 """
 
 from __future__ import annotations
@@ -20,16 +20,16 @@ import os
 import shutil
 from typing import Iterator
 
-from .lakefs import Lake
-from .lockinfo import LakeBusy, busy_message, holder_text, lock_rel
+from ..lakefs import Lake
+from .holder import LakeBusy, busy_message, holder_text, lock_rel
 
 
 @contextlib.contextmanager
 def run_lock(lake: Lake, stream: str, group: str) -> Iterator[None]:
     """Holds the shipper's lock for the block, or raises LakeBusy (on S3,
-    NoConditionalWrites too: ``s3lock.py``)."""
+    NoConditionalWrites too: ``s3lease.py``)."""
     if lake.is_s3:
-        from .s3lock import s3_lease
+        from .s3lease import s3_lease
 
         with s3_lease(lake, stream, group):
             yield

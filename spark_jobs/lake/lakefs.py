@@ -66,7 +66,7 @@ class Lake:
     an S3 store without conditional writes (OpenStack Swift's s3api), the
     only way to use it.  Its Delta commits are made in a local copy of the
     log and uploaded with plain PUTs (``logmirror.py``); the run's lock uses
-    plain PUTs where the store refuses conditional ones (``s3lock.py``)."""
+    plain PUTs where the store refuses conditional ones (``lock/s3lease.py``)."""
     _fs: list[pafs.FileSystem] = field(default_factory=list, compare=False, repr=False)
 
     def __post_init__(self) -> None:

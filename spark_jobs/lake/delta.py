@@ -50,7 +50,7 @@ from storage_c.jsonlog import event
 from .evolve import canonical, type_name
 from .lakefs import Lake
 from .logmirror import LogMoved, local_log
-from .writer import META_COLUMNS, REJECT_SCHEMA, REJECTS_DIR, WrittenFile, partition_values
+from .layout import META_COLUMNS, REJECT_SCHEMA, REJECTS_DIR, WrittenFile, partition_values
 
 if TYPE_CHECKING:
     from deltalake import DeltaTable

@@ -4,15 +4,13 @@
     comet lake compact LAKE [--stream S] [--target-size BYTES]
     comet lake vacuum  LAKE [--retention-hours H] [--apply]
     comet lake check   LAKE [--data-dir D] [--group G]
-    comet lake convert LAKE --data-dir D [--gone STREAM]...
 
 Each prints one JSON document on stdout; a failure is one ``Error: ...``
 line on stderr and exit status 1 (``check`` prints its report, then fails
 when it found a problem).  Each is safe beside running ``comet spark-ship``
-runs: see ``history.py``, ``upkeep.py``, ``check.py`` and ``convert.py``
-for how.  ``comet`` (storage_c/cli.py) finds the group through the
-``comet.commands`` entry points; deltalake is imported only when a command
-runs.
+runs: see ``history.py``, ``upkeep.py`` and ``check.py`` for how.
+``comet`` (storage_c/cli.py) finds the group through the ``comet.commands``
+entry points; deltalake is imported only when a command runs.
 """
 
 from __future__ import annotations
@@ -34,8 +32,8 @@ ENDPOINT = click.option("--endpoint-url", help=ENDPOINT_OPTION_HELP)
 @click.group("lake")
 def lake() -> None:
     """Look after a lake that comet spark-ship writes (a directory or
-    s3://bucket/prefix): its history, compaction, vacuum, a check, and the
-    conversion of a format-1 lake.  Safe beside running spark-ship runs."""
+    s3://bucket/prefix): its history, compaction, vacuum and a check.
+    Safe beside running spark-ship runs."""
 
 
 @lake.command()
@@ -46,7 +44,7 @@ def lake() -> None:
 def history(lake_url: str, stream: str | None, limit: int | None, endpoint_url: str | None) -> None:
     """The commits of both tables, newest first: runs (shipper, run, ranges,
     rows, rejects, missing) and other operations (compaction, vacuum, added
-    columns, conversion)."""
+    columns)."""
     from .history import history as read_history
 
     run(lambda: read_history(_delta_lake(lake_url, endpoint_url), stream, limit))
@@ -104,24 +102,6 @@ def check(lake_url: str, data_dir: str | None, group: str, endpoint_url: str | N
                                    f"{report.problems[0]}{more}")
 
 
-@lake.command()
-@click.argument("lake_url", metavar="LAKE")
-@click.option("--data-dir", help="The data directory the lake was shipped from (required): "
-              "where each stream's incarnation is.")
-@click.option("--gone", "gone", multiple=True, metavar="STREAM",
-              help="A stream of the lake that was deleted from the data directory (repeatable).")
-@ENDPOINT
-def convert(lake_url: str, data_dir: str | None, gone: tuple[str, ...], endpoint_url: str | None) -> None:
-    """Converts a format-1 lake (manifests) into the Delta tables, in place:
-    the files the manifests list, and nothing else.  Run it again after a
-    crash: it finishes what was begun."""
-    from .convert import convert as do_convert
-
-    if data_dir is not None:
-        check_data_dir(data_dir)
-    run(lambda: do_convert(_lake(lake_url, endpoint_url), data_dir, frozenset(gone)))
-
-
 def _lake(url: str, endpoint_url: str | None) -> Any:
     from .lakefs import Lake
 
@@ -131,15 +111,9 @@ def _lake(url: str, endpoint_url: str | None) -> Any:
 def _delta_lake(url: str, endpoint_url: str | None) -> Any:
     """The lake, which must have its Delta table (else a ValueError saying what it is)."""
     from .delta import LakeTable
-    from .legacy import format_1_streams
 
     target = _lake(url, endpoint_url)
     if LakeTable.main(target).open() is None:
-        old = format_1_streams(target)
-        if old:
-            raise ValueError(f"{target.url} is a lake in the format before Delta Lake (streams "
-                             f"{', '.join(old)}): convert it first with `comet lake convert "
-                             f"--data-dir DATA_DIR {target.url}`")
         raise ValueError(f"{target.url} has no Delta table (nothing shipped there yet?)")
     return target
 

@@ -29,9 +29,9 @@ import pyarrow.json as pajson
 from storage_c import Log, ReadBatch
 from storage_c.records import NdjsonBatch
 
-from .evolve import conform, grow, mismatch, no_object
+from ..lake.evolve import conform, grow, mismatch, no_object
+from ..lake.layout import TIMESTAMP
 
-TIMESTAMP = pa.timestamp("us", tz="UTC")
 META_FIELDS: list[pa.Field] = [
     pa.field("stream", pa.string()),
     pa.field("shard", pa.int32()),

@@ -3,8 +3,8 @@
 Every commit is one entry, newest first: its version, time and operation,
 and for a run of ``comet spark-ship`` the summary the run wrote into the
 commit (its ``comet.*`` metadata: shipper, run, ranges, rows, rejects,
-missing).  Commits that are not runs (compaction, vacuum, added columns, a
-conversion) are listed too, with delta-rs's own parameters and metrics.
+missing).  Commits that are not runs (compaction, vacuum, added columns) are
+listed too, with delta-rs's own parameters and metrics.
 
 A history is read from the log as it is when the command runs: a commit
 that lands meanwhile is simply not listed yet, and nothing is written.
@@ -21,8 +21,6 @@ from .delta import LOG_DIR, LakeTable
 from .lakefs import Lake
 
 RUN_KEYS = ("app", "stream", "group", "incarnation", "run", "ranges", "rows", "rejects", "missing")
-CONVERT_KEY = "comet.convert"
-"""The commit metadata of ``comet lake convert``: per stream, what it converted."""
 OPERATION_KEY = "comet.operation"
 """Set by the ``comet lake`` commands on the commits they make."""
 _NUMBERS = {"incarnation", "run", "rows", "rejects", "missing"}
@@ -52,15 +50,12 @@ def table_history(table: LakeTable, stream: str | None, limit: int | None) -> li
 
 
 def concerns(commit: dict[str, Any], stream: str | None) -> bool:
-    """A commit about ``stream``: its runs, a conversion that converted it,
-    and every commit that is no run (those act on the whole table, or on
+    """A commit about ``stream``: its runs, and every commit that is no run (those act on the whole table, or on
     partitions their parameters name)."""
     if stream is None:
         return True
     if "comet.stream" in commit:
         return bool(commit["comet.stream"] == stream)
-    if CONVERT_KEY in commit:
-        return stream in _json(commit[CONVERT_KEY], {})
     return True
 
 
@@ -76,8 +71,6 @@ def describe(commit: dict[str, Any]) -> dict[str, Any]:
                         _json(value, value) if key == "ranges" else value)
         return out
     out["kind"] = commit.get(OPERATION_KEY) or str(commit.get("operation") or "").lower()
-    if CONVERT_KEY in commit:
-        out["converted"] = _json(commit[CONVERT_KEY], None)
     parameters = {k: v for k, v in (commit.get("operationParameters") or {}).items()
                   if k not in _HIDDEN_PARAMETERS}
     if parameters:
