@@ -32,7 +32,7 @@ from starlette.routing import Route, request_response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from storage_c import CometError, check_group_name
-from storage_c.jsonlog import event
+from comet.jsonlog import event
 
 from . import admin, auth, entries, logs, losses, metrics, openapi, reads, stalls
 from .config import GatewayConfig

@@ -54,7 +54,7 @@ from storage_c import (
     SyncFailed,
     WouldBlock,
 )
-from storage_c.jsonlog import event
+from comet.jsonlog import event
 
 from . import auth, logs
 from .bodies import decompress, encoding_of

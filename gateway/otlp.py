@@ -41,7 +41,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.types import Receive, Scope, Send
 
 from storage_c import BatchTooLarge, CometError, Decoded, InvalidOTLP, decode_otlp
-from storage_c.jsonlog import event
+from comet.jsonlog import event
 
 from . import auth
 from .bodies import decompress, encoding_of

@@ -58,8 +58,8 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from storage_c.files import fsync_dir, make_dirs_durably, publish_durably
-from storage_c.jsonlog import event
+from comet.files import fsync_dir, make_dirs_durably, publish_durably
+from comet.jsonlog import event
 
 from .delta import LakeTable, main_schema, no_hooks, rejects_schema, storage_options, PARTITIONS
 from .evolve import canonical, reserved, widen

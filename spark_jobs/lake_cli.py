@@ -10,7 +10,7 @@ Each prints one JSON document on stdout; a failure is one ``Error: ...``
 line on stderr and exit status 1 (``check`` prints its report, then fails
 when it found a problem).  Each is safe beside running ``comet spark-ship``
 runs: see ``history.py``, ``upkeep.py``, ``check.py`` and ``convert.py``
-for how.  ``comet`` (storage_c/cli.py) finds the group through the
+for how.  ``comet`` (comet/cli.py) finds the group through the
 ``comet.commands`` entry points; deltalake is imported only when a command
 runs.
 """
@@ -24,8 +24,8 @@ from typing import Any, Callable
 import click
 
 from storage_c import CometError
-from storage_c.clikit import check_data_dir
-from storage_c.jsonlog import log_to
+from comet.clikit import check_data_dir
+from comet.jsonlog import log_to
 
 ENDPOINT = click.option("--endpoint-url", envvar="AWS_ENDPOINT_URL", help="S3 endpoint (default: AWS).")
 

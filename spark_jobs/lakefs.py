@@ -28,7 +28,7 @@ from urllib.parse import urlparse
 
 import pyarrow.fs as pafs
 
-from storage_c.files import make_dirs_durably, write_durably
+from comet.files import make_dirs_durably, write_durably
 
 CONNECT_TIMEOUT_S = 5.0
 REQUEST_TIMEOUT_S = 60.0

@@ -37,7 +37,7 @@ from typing import Any, Iterator
 
 from botocore.exceptions import ClientError
 
-from storage_c.jsonlog import event
+from comet.jsonlog import event
 
 from .lakefs import Lake, LakeError
 from .lockinfo import LakeBusy, busy_message, holder_text, lock_rel

@@ -38,8 +38,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from storage_c import StreamNotFound
-from storage_c.export import HOUR_NS, partition_path
-from storage_c.files import make_dirs_durably, publish_durably
+from comet.export import HOUR_NS, partition_path
+from comet.files import make_dirs_durably, publish_durably
 
 from .arrow import TIMESTAMP, BatchParser, JsonParser, parsed_batches
 from .lakefs import Lake

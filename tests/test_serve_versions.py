@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 import gateway.server
 from gateway import versions
-from storage_c.cli import main
+from comet.cli import main
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from storage_c import Log
-from storage_c.export import partition_path
+from comet.export import partition_path
 
 HOUR_NS = 3_600_000_000_000
 TIMESTAMP = pa.timestamp("us", tz="UTC")
