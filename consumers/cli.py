@@ -1,6 +1,6 @@
 """The commands of this package: ``comet consume`` and ``comet ship``.
 
-``comet`` (storage_c/cli.py) finds them through the ``comet.commands`` entry
+``comet`` (comet/cli.py) finds them through the ``comet.commands`` entry
 points in pyproject.toml and imports this module only to run or list them.
 Both open the data directory as a reader (``Config.reader``): they register
 their group, acknowledge, and keep the flusher that makes acks durable.
@@ -22,8 +22,8 @@ import click
 
 from comet.objectstore import ENDPOINT_OPTION_HELP
 from storage_c import CometError
-from storage_c.clikit import check_data_dir, show
-from storage_c.jsonlog import event, log_to
+from comet.clikit import check_data_dir, show
+from comet.jsonlog import event, log_to
 
 from .consumer import Consumer
 from .errors import EXIT_PERMANENT, ShipError, SinkError

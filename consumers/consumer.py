@@ -17,7 +17,7 @@ import os
 from typing import Callable, Iterable, Sequence
 
 from storage_c import AckGapError, Config, Group, Log, ReadBatch, StreamNotFound, check_group_name
-from storage_c.jsonlog import event
+from comet.jsonlog import event
 
 from .loop import ProcessStats, process_batches
 

@@ -64,9 +64,9 @@ import orjson
 
 from comet.backoff import next_wait_s
 from storage_c import AckGapError, ReadBatch, otlp
-from storage_c.clikit import iso
-from storage_c.export import payload_of
-from storage_c.jsonlog import event
+from comet.clikit import iso
+from comet.export import payload_of
+from comet.jsonlog import event
 from storage_c.testing import cut_point
 
 from .consumer import Consumer

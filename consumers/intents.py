@@ -13,7 +13,7 @@ shard in flight, records the batches it cut by age, a list per shard::
 whose first entry is the group's offset rebuilds exactly that object before
 anything else; an intent behind the offset was acknowledged already, or the
 group was reset, and is dropped.  Files are written whole or not at all
-(``storage_c.files.write_durably``), in directories made durable in their
+(``comet.files.write_durably``), in directories made durable in their
 parents first; a writer killed meanwhile leaves a temporary file that
 ``remove_stale_temp_files`` removes on the next start.
 
@@ -32,7 +32,7 @@ from pathlib import Path
 
 import orjson
 
-from storage_c.files import make_dirs_durably, remove_stale_temp_files, write_durably
+from comet.files import make_dirs_durably, remove_stale_temp_files, write_durably
 
 
 class ShardBusy(RuntimeError):

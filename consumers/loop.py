@@ -20,7 +20,7 @@ import orjson
 
 from comet.backoff import backoff_delay
 from storage_c import Log, ReadBatch
-from storage_c.export import json_value
+from comet.export import json_value
 
 
 class GroupReader(Protocol):
@@ -86,7 +86,7 @@ def store_dead_letters(log: Log, group: str, batch: ReadBatch,
     """Stores entries of the batch (by index, each with fields that say what
     went wrong) in ``<stream>.dlq``, durably, in the shard they came from;
     ``payload`` is the entry's JSON as stored, or the envelope
-    ``{"base64": ...}`` of a payload that is not JSON (storage_c.export).
+    ``{"base64": ...}`` of a payload that is not JSON (comet.export).
     Returns how many."""
     payloads = batch.payloads
     records = [

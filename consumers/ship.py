@@ -2,7 +2,7 @@
 zstd, in a directory or an S3 bucket, exactly once.
 
 Keys come from the offsets an object covers, below the hive-style
-partition every export of the log shares (``storage_c.export``)::
+partition every export of the log shares (``comet.export``)::
 
     <prefix>/stream=<stream>/dt=YYYY-MM-DD/hour=HH/shard=NNNN/<first>-<last>.ndjson.zst
 
@@ -27,11 +27,11 @@ data) and so is the group's previous ack of that shard (the intent replaces
 the previous one, so after a cut the group's offset is at this intent's
 first entry or past it, never at an earlier object whose boundaries a rerun
 could not know).  Directories (of the sink, of the intents) are made durable
-in their parents before a file in them is (``storage_c.files.make_dirs_durably``).
+in their parents before a file in them is (``comet.files.make_dirs_durably``).
 
 Lines are the payloads.  A payload that would break the NDJSON framing (it
 holds a newline) or would read back as an envelope is written
-as the envelope ``{"base64": "..."}`` instead (``storage_c.export``).
+as the envelope ``{"base64": "..."}`` instead (``comet.export``).
 
 Failures (``errors.classify``): every failed upload is logged
 (``upload_failed``) and counted (``ShipStats``, the periodic ``status`` line)
@@ -61,9 +61,9 @@ import zstandard
 
 from comet.backoff import backoff_delay
 from storage_c import ReadBatch
-from storage_c.clikit import iso
-from storage_c.export import HOUR_NS, ndjson_batch_ok, ndjson_line, partition_path
-from storage_c.jsonlog import event
+from comet.clikit import iso
+from comet.export import HOUR_NS, ndjson_batch_ok, ndjson_line, partition_path
+from comet.jsonlog import event
 
 from .consumer import Consumer
 from .errors import ShipError, SinkFailure, classify

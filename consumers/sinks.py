@@ -21,7 +21,7 @@ from typing import Any, Protocol
 from urllib.parse import urlparse
 
 from comet.objectstore import boto3_client_for, s3_location
-from storage_c.files import make_dirs_durably, remove_stale_temp_files, write_durably
+from comet.files import make_dirs_durably, remove_stale_temp_files, write_durably
 
 from .errors import SinkError
 
@@ -56,7 +56,7 @@ class DirectorySink:
 
     def remove_temp_files(self, key: str, *, mine_are_stale: bool = False) -> list[Path]:
         """Removes the temporary files that writers now dead left in the
-        directory of ``key`` (see ``storage_c.files.remove_stale_temp_files``)."""
+        directory of ``key`` (see ``comet.files.remove_stale_temp_files``)."""
         _check_key(key)
         return remove_stale_temp_files((self.root / key).parent, mine_are_stale=mine_are_stale)
 

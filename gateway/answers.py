@@ -34,7 +34,7 @@ from starlette.responses import Response
 from starlette.routing import Route, request_response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from storage_c.jsonlog import event
+from comet.jsonlog import event
 
 from . import auth
 from .bodies import ClientGone

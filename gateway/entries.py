@@ -28,7 +28,7 @@ from typing import Any, Iterator, Mapping
 import orjson
 
 from storage_c import CometError, Log, StreamStats
-from storage_c.export import json_value
+from comet.export import json_value
 
 from .errors import HTTPError, check_name, storage_error
 from .runtime import Runtime

@@ -17,7 +17,7 @@ from starlette.responses import Response
 
 import storage_c
 from storage_c import CometError, check_stream_name
-from storage_c.jsonlog import event
+from comet.jsonlog import event
 
 
 class HTTPError(Exception):

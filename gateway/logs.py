@@ -1,5 +1,5 @@
 """The access log: one JSON line per ingest request on stdout, in the shape
-of every other log line (storage_c.jsonlog): ts, level, logger, event, then
+of every other log line (comet.jsonlog): ts, level, logger, event, then
 the request's fields, "client": the address the request came from (a
 trusted proxy's X-Forwarded-For, see forwarded_allow_ips), and "token": the
 name of the request's token (absent when auth is off or no token was accepted).  It is formatted here, not by the logging module,

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from storage_c.jsonlog import event
+from comet.jsonlog import event
 
 from .runtime import Runtime
 

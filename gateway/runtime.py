@@ -24,8 +24,8 @@ import time
 from starlette.types import Scope
 
 from storage_c import Log, NoFreeSlot
-from storage_c.files import share_data_dir
-from storage_c.jsonlog import event
+from comet.files import share_data_dir
+from comet.jsonlog import event
 
 from .auth import AuthFailed
 from .config import GatewayConfig

@@ -36,7 +36,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from storage_c.files import pid_alive
+from comet.files import pid_alive
 
 from .config import GatewayConfig
 

@@ -63,9 +63,21 @@ from .records import (
     StreamStats,
     VerifyReport,
 )
-from .split import split_json
+from ._comet import lib as _lib
+from .split import compact_ndjson, split_json
+
+API_VERSION: int = _lib.COMET_API_VERSION
+"""The version of the core's C API (comet.h)."""
+FORMAT_VERSION: int = _lib.COMET_FORMAT_VERSION
+"""The version of the data directory's format (FORMAT.md)."""
+SEGMENT_VERSION: int = _lib.COMET_SEGMENT_VERSION
+"""The version of the segment files' format (FORMAT.md)."""
 
 __all__ = [
+    "API_VERSION",
+    "FORMAT_VERSION",
+    "SEGMENT_VERSION",
+    "compact_ndjson",
     "AckGapError",
     "BatchResult",
     "BodyFault",

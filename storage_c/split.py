@@ -1,8 +1,11 @@
 """Body splitting without storing: the events ``Log.ingest`` would store for
-a request body, found by the core's validator (comet_json_split)."""
+a request body, found by the core's validator (comet_json_split); and the
+same validator as a reader of NDJSON (``compact_ndjson``), for the export
+layout's check of a payload."""
 
 from __future__ import annotations
 
+import threading
 from array import array
 
 from ._comet import ffi, lib
@@ -45,3 +48,42 @@ def split_json(body: Buffer, format: str = "json", max_entry_bytes: int = 0) -> 
         events.append(bytes(out[at:at + n]))
         at += n
     return events
+
+
+_KEEP_BYTES = 4 << 20
+
+
+class _SplitScratch(threading.local):
+    """Buffers for comet_json_split, grown as needed and kept per thread."""
+
+    def __init__(self) -> None:
+        self.out = bytearray(1 << 16)
+        self.lens = array("I", bytes(4 * 1024))
+        self.req = ffi.new("comet_ingest_request *")
+        self.res = ffi.new("comet_ingest_result *")
+        self.req.format = lib.COMET_BODY_NDJSON
+
+
+_scratch = _SplitScratch()
+
+
+def compact_ndjson(data: bytes, max_values: int) -> tuple[int, memoryview]:
+    """Reads ``data`` as NDJSON with the C validator: the number of values
+    and the values compacted back to back, or -1 when it is not strict
+    NDJSON or holds more than ``max_values`` values."""
+    s = _scratch
+    out = s.out
+    if len(out) < len(data):
+        out = bytearray(len(data))
+        if len(data) <= _KEEP_BYTES:  # kept for the next call; a rare huge one is not
+            s.out = out
+    if len(s.lens) < max_values + 1:
+        s.lens = array("I", bytes(4 * (max_values + 1)))
+    keep = ffi.from_buffer(data)
+    s.req.body = keep
+    s.req.len = len(data)
+    rc = lib.comet_json_split(s.req, 0, ffi.from_buffer(out), len(out),
+                              ffi.from_buffer("uint32_t[]", s.lens), max_values + 1, s.res)
+    if rc < 0 or rc > max_values:
+        return -1, memoryview(b"")
+    return int(rc), memoryview(out)

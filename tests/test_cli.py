@@ -10,7 +10,7 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from storage_c import Config, Log
-from storage_c.cli import main
+from comet.cli import main
 
 from .support.storage import flip, offset_of
 

@@ -65,7 +65,7 @@ def test_permanent_failure_goes_to_the_dead_letter_stream(log: Log) -> None:
     dlq = read_all(log, "p.dlq", 1)
     records = [orjson.loads(p) for _, _, p in dlq]
     assert [r["id"] for r in records] == ["1-0", "1-1"]
-    # not JSON: the one envelope of storage_c.export, as in HTTP reads and comet ship
+    # not JSON: the one envelope of comet.export, as in HTTP reads and comet ship
     assert [r["payload"] for r in records] == [{"base64": base64.b64encode(b"bad1").decode()},
                                                {"base64": base64.b64encode(b"bad2").decode()}]
     assert all("cannot parse" in r["error"] and r["attempts"] == 4 for r in records)

@@ -141,7 +141,7 @@ def command_paths() -> set[tuple[str, ...]]:
     """Every command of `comet`, as the words that name it: ("stat",), ("lake", "check")..."""
     import click
 
-    from storage_c.cli import main
+    from comet.cli import main
 
     ctx = click.Context(main)
     paths: set[tuple[str, ...]] = set()

@@ -1,4 +1,4 @@
-"""The envelope and the object layout, public storage_c API (storage_c/export.py): a
+"""The envelope and the object layout, public storage_c API (comet/export.py): a
 payload that is plain JSON is handed out as stored, anything else in an envelope
 (``{"base64": ...}``) wherever JSON is handed out; `comet ship` lines envelope only what
 would break the line framing or read as an envelope; one Hive layout for `comet ship`
@@ -11,7 +11,7 @@ import base64
 import orjson
 import pytest
 
-from storage_c.export import (
+from comet.export import (
     envelope,
     is_plain_json,
     json_value,

@@ -16,7 +16,7 @@ from starlette.testclient import TestClient
 
 from gateway.app import create_app
 from storage_c import Config, Log
-from storage_c.jsonlog import JsonFormatter
+from comet.jsonlog import JsonFormatter
 
 from .support.gateway_app import config
 from .support.server import SMALL, GatewayProcess

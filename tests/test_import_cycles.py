@@ -115,5 +115,5 @@ def test_the_cycle_finder_finds_cycles() -> None:
 
 def test_relative_and_lazy_imports_are_edges() -> None:
     graph = import_graph()
-    assert "storage_c.files" in graph["spark_jobs.lake.lakefs"]  # absolute, from-import
+    assert "comet.files" in graph["spark_jobs.lake.lakefs"]  # absolute, from-import
     assert "spark_jobs.spark.source" in graph["spark_jobs.spark.session"]  # relative, inside a function

@@ -1,4 +1,4 @@
-"""storage_c.jsonlog: every line a command writes is one JSON object, its own
+"""comet.jsonlog: every line a command writes is one JSON object, its own
 events, other libraries' messages, warnings and uncaught exceptions alike."""
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from storage_c.jsonlog import JsonFormatter, event
+from comet.jsonlog import JsonFormatter, event
 
 PROGRAM = textwrap.dedent("""
     import logging, sys, threading, warnings
     from pathlib import Path
-    from storage_c.jsonlog import event, log_to
+    from comet.jsonlog import event, log_to
 
     log_to(sys.stderr)
     event(logging.getLogger("comet.test"), "started", path=Path("/x"), n=1)

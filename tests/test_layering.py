@@ -1,4 +1,5 @@
-"""One house: storage_c is the bottom and imports nothing above it; every
+"""One house: storage_c is the bottom and imports nothing above it; comet (the
+command and the shared kit) sits on it and imports no package above; every
 package owns its commands, loaded lazily by `comet`; the tests share helpers
 through tests/support/ only.  (What the packages above need from the storage is
 public storage_c API: test_storage_api.py and test_envelope.py.)"""
@@ -17,7 +18,7 @@ import pytest
 from click.testing import CliRunner
 
 from storage_c import Config, Log
-from storage_c.cli import main
+from comet.cli import main
 
 REPO = Path(__file__).resolve().parent.parent
 ABOVE = ("consumers", "gateway", "spark_jobs")
@@ -40,21 +41,27 @@ def imported_modules(path: Path) -> set[str]:
 
 def test_storage_c_imports_nothing_above_it() -> None:
     for source in sorted((REPO / "storage_c").glob("*.py")):
-        above = {m for m in imported_modules(source) if m.split(".")[0] in ABOVE}
+        above = {m for m in imported_modules(source) if m.split(".")[0] in ABOVE + ("comet",)}
         assert not above, f"{source.name} imports {sorted(above)}"
 
 
+def test_the_kit_imports_no_package_above_it() -> None:
+    for source in sorted((REPO / "comet").glob("*.py")):
+        above = {m for m in imported_modules(source) if m.split(".")[0] in ABOVE}
+        assert not above, f"comet/{source.name} imports {sorted(above)}"
+
+
 def test_nothing_above_storage_c_uses_its_c_binding() -> None:
-    for package in ABOVE:
+    for package in ABOVE + ("comet",):
         for source in sorted((REPO / package).rglob("*.py")):
             assert not {m for m in imported_modules(source) if m.startswith("storage_c._")}, \
                 f"{source.relative_to(REPO)} uses storage_c's private modules"
 
 
 def test_spark_submit_script_does_not_go_back_through_the_comet_group() -> None:
-    assert "storage_c.cli" not in imported_modules(REPO / "spark_jobs" / "spark" / "submit.py")
+    assert "comet.cli" not in imported_modules(REPO / "spark_jobs" / "spark" / "submit.py")
     loaded = modules_after("import spark_jobs.spark.submit")
-    assert "storage_c.cli" not in loaded and "spark_jobs.spark.cli" in loaded
+    assert "comet.cli" not in loaded and "spark_jobs.spark.cli" in loaded
 
 
 def modules_after(code: str, *argv: str) -> set[str]:
@@ -87,7 +94,7 @@ def test_comet_stat_loads_no_other_package(args: list[str], data_dir: Path) -> N
     with Log(data_dir, Config(shards=1)) as log:
         log.append("ev", b"{}")
     argv = [a.format(data=data_dir) for a in args]
-    loaded = modules_after("from storage_c.cli import main; main()", *argv)
+    loaded = modules_after("from comet.cli import main; main()", *argv)
     if args[0] == "stat":
         assert forbidden(loaded) == []
     else:  # --help imports each package's command module, nothing heavy
@@ -105,7 +112,7 @@ def test_installed_comet_stat_under_importtime(data_dir: Path) -> None:
     assert "ev" in out.stdout
     imported = {line.rsplit("|", 1)[1].strip() for line in out.stderr.splitlines()
                 if line.startswith("import time:") and "|" in line}
-    assert "storage_c.cli" in imported
+    assert "comet.cli" in imported
     assert forbidden(imported) == []
 
 
@@ -121,15 +128,15 @@ def test_each_package_owns_its_commands() -> None:
     ctx = main.make_context("comet", ["stat", "x"])
     owners = {name: main.get_command(ctx, name).callback.__module__  # type: ignore[union-attr]  # all listed
               for name in main.list_commands(ctx)}
-    assert owners == {"stat": "storage_c.cli", "tail": "storage_c.cli", "verify": "storage_c.cli",
-                      "group": "storage_c.admin", "stream": "storage_c.admin",
+    assert owners == {"stat": "comet.cli", "tail": "comet.cli", "verify": "comet.cli",
+                      "group": "comet.admin", "stream": "comet.admin",
                       "consume": "consumers.cli", "ship": "consumers.cli",
                       "serve": "gateway.cli", "spark-ship": "spark_jobs.spark.cli",
                       "lake": "spark_jobs.lake.cli"}
 
 
 def test_a_command_that_cannot_load_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
-    import storage_c.cli as cli
+    import comet.cli as cli
 
     broken = EntryPoint("broken", "no_such_package.cli:cmd", cli.ENTRY_POINT_GROUP)
     monkeypatch.setattr(cli, "entry_points", lambda group: [broken])

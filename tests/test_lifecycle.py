@@ -17,7 +17,7 @@ from starlette.testclient import TestClient
 
 from gateway.app import create_app
 from storage_c import Config, Log
-from storage_c.cli import main as comet
+from comet.cli import main as comet
 
 from .support.gateway_app import JSON, config
 from .support.noloss import check_stored_once

@@ -15,7 +15,7 @@ from comet.objectstore import (CONNECT_TIMEOUT_S, REQUEST_TIMEOUT_S, S3Location,
                                delta_storage_options_for, pyarrow_filesystem_for, s3_location,
                                split_s3_url)
 from consumers.sinks import S3Sink
-from spark_jobs.lakefs import Lake
+from spark_jobs.lake.lakefs import Lake
 
 PROFILES = """\
 [default]

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 import gateway.serving.server
 from gateway.serving import versions
-from storage_c.cli import main
+from comet.cli import main
 
 REPO = Path(__file__).resolve().parent.parent
 

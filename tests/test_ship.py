@@ -16,7 +16,7 @@ import zstandard
 from consumers import Consumer, DirectorySink, S3Sink, ShipConfig, Shipper, object_key
 from consumers.ship import HOUR_NS
 from storage_c import Log, ReadBatch
-from storage_c.export import payload_of
+from comet.export import payload_of
 
 from .support.server import COMET
 from .support.ship import CFG, check_objects, fill_shards

@@ -25,7 +25,7 @@ from consumers import (Consumer, DirectorySink, S3Sink, ShipConfig, ShipError, S
                        classify)
 from consumers.errors import EXIT_PERMANENT, EXIT_RETRIES
 from storage_c import Log
-from storage_c.jsonlog import JsonFormatter
+from comet.jsonlog import JsonFormatter
 
 from .support.processes import REPO
 from .support.server import COMET
@@ -414,7 +414,7 @@ def test_classification(error: BaseException, permanent: bool, tmp_path: Path) -
 # writes `marker` (the path) and sleeps until killed.
 CHILD = r"""
 import os, sys, time
-from storage_c.cli import main
+from comet.cli import main
 marker, needle, nth = sys.argv[1], sys.argv[2], int(sys.argv[3])
 real, seen = os.fsync, [0]
 def fsync(fd):
@@ -512,7 +512,7 @@ def test_kill_9_mid_upload_leaves_nothing_behind(data_dir: Path, tmp_path: Path,
 
 def test_a_failed_write_leaves_no_temp_file(data_dir: Path, tmp_path: Path) -> None:
     """ENOSPC in the middle of a write (transient): the partial file goes at once."""
-    from storage_c import files
+    from comet import files
 
     class Full(DirectorySink):
         def put(self, key: str, data: bytes) -> None:

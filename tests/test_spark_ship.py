@@ -281,7 +281,7 @@ def killed_writer(target: Path) -> Path:
     killed at that moment leaves.  The temporary file's path."""
     code = ("import os, sys, time\n"
             "from pathlib import Path\n"
-            "from storage_c.files import write_durably\n"
+            "from comet.files import write_durably\n"
             "def held(*args):\n"
             "    print('written', flush=True)\n"
             "    time.sleep(600)\n"
@@ -335,7 +335,7 @@ def test_a_run_removes_what_killed_runs_left(spark: SparkSession, data_dir: Path
     task_temp = lake_dir / "_comet" / "tmp" / "ev" / "spark-ship" / f"part-x.parquet.{dead_pid}.tmp"
     task_temp.parent.mkdir(parents=True, exist_ok=True)
     task_temp.write_bytes(b"PAR1")
-    # A live writer's temporary plan is kept (the rule of storage_c.files,
+    # A live writer's temporary plan is kept (the rule of comet.files,
     # tests/test_temp_files.py); the tasks' directory is the run's own, under its lock.
     live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     try:

@@ -11,8 +11,8 @@ import pytest
 from click.testing import CliRunner
 
 from storage_c import Config, GroupLag, GroupNameError, Log, check_group_name
-from storage_c.cli import main
-from storage_c.files import publish_durably, write_durably
+from comet.cli import main
+from comet.files import publish_durably, write_durably
 
 
 # ---- open presets -----------------------------------------------------------------------

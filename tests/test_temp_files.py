@@ -1,5 +1,5 @@
 """The one rule for temporary files that no writer will finish
-(``storage_c.files.remove_stale_temp_files``), which ``comet ship`` (intents,
+(``comet.files.remove_stale_temp_files``), which ``comet ship`` (intents,
 directory sinks) and ``comet spark-ship`` (plans) both follow."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from storage_c.files import STALE_TEMP_AGE_S, pid_alive, remove_stale_temp_files
+from comet.files import STALE_TEMP_AGE_S, pid_alive, remove_stale_temp_files
 
 
 def zombie_process() -> subprocess.Popen[bytes]:

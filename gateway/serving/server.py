@@ -49,7 +49,7 @@ from gunicorn.arbiter import Arbiter
 from gunicorn.sock import BaseSocket, TCP6Socket, TCPSocket
 from gunicorn.util import is_ipv6
 
-from storage_c.jsonlog import capture_stray_output, dict_config, event
+from comet.jsonlog import capture_stray_output, dict_config, event
 
 from .. import startup
 from ..app import GatewayApp, create_app

@@ -33,7 +33,7 @@ from gunicorn.arbiter import Arbiter
 from uvicorn.server import Server
 from uvicorn_worker import UvicornWorker
 
-from storage_c.jsonlog import event
+from comet.jsonlog import event
 
 from ..limits import Limits
 from .listeners import master_holds, refuse_new_connections, take_queued

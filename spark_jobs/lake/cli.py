@@ -9,7 +9,7 @@ Each prints one JSON document on stdout; a failure is one ``Error: ...``
 line on stderr and exit status 1 (``check`` prints its report, then fails
 when it found a problem).  Each is safe beside running ``comet spark-ship``
 runs: see ``history.py``, ``upkeep.py`` and ``check.py`` for how.
-``comet`` (storage_c/cli.py) finds the group through the ``comet.commands``
+``comet`` (comet/cli.py) finds the group through the ``comet.commands``
 entry points; deltalake is imported only when a command runs.
 """
 
@@ -23,8 +23,8 @@ import click
 
 from comet.objectstore import ENDPOINT_OPTION_HELP
 from storage_c import CometError
-from storage_c.clikit import check_data_dir
-from storage_c.jsonlog import log_to
+from comet.clikit import check_data_dir
+from comet.jsonlog import log_to
 
 ENDPOINT = click.option("--endpoint-url", help=ENDPOINT_OPTION_HELP)
 

@@ -44,8 +44,8 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator, cast
 import pyarrow as pa
 
 from comet.objectstore import delta_storage_options_for
-from storage_c.files import fsync_dir, make_dirs_durably
-from storage_c.jsonlog import event
+from comet.files import fsync_dir, make_dirs_durably
+from comet.jsonlog import event
 
 from .evolve import canonical, type_name
 from .lakefs import Lake

@@ -27,7 +27,7 @@ from urllib.parse import urlparse
 import pyarrow.fs as pafs
 
 from comet.objectstore import S3Location, pyarrow_filesystem_for, s3_location
-from storage_c.files import make_dirs_durably, write_durably
+from comet.files import make_dirs_durably, write_durably
 
 
 class LakeError(Exception):

@@ -1,7 +1,7 @@
 """The lake's layout: where a table's files go and what they hold.
 
 Both tables partition by ``stream=<s>/dt=<day>/hour=<hh>/``, the layout every
-export of the log shares (``storage_c.export``); the main table is the lake's
+export of the log shares (``comet.export``); the main table is the lake's
 root, the rejects table ``_rejects/``.  A data file holds the value columns and
 the ``_comet_`` columns below; a rejects file holds the entry, its bytes and
 the reason.  ``WrittenFile`` is what a task that wrote one tells the commit
@@ -15,7 +15,7 @@ from datetime import datetime, timezone
 
 import pyarrow as pa
 
-from storage_c.export import HOUR_NS, partition_path
+from comet.export import HOUR_NS, partition_path
 
 TIMESTAMP = pa.timestamp("us", tz="UTC")
 META_COLUMNS = [pa.field("_comet_shard", pa.int32()), pa.field("_comet_entry", pa.int64()),

@@ -41,8 +41,8 @@ import os
 import time
 from typing import TYPE_CHECKING, Any
 
-from storage_c.files import fsync_dir, make_dirs_durably
-from storage_c.jsonlog import event
+from comet.files import fsync_dir, make_dirs_durably
+from comet.jsonlog import event
 
 from .delta import COMMIT_ATTEMPTS, LakeTable, no_hooks
 from .history import OPERATION_KEY

@@ -1,11 +1,11 @@
 """The command of this package: ``comet spark-ship``.
 
-``comet`` (storage_c/cli.py) finds it through the ``comet.commands`` entry
+``comet`` (comet/cli.py) finds it through the ``comet.commands`` entry
 points in pyproject.toml; pyspark and pyarrow are imported only when it
 runs, so listing it in ``comet --help`` costs nothing.  Under spark-submit,
 ``submit.py`` runs this same command.
 
-Everything it writes to stderr is JSON lines (``storage_c.jsonlog``), Spark's
+Everything it writes to stderr is JSON lines (``comet.jsonlog``), Spark's
 JVM included (``jvm_output.py``), except click's usage errors and the one
 ``Error: ...`` line of a failed run; its report is one JSON line on stdout.
 """
@@ -23,8 +23,8 @@ import click
 
 from comet.objectstore import ENDPOINT_OPTION_HELP
 from storage_c import CometError
-from storage_c.clikit import check_data_dir
-from storage_c.jsonlog import log_to
+from comet.clikit import check_data_dir
+from comet.jsonlog import log_to
 
 SUBMIT_SCRIPT = Path(__file__).with_name("submit.py")
 """The spark-submit application that runs this command (see ``submit.py``)."""

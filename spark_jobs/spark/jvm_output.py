@@ -7,7 +7,7 @@ logger, message with its stack trace) and its stderr on a pipe, which a
 thread reads: a log4j event is logged under its own logger name at its own
 level, any other line under ``spark.jvm.stderr`` as a warning.  So every
 line reaches this process's logging, and its JSON handler
-(``storage_c.jsonlog``).
+(``comet.jsonlog``).
 
 ``COMET_SPARK_LOG_LEVEL`` (a log4j level, default WARN) is the threshold of
 both: Spark's log is filtered in the JVM, the other lines here.

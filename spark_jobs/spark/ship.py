@@ -32,8 +32,8 @@ from typing import Any, Callable
 import pyarrow as pa
 
 from storage_c import Config, GroupNotFound, Log, check_group_name
-from storage_c.files import remove_stale_temp_files
-from storage_c.jsonlog import event
+from comet.files import remove_stale_temp_files
+from comet.jsonlog import event
 from storage_c.testing import cut_point
 
 from ..lake.delta import COMMIT_ATTEMPTS, LakeTable, SchemaConflict, main_schema, ranges_text, rejects_schema
@@ -202,7 +202,7 @@ def temp_rel(shipper: Shipper) -> str:
 def remove_leftovers(lake: Lake, shipper: Shipper) -> dict[str, object]:
     """Removes what killed runs of this shipper left, under its lock (no run
     of it writes now): the tasks' temporary files, and temporary files of
-    plans whose writer is dead (``storage_c.files.remove_stale_temp_files``).
+    plans whose writer is dead (``comet.files.remove_stale_temp_files``).
     Parquet files a crashed attempt wrote under their final names are in no
     commit: no reader sees them, and ``comet lake vacuum`` removes them."""
     temp_files: list[str] = []

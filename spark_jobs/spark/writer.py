@@ -37,7 +37,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from storage_c import StreamNotFound
-from storage_c.files import make_dirs_durably, publish_durably
+from comet.files import make_dirs_durably, publish_durably
 
 from ..lake.lakefs import Lake
 from ..lake.layout import META_COLUMNS, REJECT_SCHEMA, REJECTS_DIR, TIMESTAMP, WrittenFile, partition_dir

@@ -440,7 +440,7 @@ def run_ship(data: Path, rnd: int, args: list[str]) -> None:
     pause_at = int(os.environ.get("POWERCUT_SHIP_PAUSE", "0"))
     shipped = 0
 
-    from storage_c.jsonlog import JsonFormatter
+    from comet.jsonlog import JsonFormatter
 
     as_json = JsonFormatter()
 

@@ -38,7 +38,7 @@ from typing import Any, Iterator
 from botocore.exceptions import ClientError
 
 from comet.objectstore import boto3_client_for
-from storage_c.jsonlog import event
+from comet.jsonlog import event
 
 from ..lakefs import Lake, LakeError
 from .holder import LakeBusy, busy_message, holder_text, lock_rel

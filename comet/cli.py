@@ -10,8 +10,9 @@
     comet serve   [--config FILE] [--data-dir D] [--host H] ...    (gateway)
     comet spark-ship <data-dir> <stream> <lake> [--group spark-ship] ...  (spark_jobs)
 
-This package is the bottom of the project and imports nothing above it.  Its
-own commands (stat, tail, verify, group, stream) are built in; every other
+The command sits on the storage (storage_c) and imports no package above
+it.  Its own commands (stat, tail, verify here, group and stream in
+comet.admin) inspect and administer the log; every other
 package declares its commands in the ``comet.commands`` entry-point group
 (pyproject.toml), and ``comet`` imports a package only when one of its
 commands runs (or ``comet --help`` lists them): ``comet stat`` never loads
@@ -36,20 +37,27 @@ from typing import Iterator
 
 import click
 
+from storage_c import (
+    API_VERSION,
+    FORMAT_VERSION,
+    SEGMENT_VERSION,
+    CometError,
+    Entry,
+    Log,
+    ShardStats,
+    StreamStats,
+)
+
 from . import admin
-from ._comet import lib
 from .clikit import human, iso, open_log, render, show
-from .errors import CometError
-from .log import Log
-from .records import Entry, ShardStats, StreamStats
 
 ENTRY_POINT_GROUP = "comet.commands"
 """Entry points ``name = "package.module:click_command"`` of the other packages."""
 DISTRIBUTION = "comet-edge"
 """The installed package whose version ``comet --version`` prints (pyproject.toml)."""
-VERSION_MESSAGE = (f"%(package)s %(version)s: storage core API {lib.COMET_API_VERSION}, "
-                   f"data format {lib.COMET_FORMAT_VERSION}, "
-                   f"segment format {lib.COMET_SEGMENT_VERSION}")
+VERSION_MESSAGE = (f"%(package)s %(version)s: storage core API {API_VERSION}, "
+                   f"data format {FORMAT_VERSION}, "
+                   f"segment format {SEGMENT_VERSION}")
 
 
 class CometGroup(click.Group):

@@ -13,59 +13,20 @@ from __future__ import annotations
 import base64
 import binascii
 import ctypes
-import threading
-from array import array
 from datetime import datetime, timezone
 from typing import Any, Callable
 
 import orjson
 
-from ._comet import ffi, lib
+from storage_c import compact_ndjson
 
 ENVELOPE_KEY = "base64"
 HOUR_NS = 3600 * 10**9
-_KEEP_BYTES = 4 << 20
 
 
 def envelope(payload: bytes) -> dict[str, str]:
     """``{"base64": ...}`` of ``payload``."""
     return {ENVELOPE_KEY: base64.b64encode(payload).decode("ascii")}
-
-
-class _SplitScratch(threading.local):
-    """Buffers for comet_json_split, grown as needed and kept per thread."""
-
-    def __init__(self) -> None:
-        self.out = bytearray(1 << 16)
-        self.lens = array("I", bytes(4 * 1024))
-        self.req = ffi.new("comet_ingest_request *")
-        self.res = ffi.new("comet_ingest_result *")
-        self.req.format = lib.COMET_BODY_NDJSON
-
-
-_scratch = _SplitScratch()
-
-
-def _compacted(data: bytes, max_values: int) -> tuple[int, memoryview]:
-    """Reads ``data`` as NDJSON with the C validator: the number of values
-    and the values compacted back to back, or -1 when it is not strict
-    NDJSON or holds more than ``max_values`` values."""
-    s = _scratch
-    out = s.out
-    if len(out) < len(data):
-        out = bytearray(len(data))
-        if len(data) <= _KEEP_BYTES:  # kept for the next call; a rare huge one is not
-            s.out = out
-    if len(s.lens) < max_values + 1:
-        s.lens = array("I", bytes(4 * (max_values + 1)))
-    keep = ffi.from_buffer(data)
-    s.req.body = keep
-    s.req.len = len(data)
-    rc = lib.comet_json_split(s.req, 0, ffi.from_buffer(out), len(out),
-                              ffi.from_buffer("uint32_t[]", s.lens), max_values + 1, s.res)
-    if rc < 0 or rc > max_values:
-        return -1, memoryview(b"")
-    return int(rc), memoryview(out)
 
 
 def reads_as_envelope(payload: bytes) -> bool:
@@ -89,7 +50,7 @@ def is_plain_json(payload: bytes) -> bool:
     not read as an envelope."""
     if b"\n" in payload:
         return False
-    count, _ = _compacted(payload, 1)
+    count, _ = compact_ndjson(payload, 1)
     return count == 1 and not reads_as_envelope(payload)
 
 

@@ -11,10 +11,7 @@ from pathlib import Path
 
 import click
 
-from .config import Config
-from .errors import CometError
-from .log import Log
-from .records import Entry
+from storage_c import CometError, Config, Entry, Log
 
 
 def check_data_dir(data_dir: str) -> str:

@@ -20,9 +20,9 @@ from dataclasses import asdict
 
 import click
 
+from storage_c import CometError, ResetTo, delete_group, reset_group
+
 from .clikit import human, iso, open_log, render
-from .errors import CometError
-from .group_admin import ResetTo, delete_group, reset_group
 
 
 @click.group()
