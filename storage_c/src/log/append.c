@@ -36,6 +36,29 @@
 #include <stdint.h>
 
 #include "log.h"
+#include "presence.h"
+#include "stream.h"
+#include "sync_failure.h"
+
+/* Unmaps the writable mapping's pages well behind off (segment_release_to):
+ * the test is inline, as every append makes it. */
+static inline void segment_release_behind(segment *seg, uint64_t off)
+{
+    if (off >= seg->zapped_to + 2 * SEGMENT_RELEASE_CHUNK)
+        segment_release_to(seg, off);
+}
+
+/* The append lock if it is free now and the shard needs no repair; else
+ * nonzero (shard_trylock_refused, with the lock let go).  A dead holder found
+ * this way is left for a real locker to repair.  Inline: every append that
+ * must not wait tries it. */
+static inline int shard_trylock_clean(shard *sh)
+{
+    int rc = pthread_mutex_trylock(&sh->st->append_lock.mutex);
+    if (rc || atomic_load(&sh->st->recovery_pending))
+        return shard_trylock_refused(sh, rc);
+    return 0;
+}
 
 #define ZERO_AHEAD_BYTES ((uint64_t)1 << 20)
 #define LATENCY_SAMPLE 16

@@ -13,7 +13,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
-#include "log.h"
+#include "cursor.h"
 
 /* Puts the cursor in seg (referenced; the next segment starts at end) at the
  * index record before target, or at the segment start. */

@@ -16,6 +16,8 @@
 #include <time.h>
 
 #include "log.h"
+#include "stream.h"
+#include "sync_failure.h"
 
 /* Directories of deleted streams that a crash left behind. */
 static void remove_deleted_leftovers(const char *path)

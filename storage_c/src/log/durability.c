@@ -41,6 +41,7 @@
 #include <unistd.h>
 
 #include "log.h"
+#include "sync_failure.h"
 
 
 static int lock_sync(state_file *st)

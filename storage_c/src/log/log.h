@@ -12,6 +12,11 @@
  * codec/ (codec.h); neither of them includes this header.  The on-disk
  * layout is format.h's.  Every function follows the return convention that
  * port.h states.
+ *
+ * The inline tests an append makes of another file's state sit in that
+ * file's own header (presence.h, stream.h, sync_failure.h; cursor.h for the
+ * reader's cursor), included where they are made, so that this header calls
+ * nothing of log/ and the files' calls point one way, down.
  */
 #ifndef COMET_LOG_H
 #define COMET_LOG_H
@@ -105,14 +110,10 @@ int segment_fd(segment *seg, const char *dir);
 /* Maps seg->wmap (under the append lock). */
 int segment_writable(segment *seg, const char *dir);
 /* Unmaps written pages well behind off from wmap (see segment.c), in chunks
- * of SEGMENT_RELEASE_CHUNK; the test is inline, as every append makes it. */
+ * of SEGMENT_RELEASE_CHUNK; the test (append.c, segment_release_behind) is
+ * inline, as every append makes it. */
 #define SEGMENT_RELEASE_CHUNK ((uint64_t)1 << 20)
 void segment_release_to(segment *seg, uint64_t off);
-static inline void segment_release_behind(segment *seg, uint64_t off)
-{
-    if (off >= seg->zapped_to + 2 * SEGMENT_RELEASE_CHUNK)
-        segment_release_to(seg, off);
-}
 /* Grows the file to capacity; *remap is set when that passes the reserved
  * address space (every process must then map the file again). */
 int segment_grow(segment *seg, const char *dir, uint64_t capacity, int empty, int *remap);
@@ -251,7 +252,7 @@ struct shard {
     uint8_t *_Atomic offsets; /* NULL until a group is registered (offsets.c) */
     atomic_int offsets_fd;
     atomic_int offsets_dirty;
-    struct comet_group *groups; /* handles, guarded by cache_lock, kept until exit */
+    struct comet_group *groups; /* groups.c: handles, guarded by cache_lock, kept until exit */
     /* presence.c: what the shard directory and state file were at open, and
      * the refusal once they are seen gone (0, or the code; detail under
      * cache_lock, written once before the code is published) */
@@ -268,18 +269,10 @@ void shard_close(shard *sh);   /* frees it (only for a shard never published) */
 void shard_release(shard *sh); /* drops mappings and files; the struct stays */
 int shard_lock(shard *sh);   /* append lock; repairs the tail if its holder died */
 int shard_lock_noting_wait(shard *sh, int *waited);
-/* The append lock if it is free now and the shard needs no repair; else
- * nonzero (shard_trylock_refused, with the lock let go).  A dead holder found
- * this way is left for a real locker to repair.  Inline: every append that
- * must not wait tries it. */
+/* An append that must not wait tries the lock inline (append.c,
+ * shard_trylock_clean); when the lock is taken or the shard needs repair, it
+ * lets go of it (if it got it) and returns nonzero from here. */
 int shard_trylock_refused(shard *sh, int rc);
-static inline int shard_trylock_clean(shard *sh)
-{
-    int rc = pthread_mutex_trylock(&sh->st->append_lock.mutex);
-    if (rc || atomic_load(&sh->st->recovery_pending))
-        return shard_trylock_refused(sh, rc);
-    return 0;
-}
 static inline void shard_unlock(shard *sh)
 {
     pthread_mutex_unlock(&sh->st->append_lock.mutex);
@@ -315,18 +308,10 @@ int shard_sync(shard *sh, uint64_t upto_entry);
  * directory unless a sync that began after this open made it already):
  * before anything in the directory is called durable.  0 or an error code. */
 int shard_sync_stream_dir(shard *sh);
-/* sync_failure.c: COMET_E_SYNC_FAILED (with the detail) once a sync of the
- * shard failed in any process and no opener has repaired it since; else 0.
- * The test is inline (every append makes it), the refusal is not. */
-int shard_sync_refused(shard *sh, uint32_t err);
-static inline int shard_sync_refusal(shard *sh)
-{
-    uint32_t err = atomic_load_explicit(&sh->st->sync_failed, memory_order_acquire);
-    return err ? shard_sync_refused(sh, err) : 0;
-}
-/* Marks the shard failed after a sync of one of its files (what: "fdatasync
- * of the offsets") failed with errno err; returns the COMET_E_SYNC_FAILED.
- * The _segment_ form names segment base in the message as well. */
+/* sync_failure.c (the test every append makes, shard_sync_refusal, is in
+ * sync_failure.h): marks the shard failed after a sync of one of its files
+ * (what: "fdatasync of the offsets") failed with errno err; returns the
+ * COMET_E_SYNC_FAILED.  The _segment_ form names segment base as well. */
 int shard_note_sync_failure(shard *sh, int err, const char *what);
 int shard_note_segment_sync_failure(shard *sh, int err, const char *what, uint64_t base);
 /* Segment containing entry (a new reference), or NULL with *next_base set to
@@ -354,59 +339,17 @@ int shard_segment_bases(shard *sh, uint64_t **bases, size_t *count);
 int segment_list_bases(const char *dir, uint64_t **bases, size_t *count);
 int shard_list_segments(shard *sh, uint64_t **bases, size_t *count);
 
-/* ---- cursor.c: walking committed entries ---------------------------------- */
+/* ---- cursor.c: walking committed entries (the cursor itself: cursor.h) ---- */
 
-typedef struct cursor {
-    shard *sh;
-    segment *seg;      /* referenced */
-    uint64_t seg_end;  /* first entry after this segment (UINT64_MAX: last) */
-    uint64_t entry;    /* entry at off */
-    uint64_t off;
-    uint64_t limit;    /* committed (or durable) count */
-    uint64_t skipped;
-    uint64_t damaged;
-    int reloaded;
-    int err;           /* a segment could not be read (COMET_E_*): the read stops there */
-} cursor;
-
-static inline void cursor_drop(cursor *c)
-{
-    if (c->seg)
-        shard_segment_release(c->sh, c->seg);
-    c->seg = NULL;
-}
-
-/* Steps the cursor over the entry at it (len_flags lf). */
-static inline void cursor_step(cursor *c, uint32_t lf)
-{
-    c->off += ENTRY_HEADER_BYTES + (lf & ENTRY_LEN_MASK);
-    c->entry++;
-}
-/* Positions the cursor at the index record before target (or its segment
- * start); entries below target are then walked over by the caller.  Returns
- * 0 when there is nothing to read from target on, or when the segment cannot
- * be read (c->err: an I/O error is reported, never skipped like deleted data). */
-int cursor_seek(cursor *c, uint64_t target);
-/* Moves the cursor to the next entry that checks out, over damage and
- * segment ends: 1 with its header flags in *lf, or 0 when there is nothing
- * more below the limit (c->err: a segment could not be read). */
-int cursor_next(cursor *c, uint64_t from, uint32_t *lf);
 /* The len_flags and timestamp of a committed entry: 1, 0 when it is not
  * there to read (deleted, damaged), or a COMET_E_* code. */
 int shard_entry_header(shard *sh, uint64_t entry, uint32_t *lf, int64_t *ts);
 
 /* ---- presence.c: files taken away from under an open shard --------------- */
+/* (presence_refusal, the test of every append: presence.h) */
 
 /* Notes the shard directory's and state file's identity (shard_open). */
 void presence_note(shard *sh, int state_fd);
-/* COMET_E_GONE or COMET_E_READ_ONLY (the detail says which path and what to
- * do) once this process saw the shard's files go; else 0.  A load, inline. */
-int presence_refused(shard *sh, int code);
-static inline int presence_refusal(shard *sh)
-{
-    int code = atomic_load_explicit(&sh->gone, memory_order_acquire);
-    return code ? presence_refused(sh, code) : 0;
-}
 /* Looks (a few stat calls): the refusal, or 0 when everything is in place.
  * At every sync and rotation. */
 int presence_check(shard *sh);
@@ -533,16 +476,9 @@ struct comet_stream {
     atomic_int released;
 };
 
-/* Marks a stream handle deleted in this process. */
+/* Marks a stream handle deleted in this process (the inline test of a
+ * shard's calls, shard_check_deleted: stream.h). */
 int stream_mark_deleted(comet_stream *s);
-/* COMET_E_NO_STREAM, and the handle marked, when the shard's stream was
- * deleted (any process); 0 otherwise.  Call with the shard entered. */
-static inline int shard_check_deleted(shard *sh)
-{
-    if (sh->st && atomic_load_explicit(&sh->st->deleted, memory_order_acquire) == STATE_DELETED)
-        return stream_mark_deleted(sh->stream);
-    return 0;
-}
 /* Releases the mappings of deleted streams no thread is using (db->lock held). */
 void streams_sweep_deleted(comet_db *db);
 

@@ -40,6 +40,7 @@
 #include <sys/stat.h>
 
 #include "log.h"
+#include "presence.h"
 
 void presence_note(shard *sh, int state_fd)
 {

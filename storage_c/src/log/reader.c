@@ -27,6 +27,8 @@
 #include <string.h>
 
 #include "log.h"
+#include "cursor.h"
+#include "stream.h"
 
 static int check_request(const comet_read_request *req, const comet_read_result *res)
 {
