@@ -13,8 +13,8 @@
  *
  * Armed from the environment, COMET_CUT_POINT=name:nth (read once, at the
  * first cut point a process reaches; nth 1 = the first hit, default 1), or
- * with comet_cut_arm (comet.h).  Disarmed - always, in production - a cut
- * point costs one relaxed load of a zero word.
+ * with comet_cut_arm (comet_testing.h).  Disarmed - always, in production -
+ * a cut point costs one relaxed load of a zero word.
  *
  * The list (name, then where it sits and what is half done there).  Adding
  * a point: a line here, one call at the step, and tests/powercut picks it

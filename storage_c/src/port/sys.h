@@ -6,13 +6,13 @@
  *
  * The core makes these calls only through the functions below, which go
  * through one table, comet_sys (sys.c).  That is the seam its tests use, in
- * the way SQLite tests itself: a fault plan (comet_fault_add, comet.h) makes
- * chosen calls fail with chosen errnos, shortens reads and writes, or
- * interrupts calls, and comet_clock_shift() moves both clocks, so that a test
- * can walk every failure point of open, append, rotation, recovery, retention
- * and offsets, and age data without sleeping.  Production pays one indirect
- * call and one predictable branch per system call, next to a system call's
- * hundreds of nanoseconds.
+ * the way SQLite tests itself: a fault plan (comet_fault_add,
+ * comet_testing.h) makes chosen calls fail with chosen errnos, shortens
+ * reads and writes, or interrupts calls, and comet_clock_shift() moves both
+ * clocks, so that a test can walk every failure point of open, append,
+ * rotation, recovery, retention and offsets, and age data without sleeping.
+ * Production pays one indirect call and one predictable branch per system
+ * call, next to a system call's hundreds of nanoseconds.
  *
  * Conventions are the C library's: -1 (or NULL) and errno, except
  * sys_fallocate, which returns an errno value like posix_fallocate, and
