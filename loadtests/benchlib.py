@@ -322,7 +322,7 @@ def build_c(source: Path, out: Path) -> Path:
     core = REPO / "storage_c"
     subprocess.run(["gcc", "-std=c11", "-D_GNU_SOURCE", "-O2", "-Wall", "-Wextra", "-Werror",
                     "-I", str(core / "include"), "-I", str(core / "src"),
-                    *sorted(str(p) for p in (core / "src").glob("*.c")), str(source), "-o", str(out),
+                    *sorted(str(p) for p in (core / "src").glob("*/*.c")), str(source), "-o", str(out),
                     "-lzstd", "-lpthread"], check=True, cwd=REPO, timeout=300)
     return out
 

@@ -2,7 +2,7 @@
 once with --coverage (BUILD/core), links every C test to it (BUILD/tests) and
 runs them, each adding its counts to the same .gcda files; this sums gcov's
 per-line counts over the directories under BUILD (a line is covered when any
-test ran it) and prints one row per source file of SRC plus the total.  With
+test ran it) and prints one row per source file of SRC's folders plus the total.  With
 --min PERCENT it exits 1, saying so, when the total is below PERCENT (the gate
 of `make coverage`: COVERAGE_MIN in the Makefile).
 
@@ -41,7 +41,7 @@ def line_counts(test_dir: Path) -> dict[str, dict[int, int]]:
 
 
 def main(build: str, src: str, minimum: float | None = None) -> int:
-    sources = {p.name for p in Path(src).glob("*.c")}
+    sources = {p.name for p in Path(src).rglob("*.c")}  # its folders' files: no two share a name
     total: dict[str, dict[int, int]] = defaultdict(dict)
     for test_dir in sorted(p for p in Path(build).iterdir() if p.is_dir()):
         for name, lines in line_counts(test_dir).items():

@@ -1,5 +1,5 @@
 """OTLP/HTTP export requests (protobuf) into JSON events, by the core's
-decoder (storage_c/src/otlp.c): one event per log record, span or metric data
+decoder (storage_c/src/codec/otlp.c): one event per log record, span or metric data
 point, in the layout tests/support/otlp.py specifies.  The call releases the
 GIL while the C code runs."""
 
@@ -90,7 +90,7 @@ def encode(signal: str, data: Buffer, offsets: Any, timestamps: Any = None, *,
            plain_resource: bytes | None = None) -> Encoded:
     """The export request of ``signal`` holding the events ``data[offsets[i]:
     offsets[i + 1]]`` (the layout of ``ReadBatch``: int32 offsets, int64
-    timestamps), by the core's encoder (storage_c/src/otlp_encode.c), which
+    timestamps), by the core's encoder (storage_c/src/codec/otlp_encode.c), which
     releases the GIL.  Consecutive events of one resource and scope are one
     group.  With ``plain_resource`` (the fields of a Resource message,
     protobuf) the events are any payloads, each the body of a log record

@@ -1,7 +1,7 @@
-"""Test hooks of the C core (comet.h, "Testing"): injected faults and a movable clock.
+"""Test hooks of the C core (comet_testing.h): injected faults and a movable clock.
 
 Every call the core makes to the operating system goes through one table
-(``storage_c/src/sys.h``).  ``faults`` makes the Nth call of chosen kinds fail
+(``storage_c/src/port/sys.h``).  ``faults`` makes the Nth call of chosen kinds fail
 with an errno, once or from then on; ``fault_plan`` puts several rules in
 force at once (each its kinds, nth call, how many calls, errno; ``SHORT``
 shortens reads and writes, ``errno.EINTR`` interrupts calls, which the core
@@ -84,11 +84,16 @@ def faults(kinds: int, nth: int = 1, err: int = errno.EIO, *,
            persist: bool = False) -> Iterator[FaultPlan]:
     """The ``nth`` call (1: the next) of ``kinds`` fails with ``err``; with
     ``persist``, every later one too.  Disarmed on leaving the block."""
-    lib.comet_fault_arm(kinds, nth, err, int(persist))
+    lib.comet_fault_clear()
+    rule = ffi.new("comet_fault_rule *", {"kinds": kinds, "nth": nth,
+                                            "count": 0 if persist else 1, "err": err})
+    # Refused only for a persistent EINTR (the core retries EINTR, so the call
+    # would never return): nothing is armed then.
+    lib.comet_fault_add(rule)
     try:
         yield FaultPlan(kinds, nth)
     finally:
-        lib.comet_fault_disarm()
+        lib.comet_fault_clear()
 
 
 @contextmanager
@@ -123,7 +128,7 @@ CUT_EXIT = lib.COMET_CUT_EXIT
 
 
 def cut_point_names() -> list[str]:
-    """Every named cut point of the core (storage_c/src/cutpoint.h), in its order."""
+    """Every named cut point of the core (storage_c/src/port/cutpoint.h), in its order."""
     from ._comet import ffi
 
     names: list[str] = []
@@ -136,7 +141,7 @@ def cut_point(name: str) -> None:
     """Code above the core reaching its named cut point (cutpoint.h: ``ship.*``,
     ``spark_ship.*``): armed (``COMET_CUT_POINT``), the nth hit ends the process there."""
     if lib.comet_cut_reached(name.encode()) != 0:
-        raise ValueError(f"no cut point named {name!r}; see storage_c/src/cutpoint.h")
+        raise ValueError(f"no cut point named {name!r}; see storage_c/src/port/cutpoint.h")
 
 
 def arm_cut_point(name: str | None, nth: int = 1) -> None:

@@ -1,4 +1,4 @@
-"""The core's named cut points (storage_c/src/cutpoint.h), without a power cut: a
+"""The core's named cut points (storage_c/src/port/cutpoint.h), without a power cut: a
 process armed at a point dies there and nowhere else; the power-cut scenarios
 that use them are tests/powercut/test_cutpoints.py."""
 

@@ -1,4 +1,4 @@
-"""The OTLP decoder in C (storage_c/src/otlp.c, storage_c.otlp.decode) against
+"""The OTLP decoder in C (storage_c/src/codec/otlp.c, storage_c.otlp.decode) against
 the reference on the official protobuf library (tests/support/otlp.py).
 
 Random export requests of the three signals, built with the

@@ -1,5 +1,5 @@
 """The way back, differentially: stored events turned into an export request
-by the core's encoder (storage_c/src/otlp_encode.c) are the request the
+by the core's encoder (storage_c/src/codec/otlp_encode.c) are the request the
 reference rebuilds (tests/support/otlp.py ``request_from_events``), for
 requests of every shape; and OTLP/JSON (consumers/otlp_sink.to_json) says
 the same as the protobuf.  The encoder's own edge cases, under the

@@ -1,4 +1,4 @@
-"""The core's own look at an open shard's files (storage_c/src/presence.c), in one
+"""The core's own look at an open shard's files (storage_c/src/log/presence.c), in one
 process: what was taken away is named (StorageGone, ReadOnlyStorage), the shard then
 refuses every append until it is reopened, and the answers come at a sync, a rotation or
 a failed append step, never a success after the fault was seen.  EROFS and EIO come from

@@ -4,7 +4,7 @@
  * warm-page floor" that no choice about pages can remove.
  *
  *   cc -O2 -std=c11 -D_GNU_SOURCE -Istorage_c/include -Istorage_c/src \
- *      loadtests/c/bench_entries.c storage_c/src/entry.c storage_c/src/crc32c.c \
+ *      loadtests/c/bench_entries.c storage_c/src/log/entry.c storage_c/src/port/crc32c.c \
  *      -o /tmp/bench_entries && /tmp/bench_entries [ROUNDS] [MiB]
  *
  * Every case writes batches of N entries (1000 x ~110 B and 100 x ~98 B, the
@@ -30,8 +30,7 @@
 #include <sys/mman.h>
 #include <time.h>
 
-#include "crc32c.h"
-#include "internal.h"
+#include "log/log.h"
 
 #define RING_BYTES (64u << 20)
 #define MAX_ROUNDS 15

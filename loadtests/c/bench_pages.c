@@ -1,6 +1,6 @@
 /*
  * bench_pages.c - what a segment's page costs the writer, by how the page got
- * there: the measurement behind recycled segments (storage_c/src/recycle.c).
+ * there: the measurement behind recycled segments (storage_c/src/log/recycle.c).
  *
  *   cc -O2 -pthread loadtests/c/bench_pages.c -o /tmp/bench_pages && /tmp/bench_pages DIR [MiB]
  *

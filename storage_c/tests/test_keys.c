@@ -21,7 +21,7 @@
 
 #include "util.h"
 
-#define CAPACITY 65536u /* src/internal.h KEYS_CAPACITY */
+#define CAPACITY 65536u /* src/log/log.h KEYS_CAPACITY */
 #define MAX_N 4000
 
 static read_buf rb;
@@ -384,7 +384,7 @@ static void test_crash_at_every_call(void)
         pid_t pid = fork();
         CHECK(pid >= 0);
         if (pid == 0) {
-            comet_fault_arm(COMET_FAULT_ALL, n, COMET_FAULT_CRASH, 0);
+            fault_once(COMET_FAULT_ALL, n, COMET_FAULT_CRASH);
             comet_config cfg;
             comet_config_default(&cfg);
             cfg.segment_bytes = 64 << 10;

@@ -6,7 +6,7 @@
 #include <sys/stat.h>
 #include <pthread.h>
 
-#include "../src/internal.h"
+#include "log/log.h"
 #include "util.h"
 
 static comet_db *open_budget(const char *dir, uint32_t budget, int flusher)
@@ -377,9 +377,9 @@ static void test_new_shards_open_without_a_sync(void)
         snprintf(name, sizeof name, "fails%d", (int)nth);
         comet_stream *t = open_stream(db, name, 1);
         CHECK(comet_append(t, 0, "x", 1, 0, COMET_DURABILITY_INTERVAL, COMET_APPEND_WAIT) == 0);
-        comet_fault_arm(COMET_FAULT_SYNC, nth, EIO, 0);
+        fault_once(COMET_FAULT_SYNC, nth, EIO);
         int rc = comet_sync(t, 0);
-        comet_fault_disarm();
+        comet_fault_clear();
         CHECK(rc == 0 || rc == COMET_E_SYNC_FAILED);
         if (rc && strstr(comet_last_error(), "fsync of the stream directory")) {
             seen = 1;

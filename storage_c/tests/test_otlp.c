@@ -812,10 +812,10 @@ static void test_allocation_failures(void)
     comet_otlp_free(&out);
     int failed = 0;
     for (long n = 1;; n++) {
-        comet_fault_arm(COMET_FAULT_ALLOC, n, ENOMEM, 0);
+        fault_once(COMET_FAULT_ALLOC, n, ENOMEM);
         int rc = decode(COMET_OTLP_LOGS, &body, 0, &out);
         long fired = comet_fault_fired();
-        comet_fault_disarm();
+        comet_fault_clear();
         comet_otlp_free(&out);
         if (!fired) {
             CHECK(rc == 0);

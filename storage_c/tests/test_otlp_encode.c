@@ -369,10 +369,10 @@ static void test_allocation_failures(void)
     comet_otlp_encoded_free(&enc);
     int failed = 0;
     for (long k = 1;; k++) {
-        comet_fault_arm(COMET_FAULT_ALLOC, k, ENOMEM, 0);
+        fault_once(COMET_FAULT_ALLOC, k, ENOMEM);
         int rc = comet_otlp_encode(COMET_OTLP_LOGS, 0, data, offsets, NULL, n, NULL, 0, &enc);
         long fired = comet_fault_fired();
-        comet_fault_disarm();
+        comet_fault_clear();
         comet_otlp_encoded_free(&enc);
         if (!fired) {
             CHECK(rc == 0);

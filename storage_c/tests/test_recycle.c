@@ -194,7 +194,7 @@ static void test_crash_at_every_call(void)
         pid_t pid = fork();
         CHECK(pid >= 0);
         if (pid == 0) {
-            comet_fault_arm(COMET_FAULT_ALL, n, COMET_FAULT_CRASH, 0);
+            fault_once(COMET_FAULT_ALL, n, COMET_FAULT_CRASH);
             comet_db *cdb;
             comet_config cfg = recycle_config();
             if (comet_open(dir, &cfg, &cdb) == 0) {

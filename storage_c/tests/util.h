@@ -14,6 +14,7 @@
 
 #include "check.h"
 #include "comet.h"
+#include "comet_testing.h"
 
 static int rm_one(const char *p, const struct stat *sb, int flag, struct FTW *ftw)
 {
@@ -35,6 +36,15 @@ static inline char *scratch_dir(void)
     snprintf(buf, sizeof buf, "%s/comet-ctest-XXXXXX", base);
     CHECK(mkdtemp(buf) != NULL);
     return buf;
+}
+
+/* A plan of one rule: the nth call of kinds (1 = the next) fails with err,
+ * once. */
+static inline void fault_once(unsigned kinds, long nth, int err)
+{
+    comet_fault_clear();
+    comet_fault_rule rule = {kinds, nth, 1, err};
+    CHECK_OK(comet_fault_add(&rule));
 }
 
 static inline comet_db *open_db(const char *dir, uint64_t segment_bytes)

@@ -19,7 +19,7 @@ more for a longer run offline).  The random schedules change with every run: the
 seed is printed in the session's header and in every failure, and
 COMET_POWERCUT_SEED=<seed> replays it.
 
-Named cut points: storage_c/src/cutpoint.h lists them (the one list; the tests
+Named cut points: storage_c/src/port/cutpoint.h lists them (the one list; the tests
 read it through ``storage_c.testing.cut_point_names``) and says where each sits:
 append.mid_batch, append.written, grow.sized, rotate.created, rotate.started,
 recovery.zeroed, recovery.set_aside, retention.unlinked, retention.deleted,

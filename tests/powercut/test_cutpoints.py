@@ -1,4 +1,4 @@
-"""Power cuts at the core's named cut points (storage_c/src/cutpoint.h).
+"""Power cuts at the core's named cut points (storage_c/src/port/cutpoint.h).
 
 For every named point a writer (writer.py ``cutpoint``: batches at durability
 ``always`` to one shard with production's 4 MiB chunks and segments larger than

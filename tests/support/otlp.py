@@ -3,7 +3,7 @@ official packages: protobuf (upb) decodes, this module turns the messages into
 events and back.
 
 It is the oracle of the differential tests of the gateway's decoder
-(storage_c/src/otlp.c), which does the same in one pass over the wire format:
+(storage_c/src/codec/otlp.c), which does the same in one pass over the wire format:
 for any body, both refuse it or both give the same events.  The way back
 (events to an export request) shows that the layout loses nothing.
 """

@@ -9,7 +9,7 @@ from typing import Iterable
 from storage_c import Config, Log
 
 SMALL = Config(shards=4, segment_bytes=1 << 20, fsync_interval_ms=50)
-SEGMENT_HEADER, ENTRY_HEADER = 64, 20  # bytes (storage_c/src/format.h)
+SEGMENT_HEADER, ENTRY_HEADER = 64, 20  # bytes (storage_c/src/log/format.h)
 
 
 def fill(log: Log, stream: str, payloads: Iterable[bytes], *, shards: int | None = None,
