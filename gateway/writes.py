@@ -100,7 +100,8 @@ class Writer:
     def open_stream(self, stream: str, token: Token | None = None) -> None:
         """Opens the stream before its first write in this worker, or creates
         it as auto_create, max_streams and the token's share of them allow
-        (gateway.tenants.Creators); creating touches the disk only once."""
+        (gateway.tenants.Creators); creating touches the disk only once.  Then
+        opens the shards this worker owns, here on the open's thread."""
         runtime = self.runtime
         log = runtime.log
         assert log is not None
@@ -122,6 +123,10 @@ class Writer:
             elif isinstance(exc, StreamLimit):  # its message counts the streams: not for clients
                 detail = too_many_streams(stream, config.max_streams)
             raise storage_error(exc, config.retry_after_s, detail) from None
+        try:  # its unkeyed appends then start on the loop, not each shard's first on a thread
+            log.open_shards(stream)
+        except CometError:
+            pass  # a shard that cannot open: the append that needs it answers its error
         self.opened.add(stream)  # as many as the storage's own handles: one per stream
 
     async def open_once(self, stream: str, token: Token | None) -> None:

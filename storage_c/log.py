@@ -335,6 +335,19 @@ class Log(Appender):
         s = self._streams.get(stream) or self._open_stream(stream)
         return self._owned(s.ptr, s.shards)
 
+    def open_shards(self, stream: str) -> list[int]:
+        """Opens the shards this process owns (reading their files, repairing a
+        torn tail a dead writer left): the part of their first append that may
+        wait, done ahead, so that appends with ``wait=False`` find them open.
+        Returns them."""
+        s = self._streams.get(stream) or self._open_stream(stream, create=False)
+        owned = self._owned(s.ptr, s.shards)
+        for shard in owned:
+            rc = lib.comet_shard_open(s.ptr, shard)
+            if rc < 0:
+                self._raise(stream, rc, shard)
+        return owned
+
     def shard_for_key(self, stream: str, key: str | bytes) -> int:
         s = self._streams.get(stream) or self._open_stream(stream)
         return s.pick(key)

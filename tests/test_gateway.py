@@ -458,3 +458,22 @@ def test_requests_that_find_a_shard_waiting_share_one_thread(data_dir: Path,
                         for e in log.read("s", i, 0, burst))
         assert stored == sorted(n for n, r in enumerate(results) if not isinstance(r, BaseException))
     assert 1 <= len(hopped) <= shards + (1 if first_hop_fails else 0), hopped
+
+
+def test_a_new_streams_own_shards_take_their_first_event_on_the_loop(data_dir: Path) -> None:
+    """A shard not open in this process refuses an append that may not wait; once
+    open_shards opened the process's shards (the gateway does it on the thread that opens
+    the stream), the first event of each goes in without waiting: its first segment is made
+    then, nothing synced."""
+    from storage_c import WouldBlock
+
+    with Log(data_dir, Config(shards=4)) as log:
+        log.open_stream("s", create=True)
+        with pytest.raises(WouldBlock):
+            log.ingest("s", b'{"n":0}', "json", shard=0, wait=False)
+        assert log.open_shards("s") == [0, 1, 2, 3]
+        for shard in range(4):
+            assert log.ingest("s", b'{"n":1}', "json", shard=shard, wait=False).count == 1
+        stats = log.stats("s")
+        assert [s.segments for s in stats.shards] == [1, 1, 1, 1]
+        assert sum(s.syncs for s in stats.shards) == 0

@@ -305,6 +305,11 @@ int64_t comet_list_streams(comet_db *db, char *buf, size_t cap);
 /* Shard routing: owner slot of a shard, and the shard of a partition key. */
 uint32_t comet_shard_owner(const comet_stream *s, uint32_t shard);
 uint32_t comet_shard_for_key(const comet_stream *s, const void *key, size_t len);
+/* Opens a shard in this process (reading its files, repairing a torn tail
+ * left by a dead writer) without appending: the part of a first append that
+ * may wait, done ahead by a caller whose appends never wait
+ * (COMET_APPEND_NOWAIT refuses a shard not open here).  0 when open. */
+int comet_shard_open(comet_stream *s, uint32_t shard);
 
 /* ---- Appends ------------------------------------------------------------
  * Five shapes, one entry point each: one entry; entries back to back in one

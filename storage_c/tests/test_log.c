@@ -355,21 +355,27 @@ static void check_every_shape_would_block(comet_stream *s, int durability, uint6
 }
 
 /* COMET_APPEND_NOWAIT means the same in every shape (comet.h, Appends): it
- * maps, grows by chunks and zero-fills the active segment itself, and refuses
- * - nothing written - where the append would wait: the shard not open in this
- * process, no segment yet, a rotation, the lock held elsewhere, a sync. */
+ * maps, grows by chunks and zero-fills the active segment itself, makes the
+ * shard's first segment (nothing synced), and refuses - nothing written -
+ * where the append would wait: the shard not open in this process, a
+ * rotation, the lock held elsewhere, a sync. */
 static void test_nowait_appends_never_sleep(void)
 {
     char *dir = scratch_dir();
     comet_db *db = open_chunked(dir, 1 << 20, 128 << 10, 0);
     comet_stream *s = open_stream(db, "q", 1);
-    /* the shard not open in this process yet; then (stats open it) no segment */
+    /* the shard not open in this process yet */
     for (int shape = 0; shape < SHAPES; shape++)
         CHECK(append_shape(s, shape, -1, COMET_APPEND_NOWAIT, 0) == COMET_E_WOULD_BLOCK);
+    CHECK(comet_shard_open(s, 1) == COMET_E_SHARD_RANGE);
+    CHECK_OK(comet_shard_open(s, 0));
     comet_shard_stats st;
     CHECK_OK(comet_shard_stats_get(s, 0, COMET_STATS_ALL, &st));
-    check_every_shape_would_block(s, -1, 0);
-    CHECK(append_shape(s, 0, -1, COMET_APPEND_WAIT, 0) == 0);
+    CHECK(st.next_entry == 0 && st.segments == 0);
+    /* open, no segment yet: the first append makes it, and syncs nothing */
+    CHECK(append_shape(s, 0, -1, COMET_APPEND_NOWAIT, 0) == 0);
+    CHECK_OK(comet_shard_stats_get(s, 0, COMET_STATS_ALL, &st));
+    CHECK(st.segments == 1 && st.syncs == 0 && st.rotations == 0);
     /* chunks grown and pages zero-filled on the way: never refused */
     uint64_t next = 1;
     int64_t rc;

@@ -18,9 +18,10 @@
  * waits (lock_with_room) waits for the lock, grows, rotates, frees budget and
  * zero-fills as needed.  The one that never sleeps (lock_without_sleeping)
  * takes the lock only if it is free and the shard needs no repair, maps,
- * grows and zero-fills the active segment - short I/O - and refuses a
- * rotation, deleting segments for the shard's size limit or the directory's
- * budget, and a due sync: then COMET_E_WOULD_BLOCK, nothing changed.  A rotation's file syncs took up to a
+ * grows and zero-fills the active segment, creates a shard's first segment -
+ * short I/O, nothing synced - and refuses a rotation, deleting segments for
+ * the shard's size limit or the directory's budget, and a due sync: then
+ * COMET_E_WOULD_BLOCK, nothing changed.  A rotation's file syncs took up to a
  * second on a busy disk, which an event loop, or a Python thread holding the
  * GIL, must not wait for.
  *
@@ -192,10 +193,10 @@ static uint64_t index_bytes_for(const comet_config *cfg, uint64_t capacity)
 
 /* Makes room for `total` more bytes in the active segment (under the append
  * lock): grows its file by the next chunk while it is below segment_bytes (or
- * is empty and one batch needs more), else rotates to a new segment.  Unless
- * may_sleep, it returns COMET_E_WOULD_BLOCK having changed nothing instead of
- * rotating (a rotation creates and syncs files) or deleting segments for the
- * shard's size limit. */
+ * is empty and one batch needs more), else rotates to a new segment (or makes
+ * the shard's first).  Unless may_sleep, it returns COMET_E_WOULD_BLOCK having
+ * changed nothing instead of rotating (a rotation creates and syncs files) or
+ * deleting segments for the shard's size limit. */
 static int make_room(shard *sh, uint64_t total, int may_sleep)
 {
     state_file *st = sh->st;
@@ -226,7 +227,12 @@ static int make_room(shard *sh, uint64_t total, int may_sleep)
         if (remap)
             atomic_fetch_add_explicit(&st->active_gen, 1, memory_order_release);
     } else {
-        if (!may_sleep)
+        /* A rotation waits; a shard's first segment does not: like growing
+         * one, it is file creation only (two files, nothing synced), and the
+         * appends that never wait would otherwise all go to a thread for the
+         * first entry of every shard. */
+        int first = !sh->active && atomic_load_explicit(&st->active_end, memory_order_relaxed) == 0;
+        if (!may_sleep && !first)
             return COMET_E_WOULD_BLOCK;
         if ((rc = presence_check(sh)))
             return rc;
@@ -235,7 +241,8 @@ static int make_room(shard *sh, uint64_t total, int may_sleep)
         uint64_t coverage = limit > need ? limit : need;
         uint64_t index_bytes = index_bytes_for(cfg, coverage);
         uint64_t spare = recycle_spare_bytes(sh);
-        if ((rc = enforce_shard_limit(sh, (spare >= need ? spare : capacity) + index_bytes, 1)))
+        if ((rc = enforce_shard_limit(sh, (spare >= need ? spare : capacity) + index_bytes,
+                                      may_sleep)))
             return rc;
         /* The spare (perhaps just made by the limit above) is disk the budget
          * counts already: only the new index needs room then. */

@@ -456,6 +456,16 @@ int shard_acquire(comet_stream *s, uint32_t id, shard **out)
     return acquire(s, id, out, 1);
 }
 
+int comet_shard_open(comet_stream *s, uint32_t id)
+{
+    int rc = stream_check_shard(s, id);
+    shard *sh;
+    if (rc || (rc = shard_acquire(s, id, &sh)))
+        return rc;
+    shard_leave(sh);
+    return 0;
+}
+
 /* shard_acquire_if_open without the recency stamp. */
 static inline int acquire_if_open(comet_stream *s, uint32_t id, shard **out)
 {
