@@ -341,12 +341,10 @@ class Log(Appender):
         wait, done ahead, so that appends with ``wait=False`` find them open.
         Returns them."""
         s = self._streams.get(stream) or self._open_stream(stream, create=False)
-        owned = self._owned(s.ptr, s.shards)
-        for shard in owned:
-            rc = lib.comet_shard_open(s.ptr, shard)
-            if rc < 0:
-                self._raise(stream, rc, shard)
-        return owned
+        rc = lib.comet_shard_open(s.ptr, -1)  # one call: one wait for the GIL after it, not one a shard
+        if rc < 0:
+            self._raise(stream, rc)
+        return self._owned(s.ptr, s.shards)
 
     def shard_for_key(self, stream: str, key: str | bytes) -> int:
         s = self._streams.get(stream) or self._open_stream(stream)

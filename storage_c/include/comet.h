@@ -308,8 +308,10 @@ uint32_t comet_shard_for_key(const comet_stream *s, const void *key, size_t len)
 /* Opens a shard in this process (reading its files, repairing a torn tail
  * left by a dead writer) without appending: the part of a first append that
  * may wait, done ahead by a caller whose appends never wait
- * (COMET_APPEND_NOWAIT refuses a shard not open here).  0 when open. */
-int comet_shard_open(comet_stream *s, uint32_t shard);
+ * (COMET_APPEND_NOWAIT refuses a shard not open here).  shard < 0: every
+ * shard this process owns (all of them without a slot), in one call.  0 when
+ * open. */
+int comet_shard_open(comet_stream *s, int shard);
 
 /* ---- Appends ------------------------------------------------------------
  * Five shapes, one entry point each: one entry; entries back to back in one

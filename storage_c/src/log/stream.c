@@ -456,13 +456,20 @@ int shard_acquire(comet_stream *s, uint32_t id, shard **out)
     return acquire(s, id, out, 1);
 }
 
-int comet_shard_open(comet_stream *s, uint32_t id)
+int comet_shard_open(comet_stream *s, int id)
 {
-    int rc = stream_check_shard(s, id);
-    shard *sh;
-    if (rc || (rc = shard_acquire(s, id, &sh)))
+    int rc = stream_check_shard(s, id < 0 ? 0 : id);
+    if (rc)
         return rc;
-    shard_leave(sh);
+    int slot = comet_slot(s->db);
+    for (uint32_t i = 0; i < s->shard_count; i++) {
+        if (id >= 0 ? (uint32_t)id != i : slot >= 0 && comet_shard_owner(s, i) != (uint32_t)slot)
+            continue;
+        shard *sh;
+        if ((rc = shard_acquire(s, i, &sh)))
+            return rc;
+        shard_leave(sh);
+    }
     return 0;
 }
 
