@@ -22,7 +22,9 @@ def test_two_workers_share_the_work(data_dir: Path) -> None:
     with GatewayProcess(data_dir, env=SMALL) as server:
         server.wait_ready()
         assert server.slots_all_held()
-        unkeyed = [Poster(server, f"u{i}") for i in range(4)]
+        # a new connection per request: each is accepted by whichever worker is free (kept-alive
+        # connections could all land on one worker when the machine is busy)
+        unkeyed = [Poster(server, f"u{i}", keep_alive=False) for i in range(4)]
         keyed = [Poster(server, "device-42", keyed=True)]
         threads = [p.start(limit=60) for p in unkeyed + keyed]
         for t in threads:
