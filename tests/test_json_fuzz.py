@@ -650,9 +650,10 @@ def test_linear_time() -> None:
     for (name, fmt, body1, raises), (_, _, body4, _) in zip(small, big):
         t1, t4 = splitter.seconds(body1, fmt, raises), splitter.seconds(body4, fmt, raises)
         assert t4 < 0.25, f"{name}: {t4:.3f} s for 4 MB"
-        # below 2 ms the ratio is mostly cache and scheduling noise (a quadratic
-        # scan of 1 MB would take seconds to minutes, not milliseconds)
-        assert t4 / max(t1, 0.002) < 8, f"{name}: 1 MB {t1 * 1e3:.2f} ms, 4 MB {t4 * 1e3:.2f} ms"
+        # below 5 ms the ratio is mostly cache and scheduling noise: 1 MB stays in the
+        # caches, 4 MB does not (1.4 against 16 ms once, in a loaded run); a quadratic
+        # scan of 1 MB would take seconds to minutes, not milliseconds
+        assert t4 / max(t1, 0.005) < 8, f"{name}: 1 MB {t1 * 1e3:.2f} ms, 4 MB {t4 * 1e3:.2f} ms"
         # and through the Python API, allocations and all
         start = time.perf_counter()
         try:
