@@ -20,10 +20,10 @@ from urllib.parse import urlparse
 
 import click
 
-from comet.objectstore import ENDPOINT_OPTION_HELP
-from storage_c import CometError
 from comet.clikit import check_data_dir, show
 from comet.jsonlog import event, log_to
+from comet.objectstore import ENDPOINT_OPTION_HELP
+from storage_c import CometError
 
 from .consumer import Consumer
 from .errors import EXIT_PERMANENT, ShipError, SinkError

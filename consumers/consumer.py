@@ -16,8 +16,8 @@ import logging
 import os
 from typing import Callable, Iterable, Sequence
 
-from storage_c import AckGapError, Config, Group, Log, ReadBatch, StreamNotFound, check_group_name
 from comet.jsonlog import event
+from storage_c import AckGapError, Config, Group, Log, ReadBatch, StreamNotFound, check_group_name
 
 from .loop import ProcessStats, process_batches
 

@@ -63,10 +63,10 @@ from typing import Any, Callable
 import orjson
 
 from comet.backoff import next_wait_s
-from storage_c import AckGapError, ReadBatch, otlp
 from comet.clikit import iso
 from comet.export import payload_of
 from comet.jsonlog import event
+from storage_c import AckGapError, ReadBatch, otlp
 from storage_c.testing import cut_point
 
 from .consumer import Consumer

@@ -19,8 +19,8 @@ from typing import Callable, Iterable, Mapping, Protocol
 import orjson
 
 from comet.backoff import backoff_delay
-from storage_c import Log, ReadBatch
 from comet.export import json_value
+from storage_c import Log, ReadBatch
 
 
 class GroupReader(Protocol):

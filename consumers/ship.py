@@ -60,10 +60,10 @@ from typing import Any, Callable, cast
 import zstandard
 
 from comet.backoff import backoff_delay
-from storage_c import ReadBatch
 from comet.clikit import iso
 from comet.export import HOUR_NS, ndjson_batch_ok, ndjson_line, partition_path
 from comet.jsonlog import event
+from storage_c import ReadBatch
 
 from .consumer import Consumer
 from .errors import ShipError, SinkFailure, classify

@@ -27,8 +27,8 @@ from typing import Any, Iterator, Mapping
 
 import orjson
 
-from storage_c import CometError, Log, StreamStats
 from comet.export import json_value
+from storage_c import CometError, Log, StreamStats
 
 from .errors import HTTPError, check_name, storage_error
 from .runtime import Runtime

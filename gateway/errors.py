@@ -16,8 +16,8 @@ import orjson
 from starlette.responses import Response
 
 import storage_c
-from storage_c import CometError, check_stream_name
 from comet.jsonlog import event
+from storage_c import CometError, check_stream_name
 
 
 class HTTPError(Exception):

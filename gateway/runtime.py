@@ -23,9 +23,9 @@ import time
 
 from starlette.types import Scope
 
-from storage_c import Log, NoFreeSlot
 from comet.files import share_data_dir
 from comet.jsonlog import event
+from storage_c import Log, NoFreeSlot
 
 from .auth import AuthFailed
 from .config import GatewayConfig

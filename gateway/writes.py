@@ -239,7 +239,7 @@ class Writer:
 class ShardHops:
     """Stores a body on the loop when that needs no waiting, else on a thread,
     one thread per shard at a time.  The appends that would wait come together:
-    a new stream's first requests find every shard of this worker unopened, a
+    a burst of keyed requests finds a shard this worker has not opened, a
     rotation or a due sync turns away every request of its shard.  Each taking
     a thread queued dozens of threads for the GIL behind the loop (13-28 ms a
     request, for 0.1-0.4 ms of work); here the first one goes to a thread and

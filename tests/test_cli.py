@@ -9,8 +9,8 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from storage_c import Config, Log
 from comet.cli import main
+from storage_c import Config, Log
 
 from .support.storage import flip, offset_of
 

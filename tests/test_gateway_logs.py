@@ -15,8 +15,8 @@ import pytest
 from starlette.testclient import TestClient
 
 from gateway.app import create_app
-from storage_c import Config, Log
 from comet.jsonlog import JsonFormatter
+from storage_c import Config, Log
 
 from .support.gateway_app import config
 from .support.server import SMALL, GatewayProcess

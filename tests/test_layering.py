@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from storage_c import Config, Log
 from comet.cli import main
+from storage_c import Config, Log
 
 REPO = Path(__file__).resolve().parent.parent
 ABOVE = ("consumers", "gateway", "spark_jobs")

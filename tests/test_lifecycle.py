@@ -16,8 +16,8 @@ from click.testing import CliRunner
 from starlette.testclient import TestClient
 
 from gateway.app import create_app
-from storage_c import Config, Log
 from comet.cli import main as comet
+from storage_c import Config, Log
 
 from .support.gateway_app import JSON, config
 from .support.noloss import check_stored_once

@@ -15,8 +15,8 @@ import zstandard
 
 from consumers import Consumer, DirectorySink, S3Sink, ShipConfig, Shipper, object_key
 from consumers.ship import HOUR_NS
-from storage_c import Log, ReadBatch
 from comet.export import payload_of
+from storage_c import Log, ReadBatch
 
 from .support.server import COMET
 from .support.ship import CFG, check_objects, fill_shards

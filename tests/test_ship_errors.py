@@ -24,8 +24,8 @@ from botocore.exceptions import ClientError, EndpointConnectionError, NoCredenti
 from consumers import (Consumer, DirectorySink, S3Sink, ShipConfig, ShipError, Shipper, SinkError,
                        classify)
 from consumers.errors import EXIT_PERMANENT, EXIT_RETRIES
-from storage_c import Log
 from comet.jsonlog import JsonFormatter
+from storage_c import Log
 
 from .support.processes import REPO
 from .support.server import COMET

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from storage_c import Config, GroupLag, GroupNameError, Log, check_group_name
 from comet.cli import main
 from comet.files import publish_durably, write_durably
+from storage_c import Config, GroupLag, GroupNameError, Log, check_group_name
 
 
 # ---- open presets -----------------------------------------------------------------------

@@ -21,10 +21,10 @@ from typing import Any, Callable
 
 import click
 
-from comet.objectstore import ENDPOINT_OPTION_HELP
-from storage_c import CometError
 from comet.clikit import check_data_dir
 from comet.jsonlog import log_to
+from comet.objectstore import ENDPOINT_OPTION_HELP
+from storage_c import CometError
 
 ENDPOINT = click.option("--endpoint-url", help=ENDPOINT_OPTION_HELP)
 

@@ -21,10 +21,10 @@ from typing import Any
 
 import click
 
-from comet.objectstore import ENDPOINT_OPTION_HELP
-from storage_c import CometError
 from comet.clikit import check_data_dir
 from comet.jsonlog import log_to
+from comet.objectstore import ENDPOINT_OPTION_HELP
+from storage_c import CometError
 
 SUBMIT_SCRIPT = Path(__file__).with_name("submit.py")
 """The spark-submit application that runs this command (see ``submit.py``)."""

@@ -31,9 +31,9 @@ from typing import Any, Callable
 
 import pyarrow as pa
 
-from storage_c import Config, GroupNotFound, Log, check_group_name
 from comet.files import remove_stale_temp_files
 from comet.jsonlog import event
+from storage_c import Config, GroupNotFound, Log, check_group_name
 from storage_c.testing import cut_point
 
 from ..lake.delta import COMMIT_ATTEMPTS, LakeTable, SchemaConflict, main_schema, ranges_text, rejects_schema

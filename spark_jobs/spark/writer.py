@@ -36,8 +36,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from storage_c import StreamNotFound
 from comet.files import make_dirs_durably, publish_durably
+from storage_c import StreamNotFound
 
 from ..lake.lakefs import Lake
 from ..lake.layout import META_COLUMNS, REJECT_SCHEMA, REJECTS_DIR, TIMESTAMP, WrittenFile, partition_dir
