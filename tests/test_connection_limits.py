@@ -17,7 +17,7 @@ from typing import Iterator
 import orjson
 import pytest
 
-from .support.attacks import closed_within, post_json, response_of, send_slowly, workers_rss_kib
+from .support.attacks import closed_within, post_json, response_of, trickle_then_answer, workers_rss_kib
 from .support.faulty_load import log_records
 from .support.server import COMET, SMALL, GatewayProcess, ServerProcess, free_port
 from .support.tls import Pki
@@ -107,10 +107,8 @@ def test_pipelined_requests_after_a_body_are_not_taken_for_one_long_head(server:
 def test_a_head_that_comes_too_slowly_is_408(server: GatewayProcess) -> None:
     sock = server.connect()
     t0 = time.monotonic()
-    slow = threading.Thread(target=send_slowly, args=(sock, b"GET /healthz HTTP/1.1\r\nX-A: b\r\n", 0.3,
-                                                      t0 + 20), daemon=True)
-    slow.start()
-    status, body = response_of(sock, timeout=20)
+    status, body = trickle_then_answer(sock, b"GET /healthz HTTP/1.1\r\nX-A: b\r\n", 0.3, t0 + 20,
+                                       timeout=20)
     took = time.monotonic() - t0
     sock.close()
     assert status == 408 and orjson.loads(body)["error"] == "header_timeout", (status, body)
@@ -130,9 +128,7 @@ def test_a_body_that_comes_too_slowly_is_408_and_stores_nothing(server: GatewayP
     sock.sendall(HEAD + b"Transfer-Encoding: chunked\r\n\r\n")
     t0 = time.monotonic()
     chunks = b"".join(b"1\r\n%s\r\n" % bytes([c]) for c in b'{"slow": "loris"}')
-    slow = threading.Thread(target=send_slowly, args=(sock, chunks, 0.3, t0 + 30), daemon=True)
-    slow.start()
-    status, body = response_of(sock, timeout=30)
+    status, body = trickle_then_answer(sock, chunks, 0.3, t0 + 30, timeout=30)
     took = time.monotonic() - t0
     sock.close()
     assert status == 408 and orjson.loads(body)["error"] == "body_timeout", (status, body)

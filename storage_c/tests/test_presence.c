@@ -15,6 +15,11 @@
 #define WRITERS 2
 #define AFTER 200 /* appends tried after the first refusal: every one refused */
 
+/* Set while the test looks for the active segment: writers stop between
+ * appends (and count themselves in paused), so that no rotation makes the
+ * file it picks a sealed one before it is unlinked. */
+static atomic_int pause_wanted, paused;
+
 typedef struct writer {
     comet_stream *s;
     atomic_long *appended;
@@ -37,6 +42,12 @@ static void *append_until_refused(void *arg)
     memset(payload, 'x', sizeof payload);
     double deadline = now_s() + 30;
     while (!atomic_load(&w->first_error)) {
+        if (atomic_load(&pause_wanted)) {
+            atomic_fetch_add(&paused, 1);
+            while (atomic_load(&pause_wanted))
+                ;
+            atomic_fetch_sub(&paused, 1);
+        }
         int64_t rc = comet_append(w->s, 0, payload, sizeof payload, 0, COMET_DURABILITY_DEFAULT,
                                   COMET_APPEND_WAIT);
         if (rc < 0)
@@ -56,16 +67,19 @@ static void *append_until_refused(void *arg)
     return NULL;
 }
 
-/* The active (newest) segment of shard 0. */
+/* The active (newest) segment of shard 0: the greatest name that ends in
+ * .log (not a segment's temporary file, nor the spare). */
 static void active_segment(const char *shard_dir, char *out, size_t n)
 {
     DIR *d = opendir(shard_dir);
     CHECK(d);
     char best[256] = "";
     struct dirent *de;
-    while ((de = readdir(d)))
-        if (strstr(de->d_name, ".log") && strcmp(de->d_name, best) > 0)
+    while ((de = readdir(d))) {
+        size_t len = strlen(de->d_name);
+        if (len == 24 && strcmp(de->d_name + 20, ".log") == 0 && strcmp(de->d_name, best) > 0)
             snprintf(best, sizeof best, "%s", de->d_name);
+    }
     closedir(d);
     CHECK(best[0]);
     snprintf(out, n, "%s/%s", shard_dir, best);
@@ -78,9 +92,7 @@ static void run(fault what, int durability)
     char *dir = scratch_dir();
     comet_config cfg;
     comet_config_default(&cfg);
-    /* rotations while the threads append (fewer when a segment is unlinked:
-     * the one unlinked must still be the active one) */
-    cfg.segment_bytes = what == UNLINK_SEGMENT ? 1 << 20 : 64 << 10;
+    cfg.segment_bytes = 64 << 10; /* rotations while the threads append */
     cfg.segment_chunk_bytes = 64 << 10;
     cfg.durability = durability;
     cfg.fsync_interval_ms = 5;
@@ -100,15 +112,13 @@ static void run(fault what, int durability)
     char shard_dir[512], path[768];
     snprintf(shard_dir, sizeof shard_dir, "%s/s/shard-0000", dir);
     if (what == UNLINK_SEGMENT) {
-        /* a rotation between the listing and the unlink makes it a sealed
-         * segment's (not what this test means): then the new active one */
-        for (int tries = 0; tries < 20 && !atomic_load(&w[0].first_error); tries++) {
-            active_segment(shard_dir, path, sizeof path);
-            CHECK(unlink(path) == 0);
-            double wait = now_s() + 1;
-            while (!atomic_load(&w[0].first_error) && now_s() < wait)
-                ;
-        }
+        /* the writers wait meanwhile: the file unlinked is the active one */
+        atomic_store(&pause_wanted, 1);
+        while (atomic_load(&paused) < WRITERS)
+            CHECK(now_s() < deadline);
+        active_segment(shard_dir, path, sizeof path);
+        CHECK(unlink(path) == 0);
+        atomic_store(&pause_wanted, 0);
     } else {
         rm_tree(shard_dir);
     }

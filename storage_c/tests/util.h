@@ -5,11 +5,13 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
+#include <errno.h>
 #include <ftw.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "check.h"
@@ -21,12 +23,16 @@ static int rm_one(const char *p, const struct stat *sb, int flag, struct FTW *ft
     (void)sb;
     (void)flag;
     (void)ftw;
-    return remove(p);
+    return remove(p) && errno != ENOENT; /* what vanished meanwhile is not in the way */
 }
 
+/* rm -rf, repeated while the directory is still there: a file another thread
+ * creates during the walk keeps the first rmdir from succeeding. */
 static inline void rm_tree(const char *dir)
 {
-    nftw(dir, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+    struct stat sb;
+    for (int pass = 0; pass < 1000 && lstat(dir, &sb) == 0; pass++)
+        nftw(dir, rm_one, 16, FTW_DEPTH | FTW_PHYS);
 }
 
 static inline char *scratch_dir(void)

@@ -4,7 +4,9 @@ what that cost the worker (its memory, the answers other clients got)."""
 
 from __future__ import annotations
 
+import select
 import socket
+import ssl
 import time
 from pathlib import Path
 
@@ -62,6 +64,32 @@ def send_slowly(sock: socket.socket, data: bytes, every_s: float, until: float) 
         except OSError:
             return
         time.sleep(every_s)
+
+
+def trickle_then_answer(sock: socket.socket, data: bytes, every_s: float, until: float,
+                        timeout: float = 30) -> tuple[int, bytes]:
+    """Sends ``data`` one byte every ``every_s`` until it is sent, ``until``
+    (monotonic) passes, the server closes or its answer starts to arrive; then
+    the answer (response_of).  One thread: an SSL socket must not be written
+    by one thread while another reads it (OpenSSL's objects are not shared)."""
+    deadline = time.monotonic() + timeout
+    for i in range(len(data)):
+        if time.monotonic() > until:
+            break
+        try:
+            sock.sendall(data[i:i + 1])
+        except OSError:
+            break
+        if _readable(sock, every_s):
+            break
+    return response_of(sock, max(0.1, deadline - time.monotonic()))
+
+
+def _readable(sock: socket.socket, wait_s: float) -> bool:
+    if isinstance(sock, ssl.SSLSocket) and sock.pending():
+        return True
+    readable, _, _ = select.select([sock], [], [], wait_s)
+    return bool(readable)
 
 
 def post_json(server: ServerProcess, stream: str, token: str | None = None,

@@ -331,13 +331,24 @@ static void zero_fill_for(shard *sh, uint64_t total, uint64_t gen_before, int *s
     *slow |= gen_before != atomic_load_explicit(&st->active_gen, memory_order_relaxed);
 }
 
+/* The lock, refused for a shard this process saw go (the repair a pending
+ * recovery runs at the lock would only meet the missing files), its repair's
+ * failure explained like any step's. */
+static int lock_unless_gone(shard *sh, int *slow)
+{
+    int rc = presence_refusal(sh);
+    if (!rc && (rc = shard_lock_noting_wait(sh, slow)))
+        rc = presence_explain(sh, rc);
+    return rc;
+}
+
 /* The blocking way in: the lock (waiting for it), then room for `total` more
  * bytes, freeing the oldest data of the directory when over its budget.
  * *slow is set when anything but memory stores happened. */
 static int lock_with_room(shard *sh, uint64_t total, int *slow)
 {
     state_file *st = sh->st;
-    int rc = shard_lock_noting_wait(sh, slow);
+    int rc = lock_unless_gone(sh, slow);
     if (rc)
         return rc;
     if ((rc = shard_check_deleted(sh)) || (rc = presence_refusal(sh))) {
@@ -358,7 +369,7 @@ static int lock_with_room(shard *sh, uint64_t total, int *slow)
         shard_unlock(sh);
         uint64_t freed = retention_free_oldest(sh->stream->db, sh, budget_short, now_ns(),
                                                &budget_protected);
-        if ((rc = shard_lock_noting_wait(sh, slow)))
+        if ((rc = lock_unless_gone(sh, slow)))
             return rc;
         if ((rc = shard_check_deleted(sh)) || (rc = presence_refusal(sh))) {
             shard_unlock(sh);

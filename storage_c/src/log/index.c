@@ -90,6 +90,9 @@ static int write_index(const char *dir, uint32_t shard_id, uint64_t base, uint32
     if (sys_rename(tmp, final)) {
         int err = errno;
         sys_unlink(tmp);
+        if (err == ENOENT)
+            return set_error(COMET_E_GONE, "the new index %s vanished before it was renamed: "
+                                           "another program is removing the shard's files", tmp);
         return set_errno_error(err, "cannot rename index %s", final);
     }
     return 0;

@@ -15,7 +15,12 @@
  *     presence_check, a handful of stat calls (a few microseconds against an
  *     fdatasync's milliseconds, or a second of flusher sleep);
  *   - after any failed append step: presence_explain, so that the error
- *     names the cause instead of its symptom.
+ *     names the cause instead of its symptom.  An rm -rf takes the files one
+ *     by one before the directory, so a step may fail while the directory is
+ *     still in place: the explanation also looks for the active segment by
+ *     its name (only here: a stat more per sync would buy nothing), and a
+ *     step that saw a file it had just made vanish says so with
+ *     COMET_E_GONE, which marks the shard like the checks do.
  * What it compares: the shard directory and the state file by path against
  * the device and inode seen at open (a path that no longer resolves, or
  * resolves to another inode, means the directory was removed or replaced -
@@ -188,6 +193,19 @@ int presence_check(shard *sh)
     return 0;
 }
 
+/* 1 when the active segment's name no longer resolves (failure path only:
+ * the check at every sync looks through the descriptor instead). */
+static int active_segment_removed(shard *sh, char path[COMET_PATH_MAX])
+{
+    state_file *st = sh->st;
+    if (!atomic_load_explicit(&st->active_end, memory_order_relaxed))
+        return 0; /* no segment yet */
+    uint64_t base = atomic_load_explicit(&st->active_base, memory_order_acquire);
+    struct stat sb;
+    segment_path(path, sh->dir, base, SEGMENT_SUFFIX);
+    return sys_stat(path, &sb) && (errno == ENOENT || errno == ENOTDIR);
+}
+
 int presence_explain(shard *sh, int rc)
 {
     if (rc >= 0 || rc == COMET_E_WOULD_BLOCK || rc == COMET_E_NO_STREAM || rc == COMET_E_CLOSED)
@@ -198,6 +216,17 @@ int presence_explain(shard *sh, int rc)
     int cause = presence_check(sh);
     if (cause)
         return cause;
+    if (sh->st && atomic_load_explicit(&sh->st->deleted, memory_order_acquire) != STATE_DELETED) {
+        char path[COMET_PATH_MAX];
+        if (rc == COMET_E_GONE) /* a step saw a file it made vanish */
+            return refuse(sh, COMET_E_GONE, "%s (shard %u of stream '%s'); " REOPEN_ADVICE, detail,
+                          sh->id, sh->stream->name);
+        if (active_segment_removed(sh, path))
+            return refuse(sh, COMET_E_GONE,
+                          "the active segment %s of shard %u of stream '%s' was removed while "
+                          "open; " REOPEN_ADVICE,
+                          path, sh->id, sh->stream->name);
+    }
     /* A filesystem turned read-only after an error (ext4's errors=remount-ro)
      * does not always say so to statvfs: EROFS from any call is the sign, and
      * it lasts until an operator acts, so the shard is refused from now on. */

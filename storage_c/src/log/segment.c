@@ -91,7 +91,10 @@ int segment_create(const char *dir, uint32_t shard_id, uint64_t base, uint64_t c
      * reached the disk; recovery sets such a file aside past the durable
      * point, where nothing was acknowledged. */
     if (sys_link(tmp, final)) {
-        rc = set_errno_error(errno, "cannot link segment %s", final);
+        rc = errno == ENOENT ? set_error(COMET_E_GONE, "the new segment %s vanished before it was "
+                                                       "linked: another program is removing the "
+                                                       "shard's files", tmp)
+                             : set_errno_error(errno, "cannot link segment %s", final);
         goto fail;
     }
     sys_unlink(tmp);
