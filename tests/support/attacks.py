@@ -53,9 +53,10 @@ def closed_within(sock: socket.socket, seconds: float) -> float:
     return time.monotonic() - t0
 
 
-def send_slowly(sock: socket.socket, data: bytes, every_s: float, until: float) -> None:
+def send_slowly(sock: socket.socket, data: bytes, every_s: float, until: float,
+                until_answered: bool = False) -> None:
     """One byte of ``data`` every ``every_s`` until it is sent, ``until`` (monotonic)
-    passes, or the server closes."""
+    passes, the server closes, or (``until_answered``) its answer starts to arrive."""
     for i in range(len(data)):
         if time.monotonic() > until:
             return
@@ -63,25 +64,20 @@ def send_slowly(sock: socket.socket, data: bytes, every_s: float, until: float) 
             sock.sendall(data[i:i + 1])
         except OSError:
             return
-        time.sleep(every_s)
+        if until_answered:
+            if _readable(sock, every_s):
+                return
+        else:
+            time.sleep(every_s)
 
 
 def trickle_then_answer(sock: socket.socket, data: bytes, every_s: float, until: float,
                         timeout: float = 30) -> tuple[int, bytes]:
-    """Sends ``data`` one byte every ``every_s`` until it is sent, ``until``
-    (monotonic) passes, the server closes or its answer starts to arrive; then
-    the answer (response_of).  One thread: an SSL socket must not be written
-    by one thread while another reads it (OpenSSL's objects are not shared)."""
+    """send_slowly until the server answers, then the answer (response_of).  One
+    thread: an SSL socket must not be written by one thread while another reads it
+    (OpenSSL's objects are not shared)."""
     deadline = time.monotonic() + timeout
-    for i in range(len(data)):
-        if time.monotonic() > until:
-            break
-        try:
-            sock.sendall(data[i:i + 1])
-        except OSError:
-            break
-        if _readable(sock, every_s):
-            break
+    send_slowly(sock, data, every_s, until, until_answered=True)
     return response_of(sock, max(0.1, deadline - time.monotonic()))
 
 
