@@ -108,15 +108,24 @@ static const char *vanished_level(shard *sh, char *out, size_t n)
     "appends to it are refused until the process restarts (which recovers the shard from the "   \
     "files left); entries written since the last sync may be lost"
 
+/* The active segment's base in *base; 0 when the shard has no segment yet. */
+static int active_base(shard *sh, uint64_t *base)
+{
+    state_file *st = sh->st;
+    if (!atomic_load_explicit(&st->active_end, memory_order_relaxed))
+        return 0;
+    *base = atomic_load_explicit(&st->active_base, memory_order_acquire);
+    return 1;
+}
+
 /* The active segment's link count through a descriptor this process holds
  * (writers keep one): 0 once it was unlinked.  Under the cache lock, which
  * keeps the segment in the cache (and its descriptor open) meanwhile. */
 static int active_segment_unlinked(shard *sh, uint64_t *base_out)
 {
-    state_file *st = sh->st;
-    if (!atomic_load_explicit(&st->active_end, memory_order_relaxed))
-        return 0; /* no segment yet */
-    uint64_t base = atomic_load_explicit(&st->active_base, memory_order_acquire);
+    uint64_t base;
+    if (!active_base(sh, &base))
+        return 0;
     int unlinked = 0;
     pthread_mutex_lock(&sh->cache_lock);
     for (size_t i = sh->nsegs; i-- > 0;) {
@@ -197,10 +206,9 @@ int presence_check(shard *sh)
  * the check at every sync looks through the descriptor instead). */
 static int active_segment_removed(shard *sh, char path[COMET_PATH_MAX])
 {
-    state_file *st = sh->st;
-    if (!atomic_load_explicit(&st->active_end, memory_order_relaxed))
-        return 0; /* no segment yet */
-    uint64_t base = atomic_load_explicit(&st->active_base, memory_order_acquire);
+    uint64_t base;
+    if (!active_base(sh, &base))
+        return 0;
     struct stat sb;
     segment_path(path, sh->dir, base, SEGMENT_SUFFIX);
     return sys_stat(path, &sb) && (errno == ENOENT || errno == ENOTDIR);
